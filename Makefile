@@ -1,0 +1,33 @@
+# Two commands matter: `make run` and `make test`. Both set up what is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test setup bench clean lock
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[server,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Starts the local multi-node Ray cluster (simulated GPU, spot and on-demand
+# groups) if none is configured, then the API with its dispatcher loops.
+run: $(STAMP)
+	$(BIN)/raylane serve --local-cluster
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/submit_throughput.py
+
+# Re-pin after changing dependencies in pyproject.toml.
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .raylane

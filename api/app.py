@@ -1,0 +1,51 @@
+"""The ASGI application: ``create_app(settings)``; ``api.app:app`` for uvicorn."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import errors
+from api.routers import health, jobs
+from orchestrator.service import ControlPlane
+from orchestrator.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        plane = cp or ControlPlane(settings)
+        if settings.auto_migrate:
+            plane.migrate()
+        app.state.cp = plane
+        hooks = getattr(app.state, "startup_hooks", [])
+        for hook in hooks:
+            hook(plane)
+        try:
+            yield
+        finally:
+            for hook in getattr(app.state, "shutdown_hooks", []):
+                hook(plane)
+            if cp is None:
+                plane.close()
+
+    app = FastAPI(
+        title="Raylane",
+        version="0.1.0",
+        summary="A job orchestrator in front of Ray: durable queue, routing to GPU gangs or spot workers, recovery.",
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+    )
+    app.state.settings = settings
+    app.state.startup_hooks = []
+    app.state.shutdown_hooks = []
+    errors.install(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    return app

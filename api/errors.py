@@ -1,0 +1,61 @@
+"""Domain errors -> HTTP, in one place. Validation errors keep FastAPI's shape
+(``detail: [{loc, msg, type}]``) without echoing the input back (a 5 MB field
+must not come back in the error)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orchestrator import errors
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    errors.NotFound: 404,
+    errors.InvalidTransition: 409,
+    errors.Conflict: 409,
+    errors.Invalid: 422,
+    errors.Forbidden: 403,
+    errors.Unauthorized: 401,
+}
+
+
+def _status_for(exc: errors.RaylaneError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400
+
+
+def _clean(err: dict) -> dict:
+    msg = str(err.get("msg", ""))[:500]
+    return {"loc": [str(x)[:128] for x in err.get("loc", ())], "msg": msg, "type": err.get("type", "value_error")}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(errors.RaylaneError)
+    async def _domain(request: Request, exc: errors.RaylaneError):
+        status = _status_for(exc)
+        if status == 422:
+            loc = ["body", exc.field] if exc.field else ["body"]
+            return JSONResponse({"detail": [{"loc": loc, "msg": exc.message, "type": "value_error"}]}, status_code=422)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse({"detail": exc.message}, status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return JSONResponse({"detail": [_clean(e) for e in exc.errors()[:50]]}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):  # pragma: no cover - a bug path
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "internal error; the server log has the traceback"}, status_code=500)

@@ -1,0 +1,104 @@
+"""/v1/jobs: submit, list, read, cancel."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Response, status
+
+from api.deps import CP, CallerDep
+from orchestrator.errors import Invalid
+from orchestrator.resources import (
+    Attempt, BatchSubmitRequest, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
+)
+from orchestrator.specs import JobKind, JobSpec
+from orchestrator.states import JobStatus
+from orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-z]+$", description="Job id")]
+IdemKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255,
+                                       description="Retrying a submit with the same key returns the same job")]
+
+
+def _project(caller, spec_project: str | None) -> str:
+    if caller.project is not None:
+        return caller.project
+    return spec_project or DEFAULT_PROJECT
+
+
+@router.post("", status_code=201, response_model=Job,
+             responses={200: {"model": Job, "description": "Same Idempotency-Key: the job created before"},
+                        409: {"description": "Idempotency-Key reused with a different spec"}})
+def submit_job(spec: JobSpec, cp: CP, caller: CallerDep, response: Response, idempotency_key: IdemKey = None) -> Job:
+    job, created = cp.submit(spec, project=_project(caller, spec.project), actor=caller.name,
+                             idempotency_key=idempotency_key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return job
+
+
+@router.post("/batch", status_code=201, response_model=BatchSubmitResponse)
+def submit_batch(body: BatchSubmitRequest, cp: CP, caller: CallerDep) -> BatchSubmitResponse:
+    projects = {_project(caller, s.project) for s in body.jobs}
+    if len(projects) != 1:
+        raise Invalid("all jobs in a batch must belong to one project", field="jobs")
+    ids = cp.submit_batch(body.jobs, project=projects.pop(), actor=caller.name)
+    return BatchSubmitResponse(ids=ids, count=len(ids))
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    cp: CP,
+    caller: CallerDep,
+    status_: Annotated[list[JobStatus] | None, Query(alias="status")] = None,
+    kind: Annotated[list[JobKind] | None, Query()] = None,
+    node_group: Annotated[str | None, Query(max_length=64)] = None,
+    label: Annotated[list[str] | None, Query(description="key=value; repeat to AND", max_length=16)] = None,
+    name_prefix: Annotated[str | None, Query(max_length=128)] = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    project: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> JobPage:
+    labels: dict[str, str] = {}
+    for item in label or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise Invalid(f"label filter {item[:80]!r} must be key=value", field="label")
+        labels[k] = v
+    for name, value in (("created_after", created_after), ("created_before", created_before)):
+        if value is not None and value.tzinfo is None:
+            raise Invalid(f"{name} needs a timezone (e.g. 2026-01-01T00:00:00Z)", field=name)
+    scope = caller.project if caller.project is not None else project
+    flt = JobFilter(project=scope, status=status_ or [], kind=[k.value for k in kind or []], node_group=node_group,
+                    labels=labels, name_prefix=name_prefix, created_after=created_after,
+                    created_before=created_before)
+    items, next_cursor = cp.list(flt, limit=limit, cursor=cursor)
+    return JobPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=Job)
+def get_job(job_id: JobId, cp: CP, caller: CallerDep) -> Job:
+    return cp.get(job_id, project=caller.project)
+
+
+@router.get("/{job_id}/events", response_model=list[JobEvent])
+def job_events(job_id: JobId, cp: CP, caller: CallerDep,
+               after_id: Annotated[int, Query(ge=0, le=2**62)] = 0) -> list[JobEvent]:
+    return cp.events(job_id, project=caller.project, after_id=after_id)
+
+
+@router.get("/{job_id}/attempts", response_model=list[Attempt])
+def job_attempts(job_id: JobId, cp: CP, caller: CallerDep) -> list[Attempt]:
+    return cp.attempts(job_id, project=caller.project)
+
+
+@router.post("/{job_id}/cancel", response_model=CancelResponse,
+             responses={409: {"description": "The job already finished"}})
+def cancel_job(job_id: JobId, cp: CP, caller: CallerDep) -> CancelResponse:
+    job, message = cp.cancel(job_id, project=caller.project, actor=caller.name)
+    return CancelResponse(job=job, message=message)

@@ -1,0 +1,1 @@
+"""Job runners: code that runs inside Ray, one module per job kind."""

@@ -1,0 +1,1 @@
+"""Alembic migrations. Run with ``raylane db upgrade`` or ``alembic upgrade head``."""

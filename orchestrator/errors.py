@@ -1,0 +1,37 @@
+"""Domain errors. The API maps each class to one HTTP status in one place
+(``api.errors``); nothing below the API raises HTTP errors."""
+
+from __future__ import annotations
+
+
+class RaylaneError(Exception):
+    """Base of every domain error; ``message`` is shown to the caller as is."""
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class NotFound(RaylaneError):
+    """The object does not exist, or the caller may not see it (they look the same)."""
+
+
+class Conflict(RaylaneError):
+    """The request is valid but the object's state forbids it (e.g. cancel a finished job)."""
+
+
+class InvalidTransition(Conflict):
+    """A status change the table in ``states`` does not allow, or lost a race."""
+
+
+class Invalid(RaylaneError):
+    """Input that is well-formed but cannot be accepted (e.g. a job that can never fit)."""
+
+
+class Forbidden(RaylaneError):
+    """The caller is known but a rule forbids the action."""
+
+
+class Unauthorized(RaylaneError):
+    """No or bad credentials."""

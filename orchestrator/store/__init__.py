@@ -1,0 +1,7 @@
+"""The job store: SQLAlchemy 2.0 tables and functions that take a session.
+
+``tables``      the schema (Alembic migrations in migrations/ build the same)
+``db``          engines and sessions for SQLite (WAL) and PostgreSQL
+``transitions`` the only writer of a job's status: compare-and-set + event row
+``jobs``        submit, read, list, cancel: what the API calls
+"""

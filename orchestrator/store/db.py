@@ -1,0 +1,63 @@
+"""Engines and sessions.
+
+SQLite: WAL (readers never block the writer), a busy timeout, and every
+transaction started with ``BEGIN IMMEDIATE``: pysqlite's deferred transactions
+take the write lock only at the first write, and a reader upgrading to a writer
+can fail with "database is locked" without waiting; IMMEDIATE makes writers
+queue on the busy timeout instead. PostgreSQL: psycopg 3, a pool, READ COMMITTED,
+and ``FOR UPDATE SKIP LOCKED`` where work is claimed.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000  # longer than any write transaction we make
+
+
+def normalise_url(url: str) -> str:
+    # Accept the URLs people paste: postgres:// and postgresql:// mean psycopg 3 here.
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10) -> Engine:
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+
+@contextmanager
+def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on any error."""
+    with factory() as session:
+        with session.begin():
+            yield session

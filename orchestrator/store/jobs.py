@@ -1,0 +1,308 @@
+"""Submit, read, list and cancel jobs. Every function takes a session and leaves
+committing to the caller's unit of work (``db.transaction``)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Sequence
+
+from sqlalchemy import and_, exists, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from orchestrator.errors import Conflict, Invalid, NotFound
+from orchestrator.ids import new_job_id, submission_id
+from orchestrator.resources import Attempt, Job, JobEvent, Placement
+from orchestrator.specs import JobSpec
+from orchestrator.states import JobStatus, FailureCause
+from orchestrator.store.tables import attempts, events, job_labels, jobs, results
+from orchestrator.store.transitions import transition, utcnow
+
+DEFAULT_PROJECT = "default"
+MAX_PAGE = 500  # a page of jobs; more is a second request
+WAITING_REASON = "waiting for admission"
+
+
+def request_hash(spec: JobSpec) -> str:
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+
+
+def _job_row(spec: JobSpec, *, project: str, job_id: str, now: datetime, placement: Placement | None,
+             idempotency_key: str | None, reason: str | None) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "project": project,
+        "name": spec.name,
+        "kind": spec.kind.value,
+        "status": JobStatus.PENDING.value,
+        "status_reason": reason or WAITING_REASON,
+        "priority": spec.priority,
+        "spec": spec.model_dump(mode="json", exclude_none=True),
+        "node_group": placement.node_group if placement else None,
+        "placement": placement.model_dump(mode="json") if placement else None,
+        "attempts": 0,
+        "max_attempts": spec.retry.max_attempts,
+        "preemptions": 0,
+        "idempotency_key": idempotency_key,
+        "request_hash": request_hash(spec) if idempotency_key else None,
+        "cancel_requested": False,
+        "skips": 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def submit(
+    session: Session,
+    spec: JobSpec,
+    *,
+    project: str = DEFAULT_PROJECT,
+    actor: str = "api",
+    idempotency_key: str | None = None,
+    placement: Placement | None = None,
+    reason: str | None = None,
+) -> tuple[str, bool]:
+    """Store a new PENDING job. Returns (job id, created).
+
+    With an ``idempotency_key``, a second submit with the same key in the same
+    project returns the first job (created=False), also when both race: the
+    unique index decides, the loser reads the winner's row. The same key with a
+    different spec is a Conflict.
+    """
+    if idempotency_key is not None:
+        existing = _by_key(session, project, idempotency_key)
+        if existing is not None:
+            return _check_same(existing, spec), False
+    now = utcnow()
+    job_id = new_job_id()
+    row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
+                   idempotency_key=idempotency_key, reason=reason)
+    try:
+        with session.begin_nested():
+            session.execute(insert(jobs).values(**row))
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = _by_key(session, project, idempotency_key)
+        if existing is None:  # pragma: no cover - the unique index said it exists
+            raise
+        return _check_same(existing, spec), False
+    if spec.labels:
+        session.execute(insert(job_labels), [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
+    session.execute(insert(events).values(
+        job_id=job_id, at=now, from_status=None, to_status=JobStatus.PENDING.value,
+        reason="submitted" + (f"; routed to {placement.node_group}" if placement else ""), actor=actor,
+    ))
+    return job_id, True
+
+
+def _by_key(session: Session, project: str, key: str):
+    return session.execute(
+        select(jobs.c.id, jobs.c.request_hash).where(jobs.c.project == project, jobs.c.idempotency_key == key)
+    ).first()
+
+
+def _check_same(existing, spec: JobSpec) -> str:
+    if existing.request_hash != request_hash(spec):
+        raise Conflict("Idempotency-Key was already used for a different job spec", field="Idempotency-Key")
+    return existing.id
+
+
+def submit_batch(
+    session: Session,
+    specs: Sequence[JobSpec],
+    *,
+    project: str = DEFAULT_PROJECT,
+    actor: str = "api",
+    placements: Sequence[Placement | None] | None = None,
+) -> list[str]:
+    """Store many PENDING jobs in the caller's one transaction: all or none."""
+    now = utcnow()
+    rows, label_rows, event_rows, ids = [], [], [], []
+    # One millisecond, many ids: new_job_id's random part keeps them unique;
+    # sorting keeps "newest first" meaning "last in the batch first".
+    for i, spec in enumerate(specs):
+        job_id = new_job_id()
+        ids.append(job_id)
+        placement = placements[i] if placements else None
+        rows.append(_job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
+                             idempotency_key=None, reason=None))
+        label_rows.extend({"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items())
+        event_rows.append({"job_id": job_id, "at": now, "from_status": None, "to_status": "PENDING",
+                           "reason": "submitted in a batch", "actor": actor, "attempt": None})
+    session.execute(insert(jobs), rows)
+    if label_rows:
+        session.execute(insert(job_labels), label_rows)
+    session.execute(insert(events), event_rows)
+    return ids
+
+
+# Reading ---------------------------------------------------------------------
+
+
+@dataclass
+class JobFilter:
+    project: str | None = DEFAULT_PROJECT  # None: every project (admins)
+    status: list[JobStatus] = field(default_factory=list)
+    kind: list[str] = field(default_factory=list)
+    node_group: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    name_prefix: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+def encode_cursor(job_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"before": job_id}).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        value = json.loads(base64.urlsafe_b64decode(padded.encode()))["before"]
+        if not isinstance(value, str) or len(value) > 64:
+            raise ValueError
+        return value
+    except Exception:
+        raise Invalid("cursor is not one this API returned", field="cursor") from None
+
+
+def list_jobs(session: Session, flt: JobFilter, *, limit: int = 50, cursor: str | None = None,
+              dashboard_url: str | None = None) -> tuple[list[Job], str | None]:
+    """A page of jobs, newest first. The cursor is the last id seen: ids sort by
+    creation time, so new submissions never shift or repeat a later page."""
+    limit = max(1, min(limit, MAX_PAGE))
+    conds = []
+    if flt.project is not None:
+        conds.append(jobs.c.project == flt.project)
+    if flt.status:
+        conds.append(jobs.c.status.in_([s.value for s in flt.status]))
+    if flt.kind:
+        conds.append(jobs.c.kind.in_(flt.kind))
+    if flt.node_group:
+        conds.append(jobs.c.node_group == flt.node_group)
+    if flt.name_prefix:
+        # LIKE with the prefix's own % and _ escaped.
+        esc = flt.name_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        conds.append(jobs.c.name.like(esc + "%", escape="\\"))
+    if flt.created_after:
+        conds.append(jobs.c.created_at >= flt.created_after)
+    if flt.created_before:
+        conds.append(jobs.c.created_at < flt.created_before)
+    for k, v in flt.labels.items():
+        conds.append(exists().where(job_labels.c.job_id == jobs.c.id, job_labels.c.key == k, job_labels.c.value == v))
+    if cursor:
+        conds.append(jobs.c.id < decode_cursor(cursor))
+    q = select(jobs).where(and_(*conds)).order_by(jobs.c.id.desc()).limit(limit + 1)
+    rows = session.execute(q).mappings().all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    out = _views(session, rows, dashboard_url)
+    return out, (encode_cursor(rows[-1]["id"]) if more and rows else None)
+
+
+def get_row(session: Session, job_id: str, project: str | None = DEFAULT_PROJECT):
+    q = select(jobs).where(jobs.c.id == job_id)
+    if project is not None:
+        q = q.where(jobs.c.project == project)
+    row = session.execute(q).mappings().first()
+    if row is None:
+        raise NotFound(f"job {job_id} not found", field="id")
+    return row
+
+
+def get_job(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
+            dashboard_url: str | None = None) -> Job:
+    return _views(session, [get_row(session, job_id, project)], dashboard_url)[0]
+
+
+def list_events(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
+                after_id: int = 0, limit: int = 1000) -> list[JobEvent]:
+    get_row(session, job_id, project)
+    rows = session.execute(
+        select(events).where(events.c.job_id == job_id, events.c.id > after_id).order_by(events.c.id).limit(limit)
+    ).mappings().all()
+    return [JobEvent(**r) for r in rows]
+
+
+def list_attempts(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
+                  dashboard_url: str | None = None) -> list[Attempt]:
+    get_row(session, job_id, project)
+    rows = session.execute(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)).mappings()
+    return [Attempt(**{k: r[k] for k in Attempt.model_fields if k in r},
+                    dashboard_url=job_dashboard_url(dashboard_url, r["submission_id"])) for r in rows]
+
+
+def job_dashboard_url(base: str | None, sid: str | None) -> str | None:
+    if not base or not sid:
+        return None
+    return f"{base.rstrip('/')}/#/jobs/{sid}"
+
+
+def _views(session: Session, rows, dashboard_url: str | None) -> list[Job]:
+    if not rows:
+        return []
+    ids = [r["id"] for r in rows]
+    labels: dict[str, dict[str, str]] = {i: {} for i in ids}
+    for jid, k, v in session.execute(select(job_labels.c.job_id, job_labels.c.key, job_labels.c.value)
+                                     .where(job_labels.c.job_id.in_(ids))):
+        labels[jid][k] = v
+    res = {jid: r for jid, r in session.execute(select(results.c.job_id, results.c.result).where(results.c.job_id.in_(ids)))}
+    out = []
+    for r in rows:
+        sid = submission_id(r["id"], r["attempts"]) if r["attempts"] else None
+        out.append(Job(
+            id=r["id"], name=r["name"], kind=r["kind"], project=r["project"], status=r["status"],
+            status_reason=r["status_reason"], priority=r["priority"], labels=labels[r["id"]],
+            created_at=r["created_at"], updated_at=r["updated_at"], started_at=r["started_at"],
+            finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
+            preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
+            placement=r["placement"], ray_submission_id=sid, dashboard_url=job_dashboard_url(dashboard_url, sid),
+            result=res.get(r["id"]), spec=JobSpec.model_validate(r["spec"]),
+        ))
+    return out
+
+
+# Cancel ----------------------------------------------------------------------
+
+
+def cancel(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT, actor: str = "api") -> str:
+    """Cancel a job. Idempotent: cancelling a cancelled or cancelling job is a no-op.
+
+    A job that has not reached Ray is CANCELLED at once; one that has is
+    CANCELLING until the reconciler has stopped its Ray job. Returns a message.
+    """
+    row = get_row(session, job_id, project)
+    status = JobStatus(row["status"])
+    if status in (JobStatus.CANCELLED, JobStatus.CANCELLING):
+        return f"job is already {status.value}"
+    if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        raise Conflict(f"job {job_id} already finished as {status.value}; there is nothing to cancel")
+    now = utcnow()
+    if status in (JobStatus.PENDING, JobStatus.RETRYING):
+        try:
+            transition(session, job_id, JobStatus.CANCELLED, reason="cancelled by user", actor=actor,
+                       expected={JobStatus.PENDING, JobStatus.RETRYING},
+                       values={"cancel_requested": True, "finished_at": now,
+                               "failure_cause": FailureCause.CANCELLED.value, "lease_owner": None})
+            return "cancelled"
+        except Conflict:
+            # Lost a race with the dispatcher; the job is now being dispatched: fall through.
+            status = JobStatus(get_row(session, job_id, project)["status"])
+            if status.is_terminal() or status is JobStatus.CANCELLING:
+                return f"job is {status.value}"
+    transition(session, job_id, JobStatus.CANCELLING, reason="cancel requested; stopping its Ray job", actor=actor,
+               expected={JobStatus.DISPATCHING, JobStatus.RUNNING}, values={"cancel_requested": True})
+    return "cancelling: its Ray job is being stopped"
+
+
+def set_result(session: Session, job_id: str, result: dict[str, Any], *, attempt: int | None = None) -> None:
+    now = utcnow()
+    upd = session.execute(update(results).where(results.c.job_id == job_id)
+                          .values(result=result, attempt=attempt, updated_at=now))
+    if upd.rowcount == 0:
+        session.execute(insert(results).values(job_id=job_id, result=result, attempt=attempt, updated_at=now))

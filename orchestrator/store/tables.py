@@ -1,0 +1,147 @@
+"""Tables. Each index says which query it serves."""
+
+from __future__ import annotations
+
+from datetime import timezone
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use datetime.now(timezone.utc)")
+        if value is not None and dialect.name == "sqlite":
+            return value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(26), primary_key=True),  # time-ordered (ids.new_job_id)
+    Column("project", String(64), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("status_reason", Text, nullable=True),
+    Column("priority", Integer, nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("node_group", String(64), nullable=True),  # set once routed
+    Column("placement", JSON, nullable=True),
+    Column("attempts", Integer, nullable=False, default=0),  # attempts started so far
+    Column("max_attempts", Integer, nullable=False),
+    Column("preemptions", Integer, nullable=False, default=0),
+    Column("failure_cause", String(32), nullable=True),
+    Column("idempotency_key", String(255), nullable=True),
+    Column("request_hash", String(64), nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("not_before", UTCDateTime(), nullable=True),  # retry backoff
+    Column("skips", Integer, nullable=False, default=0),  # admission passes it lost (anti-starvation)
+    Column("lease_owner", String(64), nullable=True),
+    Column("lease_expires_at", UTCDateTime(), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("finished_at", UTCDateTime(), nullable=True),
+    # A retried submit with the same key returns the same job (per project).
+    UniqueConstraint("project", "idempotency_key"),
+)
+# GET /v1/jobs: a project's jobs newest first, cursor = id.
+Index("ix_jobs_project_id", jobs.c.project, jobs.c.id)
+# The scheduler's queue scan: queued jobs by priority then age.
+Index("ix_jobs_status_priority_id", jobs.c.status, jobs.c.priority, jobs.c.id)
+# Capacity accounting: active jobs per node group; filter by node group.
+Index("ix_jobs_node_group_status", jobs.c.node_group, jobs.c.status)
+# Filter by name prefix within a project.
+Index("ix_jobs_project_name", jobs.c.project, jobs.c.name)
+
+job_labels = Table(
+    "job_labels",
+    metadata,
+    Column("job_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("key", String(63), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+# GET /v1/jobs?label=k=v
+Index("ix_job_labels_key_value", job_labels.c.key, job_labels.c.value)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("submission_id", String(64), nullable=False, unique=True),  # Ray's job id for it
+    Column("node_group", String(64), nullable=True),
+    Column("market", String(16), nullable=True),
+    Column("status", String(16), nullable=False),  # Ray's view: PENDING/RUNNING/SUCCEEDED/FAILED/STOPPED/LOST
+    Column("resources", JSON, nullable=True),  # what it held, for accounting
+    Column("driver_node_id", String(64), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("ended_at", UTCDateTime(), nullable=True),
+    Column("cause", String(32), nullable=True),
+    Column("message", Text, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    UniqueConstraint("job_id", "number"),
+)
+# The reconciler's scan: attempts Ray still runs.
+Index("ix_attempts_status", attempts.c.status)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("from_status", String(16), nullable=True),
+    Column("to_status", String(16), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("actor", String(128), nullable=False),
+    Column("attempt", Integer, nullable=True),
+)
+# GET /v1/jobs/{id}/events in order.
+Index("ix_events_job_id_id", events.c.job_id, events.c.id)
+
+results = Table(
+    "results",
+    metadata,
+    Column("job_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("attempt", Integer, nullable=True),
+    Column("result", JSON, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+)

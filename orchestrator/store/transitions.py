@@ -1,0 +1,85 @@
+"""The only writer of a job's status.
+
+``transition`` is a compare-and-set: it reads the current status, checks the
+arrow against ``states.ALLOWED``, and updates ``WHERE id=:id AND status=:seen``.
+If another writer got there first (rowcount 0), it re-reads and tries again a
+bounded number of times, then raises ``InvalidTransition``. Every change writes
+an event row in the same transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from orchestrator.errors import InvalidTransition, NotFound
+from orchestrator.states import ALLOWED, JobStatus
+from orchestrator.store.tables import events, jobs
+
+# A status can change only a few times; more lost races than this means a bug
+# (avoid an infinite loop if one happens).
+MAX_CAS_RETRIES = 8
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def transition(
+    session: Session,
+    job_id: str,
+    to: JobStatus,
+    *,
+    reason: str | None,
+    actor: str,
+    expected: Iterable[JobStatus] | None = None,
+    attempt: int | None = None,
+    values: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> JobStatus:
+    """Move ``job_id`` to ``to``; return the status it came from.
+
+    ``expected`` narrows the allowed sources further (e.g. the reconciler only
+    moves RUNNING jobs to SUCCEEDED). ``values`` are other columns set in the
+    same UPDATE. ``status_reason`` is set to ``reason`` unless ``values`` sets it.
+    """
+    now = now or utcnow()
+    allowed = {s for s, dsts in ALLOWED.items() if to in dsts}
+    if expected is not None:
+        allowed &= set(expected)
+    for _ in range(MAX_CAS_RETRIES):
+        seen = session.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one_or_none()
+        if seen is None:
+            raise NotFound(f"job {job_id} not found")
+        src = JobStatus(seen)
+        if src not in allowed:
+            raise InvalidTransition(f"job {job_id} is {src.value}; it cannot become {to.value}")
+        vals = {"status_reason": reason, **(values or {}), "status": to.value, "updated_at": now}
+        res = session.execute(
+            update(jobs).where(jobs.c.id == job_id, jobs.c.status == src.value).values(**vals)
+        )
+        if res.rowcount == 1:
+            session.execute(
+                insert(events).values(
+                    job_id=job_id, at=now, from_status=src.value, to_status=to.value,
+                    reason=reason, actor=actor, attempt=attempt,
+                )
+            )
+            return src
+    raise InvalidTransition(f"job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
+
+
+def record_event(
+    session: Session, job_id: str, *, status: JobStatus, reason: str, actor: str,
+    attempt: int | None = None, now: datetime | None = None,
+) -> None:
+    """An event that is not a status change (e.g. "waiting for 2 GPUs")."""
+    session.execute(
+        insert(events).values(
+            job_id=job_id, at=now or utcnow(), from_status=status.value, to_status=status.value,
+            reason=reason, actor=actor, attempt=attempt,
+        )
+    )

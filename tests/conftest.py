@@ -1,0 +1,157 @@
+"""Shared fixtures.
+
+Databases: every store and API test runs on SQLite and on the real PostgreSQL at
+127.0.0.1:5432. PostgreSQL tests get a fresh database per test, copied from a
+template migrated once per run (CREATE DATABASE ... TEMPLATE), all named
+``raylane_t_<run id>_*`` and dropped at the end. PostgreSQL not reachable is a
+failure, not a skip: CI must test it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+
+PG_ADMIN_URL = os.environ.get("RAYLANE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+RUN_ID = uuid.uuid4().hex[:8]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pg_admin():
+    import psycopg
+
+    url = PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://")
+    return psycopg.connect(url, autocommit=True)
+
+
+def _pg_url(dbname: str) -> str:
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname
+
+
+@pytest.fixture(scope="session")
+def pg_template():
+    from orchestrator.store import migrate
+
+    name = f"raylane_t_{RUN_ID}_tmpl"
+    with _pg_admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    migrate.upgrade(_pg_url(name))
+    yield name
+    with _pg_admin() as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (f"raylane_t_{RUN_ID}_%",)).fetchall()
+        for (db,) in rows:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+_counter = iter(range(1_000_000))
+
+
+def fresh_pg_database(template: str) -> str:
+    name = f"raylane_t_{RUN_ID}_{next(_counter)}"
+    with _pg_admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return _pg_url(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """A migrated, empty database of each kind."""
+    if request.param == "sqlite":
+        from orchestrator.store import migrate
+
+        url = f"sqlite:///{tmp_path / 'raylane.db'}"
+        migrate.upgrade(url)
+        return url
+    return fresh_pg_database(request.getfixturevalue("pg_template"))
+
+
+@pytest.fixture
+def settings(db_url, tmp_path):
+    from orchestrator.settings import Settings
+
+    return Settings(database_url=db_url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False)
+
+
+@pytest.fixture
+def cp(settings):
+    from orchestrator.service import ControlPlane
+
+    plane = ControlPlane(settings)
+    yield plane
+    plane.close()
+
+
+@pytest.fixture
+def api(settings, cp):
+    """An in-process client of the FastAPI app (the e2e tests use a real uvicorn)."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    with TestClient(create_app(settings, cp=cp)) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A real ``raylane serve`` (uvicorn) in a child process on a free port."""
+
+    def __init__(self, env: dict[str, str], log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **env, "RAYLANE_PORT": str(self.port), "RAYLANE_HOST": "127.0.0.1"}
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "ServerProcess":
+        import httpx
+
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=self.env, cwd=ROOT,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def ready():
+            assert self.proc.poll() is None, f"server exited: {self.log_path.read_text()[-2000:]}"
+            try:
+                return httpx.get(self.url + "/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, timeout=timeout, what="server ready")
+        return self
+
+    def kill(self, sig=9) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        self.kill(15)
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    started: list[ServerProcess] = []
+
+    def make(env: dict[str, str]) -> ServerProcess:
+        sp = ServerProcess(env, tmp_path / f"server-{len(started)}.log")
+        started.append(sp)
+        return sp
+
+    yield make
+    for sp in started:
+        sp.kill()

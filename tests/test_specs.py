@@ -1,0 +1,87 @@
+"""The job spec: DESIGN.md's examples load as written; the impossible is refused
+with a message naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_design_examples_load_as_written():
+    hello = JobSpec.from_file(EXAMPLES / "hello.yaml")
+    assert hello.kind is JobKind.COMMAND and hello.entrypoint == "python -c 'print(42)'"
+    ft = JobSpec.from_file(EXAMPLES / "finetune.yaml")
+    assert ft.resources.num_workers == 2 and ft.resources.gpus_per_worker == 1
+    assert ft.placement.colocate is True and ft.priority == 80 and ft.timeout_s == 3600
+    sw = JobSpec.from_file(EXAMPLES / "lr-sweep.yaml")
+    assert sw.sweep.search_space["lr"].loguniform == [1e-5, 1e-2]
+    assert sw.sweep.search_space["batch_size"].choice == [16, 32, 64]
+    assert sw.sweep.scheduler == "asha" and sw.retry.max_attempts == 3
+
+
+def test_json_and_yaml_give_the_same_spec():
+    y = JobSpec.from_file(EXAMPLES / "lr-sweep.yaml")
+    j = JobSpec.from_yaml(json.dumps(y.model_dump(mode="json")))
+    assert j == y
+
+
+def _errors(data) -> list[tuple[str, str]]:
+    with pytest.raises(ValidationError) as ei:
+        JobSpec.model_validate(data)
+    return [(".".join(map(str, e["loc"])), e["msg"]) for e in ei.value.errors()]
+
+
+BASE = {"name": "x", "kind": "command", "entrypoint": "true"}
+
+
+@pytest.mark.parametrize(
+    "patch, field, words",
+    [
+        ({"resources": {"gpus_per_worker": -1}}, "resources.gpus_per_worker", "greater than or equal to 0"),
+        ({"kind": "quantum"}, "kind", "training"),
+        ({"name": "n" * 10_000_000}, "name", "at most 128"),
+        ({"name": "bad name!"}, "name", "letters"),
+        ({"kind": "sweep", "entrypoint": "m:f"}, "", "sweep"),
+        ({"kind": "sweep", "entrypoint": "m:f", "sweep": {"metric": "loss", "search_space": {}}},
+         "sweep.search_space", "at least 1"),
+        ({"kind": "sweep", "entrypoint": "m:f", "sweep": {"metric": "l", "search_space": {"lr": {"loguniform": [0, 1]}}}},
+         "sweep.search_space.lr", "low > 0"),
+        ({"kind": "sweep", "entrypoint": "m:f", "sweep": {"metric": "l", "search_space": {"lr": {"uniform": [1, 0]}}}},
+         "sweep.search_space.lr", "low < high"),
+        ({"kind": "training", "entrypoint": "python train.py"}, "", "import path"),
+        ({"labels": {f"k{i}": "v" for i in range(100)}}, "labels", "at most 64"),
+        ({"resources": {"gpus_per_worker": 1.5}}, "resources.gpus_per_worker", "whole number"),
+        ({"priority": 101}, "priority", "less than or equal to 100"),
+        ({"colour": "red"}, "colour", "Extra inputs"),
+        ({"runtime_env": {"env_vars": {"1BAD": "x"}}}, "runtime_env.env_vars", "environment variable"),
+        ({"batch": {"input_uri": "a", "output_uri": "b"}}, "", "batch"),
+    ],
+)
+def test_impossible_specs_name_the_field(patch, field, words):
+    errs = _errors({**BASE, **patch})
+    assert any(loc == field and words in msg for loc, msg in errs) or any(
+        field == "" and words in msg for _, msg in errs
+    ), errs
+
+
+def test_yaml_bomb_is_refused_before_expansion():
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    prev = "a"
+    for i in range(1, 9):
+        bomb += f"{chr(97 + i)}: &{chr(97 + i)} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+        prev = chr(97 + i)
+    with pytest.raises(SpecLoadError, match="alias bomb"):
+        load_spec_document(bomb)
+
+
+@pytest.mark.parametrize("text, words", [("", "empty"), ("- a\n- b", "mapping"), ("a: [", "not valid YAML")])
+def test_bad_documents(text, words):
+    with pytest.raises(SpecLoadError, match=words):
+        load_spec_document(text)

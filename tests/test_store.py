@@ -1,0 +1,125 @@
+"""The store on SQLite and PostgreSQL: compare-and-set transitions, events,
+idempotent submit under concurrency, restarts."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import select, update
+
+from orchestrator.errors import InvalidTransition
+from orchestrator.specs import JobSpec
+from orchestrator.states import ALLOWED, JobStatus, allowed_from
+from orchestrator.store import db, jobs as store
+from orchestrator.store.tables import events, jobs
+from orchestrator.store.transitions import transition
+
+SPEC = JobSpec(name="t", kind="command", entrypoint="true")
+
+
+def _submit(cp, spec=SPEC, **kw) -> str:
+    with db.transaction(cp.sessions) as s:
+        return store.submit(s, spec, **kw)[0]
+
+
+def test_every_arrow_in_the_table_is_taken_and_others_refused(cp):
+    for src in JobStatus:
+        for dst in JobStatus:
+            job_id = _submit(cp)
+            with db.transaction(cp.sessions) as s:  # force the source status (test set-up only)
+                s.execute(update(jobs).where(jobs.c.id == job_id).values(status=src.value))
+            if dst in ALLOWED[src]:
+                with db.transaction(cp.sessions) as s:
+                    assert transition(s, job_id, dst, reason="t", actor="test") is src
+            else:
+                with pytest.raises(InvalidTransition), db.transaction(cp.sessions) as s:
+                    transition(s, job_id, dst, reason="t", actor="test")
+                with db.transaction(cp.sessions) as s:
+                    assert s.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar() == src.value
+
+
+def test_transition_writes_an_event_row(cp):
+    job_id = _submit(cp)
+    with db.transaction(cp.sessions) as s:
+        transition(s, job_id, JobStatus.DISPATCHING, reason="admitted", actor="scheduler", attempt=1)
+    evs = cp.events(job_id, project=None)
+    assert [(e.from_status, e.to_status, e.reason, e.actor) for e in evs] == [
+        (None, JobStatus.PENDING, "submitted", "api"),
+        (JobStatus.PENDING, JobStatus.DISPATCHING, "admitted", "scheduler"),
+    ]
+    assert evs[1].attempt == 1 and evs[1].at >= evs[0].at
+
+
+def test_two_concurrent_transitions_from_the_same_state_one_wins(cp):
+    # PENDING -> DISPATCHING (a dispatcher) races PENDING -> CANCELLED (a user).
+    for _ in range(10):
+        job_id = _submit(cp)
+        barrier = threading.Barrier(2)
+        outcomes = []
+
+        def go(to):
+            barrier.wait()
+            try:
+                with db.transaction(cp.sessions) as s:
+                    transition(s, job_id, to, reason="race", actor="t", expected={JobStatus.PENDING})
+                outcomes.append(("won", to))
+            except InvalidTransition:
+                outcomes.append(("lost", to))
+
+        ts = [threading.Thread(target=go, args=(to,)) for to in (JobStatus.DISPATCHING, JobStatus.CANCELLED)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        assert sorted(o for o, _ in outcomes) == ["lost", "won"], outcomes
+        winner = next(to for o, to in outcomes if o == "won")
+        job = cp.get(job_id, project=None)
+        assert job.status is winner
+        with db.transaction(cp.sessions) as s:
+            n = s.execute(select(events).where(events.c.job_id == job_id, events.c.from_status == "PENDING")).all()
+        assert len(n) == 1
+
+
+def test_fifty_concurrent_submits_with_one_key_make_one_job(cp):
+    barrier = threading.Barrier(50)
+
+    def go(_):
+        barrier.wait()
+        job, created = cp.submit(SPEC, project="default", actor="t", idempotency_key="same-key")
+        return job.id, created
+
+    with ThreadPoolExecutor(50) as ex:
+        results = list(ex.map(go, range(50)))
+    assert len({jid for jid, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+    page, _ = cp.list(store.JobFilter(project=None), limit=100, cursor=None)
+    assert len(page) == 1
+
+
+def test_same_key_different_spec_is_a_conflict(cp):
+    from orchestrator.errors import Conflict
+
+    cp.submit(SPEC, project="default", actor="t", idempotency_key="k")
+    with pytest.raises(Conflict, match="different job spec"):
+        cp.submit(SPEC.model_copy(update={"priority": 99}), project="default", actor="t", idempotency_key="k")
+
+
+def test_allowed_from_matches_table():
+    assert allowed_from(JobStatus.CANCELLED) == {JobStatus.PENDING, JobStatus.RETRYING, JobStatus.CANCELLING}
+    assert allowed_from(JobStatus.PENDING) == set()  # a job is born PENDING, never returns to it
+
+
+def test_only_transitions_module_writes_status():
+    """Nothing but store.transitions updates jobs.status (a grep over the code)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    offenders = []
+    for path in list((root / "orchestrator").rglob("*.py")) + list((root / "api").rglob("*.py")):
+        if path.name == "transitions.py":
+            continue
+        text = path.read_text()
+        if re.search(r"update\(jobs\)[^\n]*status\s*=", text) or re.search(r"\"status\":\s*JobStatus\.(?!PENDING)", text):
+            offenders.append(str(path))
+    assert not offenders
