@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import errors
-from api.routers import health, jobs
+from api.limits import BodySizeLimit
+from api.routers import cluster, health, jobs
 from orchestrator.service import ControlPlane
 from orchestrator.settings import Settings, get_settings
 
@@ -24,6 +25,13 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         if settings.auto_migrate:
             plane.migrate()
         app.state.cp = plane
+        if settings.dashboard_url:
+            from orchestrator.backends.ray_jobs import read_token
+            from orchestrator.profile import Profile
+
+            plane.attach_ray(settings.dashboard_url, read_token(settings.ray_auth_token), Profile.load(settings.profile))
+            if settings.loops_enabled:
+                plane.start_loops()
         hooks = getattr(app.state, "startup_hooks", [])
         for hook in hooks:
             hook(plane)
@@ -32,6 +40,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         finally:
             for hook in getattr(app.state, "shutdown_hooks", []):
                 hook(plane)
+            plane.stop_loops()
             if cp is None:
                 plane.close()
 
@@ -40,12 +49,13 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         version="0.1.0",
         summary="A job orchestrator in front of Ray: durable queue, routing to GPU gangs or spot workers, recovery.",
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
     )
     app.state.settings = settings
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
     errors.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(cluster.router)
     return app

@@ -53,7 +53,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        detail = exc.detail
+        cause = exc.__cause__
+        # FastAPI says only "error parsing the body"; say which problem it was.
+        if isinstance(cause, UnicodeDecodeError):
+            detail = f"request body is not valid UTF-8 (byte {cause.start})"
+        elif isinstance(cause, RecursionError):
+            detail = "request body JSON is nested too deeply"
+        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):  # pragma: no cover - a bug path

@@ -21,6 +21,8 @@ from orchestrator.store import db, jobs as store_jobs, migrate
 
 log = logging.getLogger(__name__)
 
+VIEW_CACHE_S = 2.0  # how stale the node-group view used for routing reasons may be
+
 
 class ControlPlane:
     """One per process: settings, the database, the router's inputs, and a
@@ -37,6 +39,9 @@ class ControlPlane:
         # Routing hook: (spec) -> Placement | None; None until Ray/profile are wired.
         self.router: Callable[[JobSpec], Placement | None] | None = None
         self.dashboard_url: str | None = settings.dashboard_url
+        self.backend = None
+        self.profile = None
+        self._view_cache = None
 
     # Lifecycle -------------------------------------------------------------
 
@@ -103,7 +108,8 @@ class ControlPlane:
         with db.transaction(self.sessions) as s:
             message = store_jobs.cancel(s, job_id, project=project, actor=actor)
             job = store_jobs.get_job(s, job_id, project=project, dashboard_url=self.dashboard_url)
-        self.new_work.set()  # the dispatcher/reconciler acts on cancels too
+        if getattr(self, "reconciler", None) is not None:
+            self.reconciler.wake.set()  # it stops the Ray job
         return job, message
 
     def plan(self, spec: JobSpec) -> Placement:
@@ -114,3 +120,106 @@ class ControlPlane:
 
     def info(self) -> dict[str, Any]:
         return {"database": self.engine.dialect.name}
+
+    # Ray ---------------------------------------------------------------------
+
+    def attach_ray(self, dashboard_url: str, token: str | None, profile) -> None:
+        """Wire routing, the dispatcher and the reconciler to a Ray cluster."""
+        from orchestrator.backends.ray_jobs import RayJobsBackend
+        from orchestrator.dispatcher import Dispatcher
+        from orchestrator.reconciler import Reconciler
+        from orchestrator.routing import route
+
+        self.profile = profile
+        self.dashboard_url = dashboard_url
+        self.backend = RayJobsBackend(dashboard_url, token)
+        self.router = lambda spec: route(spec, profile, self.cluster_view())
+        self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work)
+        self.reconciler = Reconciler(self.settings, self.sessions, self.backend)
+        # A submitted attempt wakes the reconciler, which then polls Ray quickly.
+        self.dispatcher.on_submitted = self.reconciler.wake.set
+        self._view_cache: tuple[float, Any] | None = None
+
+    def cluster_view(self):
+        """Ray's node groups now, cached briefly so a burst of submits makes one call."""
+        import time
+
+        from orchestrator.backends.ray_jobs import RayUnavailable
+
+        now = time.monotonic()
+        if self._view_cache and now - self._view_cache[0] < VIEW_CACHE_S:
+            return self._view_cache[1]
+        try:
+            view = self.backend.cluster_view()
+        except RayUnavailable:
+            view = None
+        self._view_cache = (now, view)
+        return view
+
+    def _require_ray(self):
+        if self.backend is None:
+            raise Invalid("no Ray cluster is attached (set RAYLANE_DASHBOARD_URL or run `raylane serve --local-cluster`)")
+
+    def node_groups(self) -> list[dict[str, Any]]:
+        from sqlalchemy import func, select
+
+        from orchestrator.dispatcher import used_by_active
+        from orchestrator.states import ACTIVE, QUEUED
+        from orchestrator.store.tables import jobs
+
+        self._require_ray()
+        self._view_cache = None
+        view = self.cluster_view() or {}
+        with db.transaction(self.sessions) as s:
+            used, _ = used_by_active(s)
+            counts = dict(s.execute(select(jobs.c.node_group, func.count()).where(
+                jobs.c.status.in_([x.value for x in ACTIVE])).group_by(jobs.c.node_group)).all())
+            queued = dict(s.execute(select(jobs.c.node_group, func.count()).where(
+                jobs.c.status.in_([x.value for x in QUEUED])).group_by(jobs.c.node_group)).all())
+        out = []
+        for g in self.profile.groups:
+            st = view.get(g.name)
+            out.append({
+                "name": g.name, "role": g.role, "market": g.market,
+                "accelerator": g.accelerator.model_dump() if g.accelerator else None,
+                "cpus_per_node": g.cpus, "memory_gb_per_node": g.memory_gb, "min_nodes": g.min_nodes,
+                "max_nodes": g.max_nodes, "price_per_hour": g.price_per_hour,
+                "alive_nodes": st.alive_nodes if st else 0, "draining_nodes": st.draining_nodes if st else 0,
+                "capacity": st.total if st else {}, "used_by_raylane": used.get(g.name, {}),
+                "active_jobs": counts.get(g.name, 0), "queued_jobs": queued.get(g.name, 0),
+            })
+        return out
+
+    def cluster(self) -> dict[str, Any]:
+        self._require_ray()
+        nodes = self.backend.nodes()
+        return {"dashboard_url": self.dashboard_url, "profile": self.profile.name,
+                "nodes": [{"node_id": n.node_id, "state": n.state, "node_group": n.group, "market": n.market,
+                           "is_head": n.is_head, "resources": n.resources_total, "draining": n.draining,
+                           "death_reason": n.death_reason} for n in nodes]}
+
+    def logs(self, job_id: str, *, project: str | None, attempt: int | None = None) -> tuple[str, Job]:
+        from orchestrator.ids import submission_id
+
+        job = self.get(job_id, project=project)
+        n = attempt or job.attempts
+        if n == 0:
+            return "", job
+        if n > job.attempts or n < 1:
+            raise Invalid(f"job has {job.attempts} attempts; there is no attempt {n}", field="attempt")
+        self._require_ray()
+        return self.backend.logs(submission_id(job_id, n)) or "", job
+
+    def start_loops(self) -> None:
+        # Re-attach to every attempt Ray may be running before dispatching anything new.
+        try:
+            self.reconciler.run_once()
+        except Exception:
+            log.exception("first reconcile pass failed; the loop will retry")
+        self.dispatcher.start()
+        self.reconciler.start()
+
+    def stop_loops(self) -> None:
+        for loop in (getattr(self, "dispatcher", None), getattr(self, "reconciler", None)):
+            if loop is not None:
+                loop.stop()

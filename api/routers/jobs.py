@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
+import time
+
 from fastapi import APIRouter, Header, Path, Query, Response, status
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from api.deps import CP, CallerDep
 from orchestrator.errors import Invalid
@@ -102,3 +105,37 @@ def job_attempts(job_id: JobId, cp: CP, caller: CallerDep) -> list[Attempt]:
 def cancel_job(job_id: JobId, cp: CP, caller: CallerDep) -> CancelResponse:
     job, message = cp.cancel(job_id, project=caller.project, actor=caller.name)
     return CancelResponse(job=job, message=message)
+
+
+LOG_FOLLOW_POLL_S = 0.5  # how often a followed log is re-read from Ray
+LOG_FOLLOW_MAX_S = 3600  # a followed stream ends after an hour; reconnect to go on
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {}}, "description": "The attempt's driver log"}})
+def job_logs(job_id: JobId, cp: CP, caller: CallerDep,
+             attempt: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+             follow: bool = False):
+    """Ray's driver log of the job's latest (or given) attempt; ``follow=true`` streams until the job ends."""
+    text, job = cp.logs(job_id, project=caller.project, attempt=attempt)
+    if not follow:
+        return PlainTextResponse(text)
+
+    def stream():
+        sent = 0
+        deadline = time.monotonic() + LOG_FOLLOW_MAX_S
+        current = text
+        while True:
+            if len(current) > sent:
+                yield current[sent:]
+                sent = len(current)
+            j = cp.get(job_id, project=caller.project)
+            if j.status.is_terminal() or time.monotonic() > deadline:
+                final, _ = cp.logs(job_id, project=caller.project, attempt=attempt)
+                if len(final) > sent:
+                    yield final[sent:]
+                return
+            time.sleep(LOG_FOLLOW_POLL_S)
+            current, _ = cp.logs(job_id, project=caller.project, attempt=attempt)
+
+    return StreamingResponse(stream(), media_type="text/plain")

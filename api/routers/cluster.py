@@ -1,0 +1,50 @@
+"""/v1/plan, /v1/node-groups, /v1/cluster: the router's decision and the cluster's shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from api.deps import CP, CallerDep
+from orchestrator.resources import Placement
+from orchestrator.specs import JobSpec
+
+router = APIRouter(prefix="/v1", tags=["cluster"])
+
+
+class NodeGroupView(BaseModel):
+    name: str
+    role: str
+    market: str
+    accelerator: dict[str, Any] | None
+    cpus_per_node: float
+    memory_gb_per_node: float
+    min_nodes: int
+    max_nodes: int
+    price_per_hour: float
+    alive_nodes: int
+    draining_nodes: int
+    capacity: dict[str, float]
+    used_by_raylane: dict[str, float]
+    active_jobs: int
+    queued_jobs: int
+
+
+@router.post("/plan", response_model=Placement,
+             responses={422: {"description": "The job can never run on this cluster; the message says why"}})
+def plan(spec: JobSpec, cp: CP, caller: CallerDep) -> Placement:
+    """The routing decision for a spec, with its reasons, without storing anything."""
+    return cp.plan(spec)
+
+
+@router.get("/node-groups", response_model=list[NodeGroupView])
+def node_groups(cp: CP, caller: CallerDep) -> list[NodeGroupView]:
+    return [NodeGroupView(**g) for g in cp.node_groups()]
+
+
+@router.get("/cluster")
+def cluster(cp: CP, caller: CallerDep) -> dict[str, Any]:
+    """Ray's nodes (alive and dead, with their node-group labels) and the dashboard URL."""
+    return cp.cluster()

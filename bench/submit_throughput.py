@@ -1,0 +1,164 @@
+"""Submit throughput: jobs durably stored per second through a real server.
+
+Starts `raylane serve` (uvicorn, one process) on SQLite and on PostgreSQL, then
+measures, from one asyncio client process on the same machine:
+  - single submits: POST /v1/jobs with C concurrent connections for D seconds
+  - batches: POST /v1/jobs/batch of 1,000 specs, several in flight
+Every count is checked against the database afterwards (GET /v1/jobs paging is
+too slow for 100k rows, so we count rows directly).
+
+    python bench/submit_throughput.py [--seconds 10] [--concurrency 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import free_port  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+
+SPEC = {"name": "bench", "kind": "command", "entrypoint": "true", "labels": {"bench": "1"}}
+
+
+def start_server(db_url: str, data_dir: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "RAYLANE_DATABASE_URL": db_url, "RAYLANE_DATA_DIR": data_dir, "RAYLANE_PORT": str(port),
+           "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_LOG_LEVEL": "WARNING"}
+    log = open(Path(data_dir) / "server.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        try:
+            return httpx.get(url + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, timeout=60, what="server")
+    return proc, url
+
+
+async def singles(url: str, seconds: float, concurrency: int) -> tuple[int, float, list[float]]:
+    done = 0
+    lat: list[float] = []
+    stop = time.perf_counter() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=concurrency)) as c:
+        async def worker():
+            nonlocal done
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                r = await c.post("/v1/jobs", json=SPEC)
+                assert r.status_code == 201, r.text
+                lat.append(time.perf_counter() - t)
+                done += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done, time.perf_counter() - t0, lat
+
+
+async def batches(url: str, n_batches: int, size: int, inflight: int) -> tuple[int, float]:
+    body = json.dumps({"jobs": [SPEC] * size}).encode()
+    sem = asyncio.Semaphore(inflight)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+        async def one():
+            async with sem:
+                r = await c.post("/v1/jobs/batch", content=body, headers={"content-type": "application/json"})
+                assert r.status_code == 201, r.text[:300]
+                return r.json()["count"]
+
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one() for _ in range(n_batches)))
+        return sum(counts), time.perf_counter() - t0
+
+
+def count_rows(db_url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    from orchestrator.store.db import normalise_url
+
+    eng = create_engine(normalise_url(db_url))
+    with eng.connect() as conn:
+        n = conn.execute(text("SELECT count(*) FROM jobs")).scalar()
+    eng.dispose()
+    return n
+
+
+def pg_database() -> tuple[str, callable]:
+    import psycopg
+
+    name = f"raylane_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop():
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
+
+
+def run(label: str, db_url: str, args) -> dict:
+    data_dir = tempfile.mkdtemp(prefix="raylane-bench-")
+    proc, url = start_server(db_url, data_dir)
+    print(f"{label}: server log in {data_dir}/server.log", file=sys.stderr)
+    try:
+        asyncio.run(singles(url, 1.0, 4))  # warm-up
+        base = count_rows(db_url)
+        n, dt, lat = asyncio.run(singles(url, args.seconds, args.concurrency))
+        assert count_rows(db_url) - base == n, "stored count differs from acknowledged submits"
+        lat.sort()
+        base = count_rows(db_url)
+        bn, bdt = asyncio.run(batches(url, args.batches, 1000, 2))
+        assert count_rows(db_url) - base == bn
+        return {"database": label, "single_per_s": n / dt, "single_p50_ms": lat[len(lat) // 2] * 1000,
+                "single_p99_ms": lat[int(len(lat) * 0.99)] * 1000, "batch_jobs_per_s": bn / bdt,
+                "single_n": n, "batch_n": bn}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--batches", type=int, default=20)
+    args = ap.parse_args()
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="raylane-bench-sqlite-")
+    for sync in ("FULL", "NORMAL"):
+        os.environ["RAYLANE_SQLITE_SYNCHRONOUS"] = sync
+        rows.append(run(f"SQLite (WAL, synchronous={sync})", f"sqlite:///{tmp}/{sync}.db", args))
+    os.environ.pop("RAYLANE_SQLITE_SYNCHRONOUS")
+    pg_url, drop = pg_database()
+    try:
+        rows.append(run("PostgreSQL 15 (local)", pg_url, args))
+    finally:
+        drop()
+    print("| database | single submits/s | p50 ms | p99 ms | batch jobs/s |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['database']} | {r['single_per_s']:.0f} | {r['single_p50_ms']:.1f} | {r['single_p99_ms']:.1f} "
+              f"| {r['batch_jobs_per_s']:.0f} |")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

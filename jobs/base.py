@@ -1,0 +1,50 @@
+"""What every runner gets: the job's spec, placement and storage, and a way to
+report its result. Imports ``orchestrator.specs``/``resources`` only, never the store."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator.resources import Placement
+from orchestrator.specs import JobSpec
+
+RESULT_MARKER = "RAYLANE_RESULT "  # the reconciler reads the last such line of the driver log
+
+
+@dataclass
+class RunContext:
+    job_id: str
+    attempt: int
+    project: str
+    spec: JobSpec
+    placement: Placement
+    storage: Path  # survives attempts: checkpoints and experiment state live here
+
+    @classmethod
+    def from_env(cls) -> "RunContext":
+        storage = Path(os.environ["RAYLANE_STORAGE"])
+        storage.mkdir(parents=True, exist_ok=True)
+        return cls(job_id=os.environ["RAYLANE_JOB_ID"], attempt=int(os.environ["RAYLANE_ATTEMPT"]),
+                   project=os.environ.get("RAYLANE_PROJECT", "default"),
+                   spec=JobSpec.model_validate_json(os.environ["RAYLANE_SPEC"]),
+                   placement=Placement.model_validate_json(os.environ["RAYLANE_PLACEMENT"]), storage=storage)
+
+
+def load_callable(path: str) -> Callable[..., Any]:
+    module, _, attr = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the runtime_env working_dir
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def report_result(result: dict[str, Any]) -> None:
+    print(RESULT_MARKER + json.dumps(result, default=str), flush=True)

@@ -1,0 +1,37 @@
+"""The driver entrypoint of every non-command job: ``python -m jobs.run``.
+
+Reads the job from the environment the dispatcher set, runs the runner of its
+kind, and prints the result marker the reconciler reads back."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+from jobs.base import RunContext, report_result
+
+RUNNERS = {
+    "training": "jobs.training",
+    "sweep": "jobs.sweep",
+}
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s raylane.%(name)s: %(message)s")
+    ctx = RunContext.from_env()
+    kind = ctx.spec.kind.value
+    if kind not in RUNNERS:
+        print(f"raylane: no runner for kind {kind!r} in this version", file=sys.stderr)
+        return 2
+    runner = importlib.import_module(RUNNERS[kind])
+    import ray
+
+    ray.init(log_to_driver=True)
+    result = runner.run(ctx)
+    report_result(result or {})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Sweeps: Ray Tune over the spec's search space, trials on the router's group.
+
+Expert defaults, so a user gets them without being an expert: ``reuse_actors``
+for short trials, trials placed by label selector on the (spot) group with SPREAD,
+``FailureConfig`` so trials lost with a node are retried from their checkpoints,
+and the experiment stored under the job's storage so a new attempt restores it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray import tune
+from ray.tune import PlacementGroupFactory
+
+from jobs.base import RunContext, load_callable
+
+
+def _domain(d) -> Any:
+    k = d.kind
+    v = getattr(d, k)
+    return {"uniform": lambda: tune.uniform(*v), "loguniform": lambda: tune.loguniform(*v),
+            "randint": lambda: tune.randint(*v), "choice": lambda: tune.choice(v),
+            "grid": lambda: tune.grid_search(v)}[k]()
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    sw = ctx.spec.sweep
+    pl = ctx.placement
+    fn = load_callable(ctx.spec.entrypoint)
+
+    def trainable(config):
+        import ray
+
+        out = fn(config)
+        if isinstance(out, dict):
+            tune.report({**out, "node_group": os.environ.get("RAY_NODE_TYPE_NAME"),
+                         "node_id": ray.get_runtime_context().get_node_id()})
+
+    resources = PlacementGroupFactory([dict(pl.worker_resources)], strategy="PACK",
+                                      bundle_label_selector=[pl.label_selector])
+    scheduler = None
+    if sw.scheduler == "asha":
+        scheduler = tune.schedulers.ASHAScheduler(max_t=sw.max_t, grace_period=sw.grace_period)
+    path = str(ctx.storage / "tune")
+    name = "experiment"
+    exp_dir = os.path.join(path, name)
+    trainable_r = tune.with_resources(trainable, resources)
+    if tune.Tuner.can_restore(exp_dir):
+        tuner = tune.Tuner.restore(exp_dir, trainable=trainable_r, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable_r,
+            param_space={k: _domain(d) for k, d in sw.search_space.items()},
+            tune_config=tune.TuneConfig(metric=sw.metric, mode=sw.mode, num_samples=sw.num_samples,
+                                        max_concurrent_trials=pl.num_workers, scheduler=scheduler,
+                                        reuse_actors=True),
+            run_config=tune.RunConfig(storage_path=path, name=name, verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=sw.max_trial_failures)),
+        )
+    results = tuner.fit()
+    best = results.get_best_result(metric=sw.metric, mode=sw.mode)
+    trials = []
+    for r in results:
+        m = r.metrics or {}
+        trials.append({"config": r.config, "metrics": {k: v for k, v in m.items() if isinstance(v, (int, float, str))},
+                       "error": str(r.error)[:500] if r.error else None})
+    return {"best": {"config": best.config, "metrics": {k: v for k, v in (best.metrics or {}).items()
+                                                         if isinstance(v, (int, float, str))}},
+            "num_trials": len(trials), "trials": trials}

@@ -1,0 +1,191 @@
+"""Ray's Jobs API and cluster state over the dashboard's REST API.
+
+Plain HTTP (httpx) rather than ``JobSubmissionClient``: the same endpoints, but
+with our own timeouts, one pooled connection, and no version probe per client.
+With token auth on, every call carries ``Authorization: Bearer <token>``; the
+token stays on the server side.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from orchestrator.profile import MARKET_LABEL, NODE_GROUP_LABEL
+from orchestrator.routing import ClusterView, GroupState
+
+log = logging.getLogger(__name__)
+
+HTTP_TIMEOUT_S = 10.0  # one dashboard call; the loops retry on their next pass
+
+
+class RayUnavailable(Exception):
+    """The dashboard / Jobs API could not be reached."""
+
+
+class AlreadySubmitted(Exception):
+    """Ray already has a job with this submission id (a retried dispatch)."""
+
+
+@dataclass
+class RayJob:
+    submission_id: str
+    status: str  # PENDING RUNNING STOPPED SUCCEEDED FAILED
+    message: str | None
+    error_type: str | None
+    start_time: int | None
+    end_time: int | None
+    driver_node_id: str | None
+    driver_exit_code: int | None
+    metadata: dict[str, str]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RayJob":
+        return cls(submission_id=d.get("submission_id") or d.get("job_id"), status=d["status"],
+                   message=d.get("message"), error_type=d.get("error_type"), start_time=d.get("start_time"),
+                   end_time=d.get("end_time"), driver_node_id=d.get("driver_node_id"),
+                   driver_exit_code=d.get("driver_exit_code"), metadata=d.get("metadata") or {})
+
+
+@dataclass
+class RayNode:
+    node_id: str
+    state: str  # ALIVE / DEAD
+    labels: dict[str, str]
+    resources_total: dict[str, float]
+    is_head: bool
+    death_reason: str | None
+    death_message: str | None
+    draining: bool
+
+    @property
+    def group(self) -> str | None:
+        return self.labels.get(NODE_GROUP_LABEL)
+
+    @property
+    def market(self) -> str | None:
+        return self.labels.get(MARKET_LABEL)
+
+
+def read_token(explicit: str | None = None) -> str | None:
+    if explicit:
+        return explicit.strip()
+    import os
+
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    for p in (os.environ.get("RAY_AUTH_TOKEN_PATH"), str(Path.home() / ".ray" / "auth_token")):
+        if p and Path(p).exists():
+            return Path(p).read_text().strip()
+    return None
+
+
+class RayJobsBackend:
+    def __init__(self, dashboard_url: str, token: str | None = None):
+        self.dashboard_url = dashboard_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.dashboard_url, headers=headers, timeout=HTTP_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _req(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            return self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise RayUnavailable(f"Ray dashboard at {self.dashboard_url} unreachable: {type(e).__name__}: {e}") from e
+
+    # Jobs ------------------------------------------------------------------
+
+    def submit(self, *, submission_id: str, entrypoint: str, runtime_env: dict[str, Any] | None,
+               metadata: dict[str, str], entrypoint_num_cpus: float | None = None,
+               entrypoint_num_gpus: float | None = None, entrypoint_resources: dict[str, float] | None = None,
+               entrypoint_label_selector: dict[str, str] | None = None) -> None:
+        body: dict[str, Any] = {"entrypoint": entrypoint, "submission_id": submission_id, "metadata": metadata,
+                                "runtime_env": runtime_env or None}
+        if entrypoint_num_cpus is not None:
+            body["entrypoint_num_cpus"] = entrypoint_num_cpus
+        if entrypoint_num_gpus:
+            body["entrypoint_num_gpus"] = entrypoint_num_gpus
+        if entrypoint_resources:
+            body["entrypoint_resources"] = entrypoint_resources
+        if entrypoint_label_selector:
+            body["entrypoint_label_selector"] = entrypoint_label_selector
+        r = self._req("POST", "/api/jobs/", json=body)
+        if r.status_code == 200:
+            return
+        if "already exists" in r.text:
+            raise AlreadySubmitted(submission_id)
+        if r.status_code >= 500 and r.status_code != 500:
+            raise RayUnavailable(f"Ray Jobs API answered {r.status_code}")
+        raise RuntimeError(f"Ray refused the submission ({r.status_code}): {r.text[-2000:]}")
+
+    def get(self, submission_id: str) -> RayJob | None:
+        r = self._req("GET", f"/api/jobs/{submission_id}")
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RayUnavailable(f"Ray Jobs API answered {r.status_code} for {submission_id}")
+        return RayJob.from_json(r.json())
+
+    def list(self) -> list[RayJob]:
+        r = self._req("GET", "/api/jobs/")
+        if r.status_code != 200:
+            raise RayUnavailable(f"Ray Jobs API answered {r.status_code}")
+        return [RayJob.from_json(d) for d in r.json() if d.get("submission_id")]
+
+    def stop(self, submission_id: str) -> bool:
+        r = self._req("POST", f"/api/jobs/{submission_id}/stop")
+        if r.status_code == 404:
+            return False
+        return r.status_code == 200 and bool(r.json().get("stopped"))
+
+    def logs(self, submission_id: str) -> str | None:
+        r = self._req("GET", f"/api/jobs/{submission_id}/logs")
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RayUnavailable(f"Ray Jobs API answered {r.status_code} for logs of {submission_id}")
+        return r.json().get("logs", "")
+
+    # Cluster ---------------------------------------------------------------
+
+    def version(self) -> dict[str, Any]:
+        r = self._req("GET", "/api/version")
+        r.raise_for_status()
+        return r.json()
+
+    def nodes(self) -> list[RayNode]:
+        r = self._req("GET", "/nodes?view=summary")
+        if r.status_code != 200:
+            raise RayUnavailable(f"Ray dashboard answered {r.status_code} for nodes")
+        out = []
+        for n in r.json()["data"]["summary"]:
+            rl = n.get("raylet", {})
+            death = rl.get("deathInfo") or {}
+            out.append(RayNode(
+                node_id=rl.get("nodeId"), state=rl.get("state", "DEAD"), labels=rl.get("labels") or {},
+                resources_total=rl.get("resourcesTotal") or {}, is_head=bool(rl.get("isHeadNode")),
+                death_reason=death.get("reason"), death_message=death.get("reasonMessage"),
+                draining=bool(rl.get("isDraining") or rl.get("drainingDeadlineTimestampMs")),
+            ))
+        return out
+
+    def cluster_view(self) -> ClusterView:
+        view: ClusterView = {}
+        for n in self.nodes():
+            if n.group is None or n.state != "ALIVE":
+                continue
+            st = view.setdefault(n.group, GroupState())
+            if n.draining:
+                st.draining_nodes += 1
+                continue
+            st.alive_nodes += 1
+            for k, v in n.resources_total.items():
+                if k in ("CPU", "GPU", "memory"):
+                    st.total[k] = st.total.get(k, 0) + v
+        return view

@@ -1,0 +1,288 @@
+"""The local multi-node Ray cluster: one head and ``local_nodes`` worker nodes per
+node group of a profile, all on this machine.
+
+Each node is ``ray start --block`` in its own process group, so one node can be
+killed alone (a simulated spot reclaim) without ``ray stop``, which would stop
+every Ray process on the machine. Every node gets explicit free ports (Redis has
+6379 here, and several nodes on one host must not share agent ports). Token
+authentication stays on: the token lives in the cluster's own directory and is
+handed to nodes, drivers and the Jobs API client.
+
+State (pids, ports, addresses) is kept in ``<dir>/state.json`` so ``raylane cluster
+down|status`` works from another process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from orchestrator.profile import NODE_GROUP_LABEL, NodeGroup, Profile
+
+log = logging.getLogger(__name__)
+
+NODE_START_TIMEOUT_S = 120  # a node on a busy 2-core machine can take a while
+GiB = 1024**3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class NodeProc:
+    group: str
+    index: int
+    pid: int
+    ports: dict[str, int]
+    log_path: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}-{self.index}"
+
+
+@dataclass
+class ClusterState:
+    dir: str
+    gcs_address: str
+    dashboard_url: str
+    token_path: str
+    temp_dir: str
+    nodes: list[NodeProc] = field(default_factory=list)
+
+    def save(self) -> None:
+        Path(self.dir, "state.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, dir: str | Path) -> "ClusterState | None":
+        p = Path(dir, "state.json")
+        if not p.exists():
+            return None
+        data = json.loads(p.read_text())
+        data["nodes"] = [NodeProc(**n) for n in data["nodes"]]
+        return cls(**data)
+
+    @property
+    def token(self) -> str:
+        return Path(self.token_path).read_text().strip()
+
+    def env(self) -> dict[str, str]:
+        """What a process needs to talk to this cluster with token auth on."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path, "RAY_ADDRESS": self.gcs_address}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+
+
+class LocalCluster:
+    """Start, inspect and stop the local cluster of a profile."""
+
+    def __init__(self, profile: Profile, dir: str | Path):
+        self.profile = profile
+        self.dir = Path(dir).resolve()
+        self.state: ClusterState | None = ClusterState.load(self.dir)
+
+    # Public ----------------------------------------------------------------
+
+    def up(self) -> ClusterState:
+        if self.state and self.is_up():
+            return self.state
+        self.dir.mkdir(parents=True, exist_ok=True)
+        token_path = self.dir / "auth_token"
+        if not token_path.exists():
+            token_path.write_text(secrets.token_hex(32))
+            token_path.chmod(0o600)
+        # Unix socket paths are limited to ~107 bytes: keep the temp dir short.
+        temp_dir = f"/tmp/rl-{secrets.token_hex(4)}"
+        gcs_port, dash_port = free_port(), free_port()
+        self.state = ClusterState(
+            dir=str(self.dir), gcs_address=f"127.0.0.1:{gcs_port}", dashboard_url=f"http://127.0.0.1:{dash_port}",
+            token_path=str(token_path), temp_dir=temp_dir,
+        )
+        head = self.profile.head
+        self._start_node(head, 0, head_ports={"port": gcs_port, "dashboard-port": dash_port})
+        self._wait_dashboard()
+        for group in self.profile.workers:
+            for i in range(group.local_nodes):
+                self.add_node(group.name, i)
+        return self.state
+
+    def add_node(self, group_name: str, index: int | None = None) -> NodeProc:
+        """Start one more node of a group (also used to replace a killed spot node)."""
+        assert self.state is not None, "cluster is not up"
+        group = self.profile.group(group_name)
+        if group is None:
+            raise ValueError(f"no node group {group_name!r} in profile {self.profile.name}")
+        if index is None:
+            index = 1 + max((n.index for n in self.state.nodes if n.group == group_name), default=-1)
+        before = self._alive_node_ids()
+        node = self._start_node(group, index)
+        self._wait_registered(before, node)
+        return node
+
+    def kill_node(self, name: str, sig: int = signal.SIGKILL) -> NodeProc:
+        """Kill one node's whole process group (raylet, workers, agents): a spot reclaim."""
+        assert self.state is not None
+        node = next(n for n in self.state.nodes if n.name == name)
+        try:
+            os.killpg(node.pid, sig)
+        except ProcessLookupError:
+            pass
+        self.state.nodes = [n for n in self.state.nodes if n.name != name]
+        self.state.save()
+        return node
+
+    def down(self) -> None:
+        if not self.state:
+            return
+        # Workers first, the head last, so nodes do not log a storm of lost-GCS errors.
+        for node in sorted(self.state.nodes, key=lambda n: n.group == self.profile.head.name):
+            for sig in (signal.SIGTERM,):
+                try:
+                    os.killpg(node.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 30
+        for node in self.state.nodes:
+            while _alive(node.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(node.pid):
+                try:
+                    os.killpg(node.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        subprocess.run(["rm", "-rf", self.state.temp_dir], check=False)
+        Path(self.dir, "state.json").unlink(missing_ok=True)
+        self.state = None
+
+    def is_up(self) -> bool:
+        if not self.state:
+            return False
+        head = next((n for n in self.state.nodes if n.group == self.profile.head.name), None)
+        if head is None or not _alive(head.pid):
+            return False
+        try:
+            return httpx.get(self.state.dashboard_url + "/api/version", timeout=3,
+                             headers=self.auth_headers()).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.state.token}"} if self.state else {}
+
+    def nodes(self) -> list[dict]:
+        """Ray's node list from the dashboard (alive and dead), with labels."""
+        assert self.state is not None
+        r = httpx.get(self.state.dashboard_url + "/nodes?view=summary", headers=self.auth_headers(), timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["summary"]
+
+    # Internals -------------------------------------------------------------
+
+    def _ray_bin(self) -> str:
+        return str(Path(sys.executable).with_name("ray"))
+
+    def _start_node(self, group: NodeGroup, index: int, head_ports: dict[str, int] | None = None) -> NodeProc:
+        assert self.state is not None
+        ports = {
+            "node-manager-port": free_port(),
+            "object-manager-port": free_port(),
+            "dashboard-agent-listen-port": free_port(),
+            "dashboard-agent-grpc-port": free_port(),
+            "metrics-export-port": free_port(),
+            "runtime-env-agent-port": free_port(),
+        }
+        args = [self._ray_bin(), "start", "--block", f"--temp-dir={self.state.temp_dir}",
+                "--min-worker-port=0", "--max-worker-port=0",
+                f"--num-cpus={int(group.cpus)}", f"--num-gpus={group.gpus}",
+                f"--memory={int(group.memory_gb * GiB)}", "--object-store-memory=" + str(200 * 1024**2),
+                "--disable-usage-stats"]
+        if head_ports is not None:
+            ports.update(head_ports)
+            ports["ray-client-server-port"] = free_port()
+            args += ["--head", "--node-ip-address=127.0.0.1", "--include-dashboard=true",
+                     "--dashboard-host=127.0.0.1"]
+        else:
+            args += [f"--address={self.state.gcs_address}", "--node-ip-address=127.0.0.1"]
+        args += [f"--{k}={v}" for k, v in ports.items()]
+        if group.accelerator:
+            args.append(f"--resources={json.dumps({'accelerator_type:' + group.accelerator.type: group.gpus})}")
+        env = {
+            **os.environ,
+            **self.state.env(),
+            # KubeRay sets these; Ray turns them into ray.io/node-group and ray.io/market-type labels.
+            "RAY_NODE_TYPE_NAME": group.name,
+            "RAY_NODE_MARKET_TYPE": group.market,
+            # Drivers run `python ...` from PATH: make it this environment's Python.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        env.pop("RAY_ADDRESS", None) if head_ports is not None else None
+        log_path = self.dir / f"node-{group.name}-{index}.log"
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(args, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=str(self.dir))
+        node = NodeProc(group=group.name, index=index, pid=proc.pid, ports=ports, log_path=str(log_path))
+        self.state.nodes.append(node)
+        self.state.save()
+        return node
+
+    def _wait_dashboard(self) -> None:
+        deadline = time.monotonic() + NODE_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.is_up():
+                # The head must also be listed as a node before workers join.
+                try:
+                    if self._alive_node_ids():
+                        return
+                except httpx.HTTPError:
+                    pass
+            head = self.state.nodes[0]
+            if not _alive(head.pid):
+                raise RuntimeError(f"Ray head exited; see {head.log_path}:\n{Path(head.log_path).read_text()[-3000:]}")
+            time.sleep(0.25)
+        raise TimeoutError(f"Ray head did not come up in {NODE_START_TIMEOUT_S}s; see {self.state.nodes[0].log_path}")
+
+    def _alive_node_ids(self) -> set[str]:
+        return {n["raylet"]["nodeId"] for n in self.nodes() if n["raylet"].get("state") == "ALIVE"}
+
+    def _wait_registered(self, before: set[str], node: NodeProc) -> None:
+        # Start nodes one after another: two `ray start` at once on 2 cores can
+        # time out during start-up.
+        deadline = time.monotonic() + NODE_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not _alive(node.pid):
+                raise RuntimeError(f"node {node.name} exited; see {node.log_path}:\n"
+                                   f"{Path(node.log_path).read_text()[-3000:]}")
+            try:
+                for n in self.nodes():
+                    r = n["raylet"]
+                    if r.get("state") == "ALIVE" and r["nodeId"] not in before and \
+                            r.get("labels", {}).get(NODE_GROUP_LABEL) == node.group:
+                        node.ports["node_id"] = r["nodeId"]  # type: ignore[assignment]
+                        self.state.save()
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"node {node.name} did not register in {NODE_START_TIMEOUT_S}s; see {node.log_path}")

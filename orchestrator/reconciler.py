@@ -1,0 +1,274 @@
+"""The reconciler: fold Ray's view of each live attempt into the database.
+
+Per pass:
+- every attempt Ray may be running (SUBMITTED, PENDING, RUNNING) is looked up;
+  Ray's status moves the job (DISPATCHING -> RUNNING -> SUCCEEDED / RETRYING /
+  FAILED); an attempt Ray no longer knows (its head restarted without GCS fault
+  tolerance) is LOST, never left RUNNING;
+- a failed attempt's cause is classified (``classify``) from what Ray reports:
+  the error type, the driver's exit code, and the death of its driver's node
+  with that node's market label (a dead spot node is a preemption);
+- the retry policy decides: another attempt after backoff, or FAILED;
+- CANCELLING jobs get their Ray job stopped until Ray confirms;
+- jobs past ``timeout_s`` are stopped and end FAILED with cause TIMEOUT.
+
+On start-up the control plane runs one pass before dispatching anything new
+(re-attach before new work, like Ray's own job manager).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+
+from orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
+from orchestrator.dispatcher import MAX_INFRA_RETRIES
+from orchestrator.loops import LoopService
+from orchestrator.settings import Settings
+from orchestrator.specs import JobSpec
+from orchestrator.states import INFRASTRUCTURE_CAUSES, FailureCause, JobStatus
+from orchestrator.store import db
+from orchestrator.store.jobs import set_result
+from orchestrator.store.tables import attempts, jobs
+from orchestrator.store.transitions import transition, utcnow
+
+log = logging.getLogger(__name__)
+
+LIVE_ATTEMPT_STATES = ("SUBMITTED", "PENDING", "RUNNING")
+RESULT_MARKER = "RAYLANE_RESULT "
+LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
+LOG_TAIL_CHARS = 4000
+
+
+def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = False,
+             cancelled: bool = False) -> tuple[FailureCause, str]:
+    """Why an attempt ended badly, from what Ray reports."""
+    if rj is None:
+        return FailureCause.LOST, "Ray has no record of this attempt (its head restarted without GCS fault tolerance?)"
+    msg = (rj.message or "").strip()
+    if cancelled:
+        return FailureCause.CANCELLED, "cancelled"
+    if timed_out:
+        return FailureCause.TIMEOUT, "ran past timeout_s"
+    node = nodes.get(rj.driver_node_id or "")
+    if node is not None and node.state == "DEAD" or rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED":
+        if node is not None and (node.market == "SPOT" or (node.death_reason or "").startswith("AUTOSCALER_DRAIN")
+                                 or "preempt" in (node.death_message or "").lower()):
+            return FailureCause.PREEMPTED, f"driver's spot node {node.node_id[:12]} ({node.group}) went away: " \
+                                           f"{node.death_reason or 'node died'}"
+        where = f"node {node.node_id[:12]} ({node.group})" if node else "its node"
+        return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
+    if rj.error_type == "RUNTIME_ENV_SETUP_FAILED" or "runtime_env" in (rj.error_type or "").lower():
+        return FailureCause.RUNTIME_ENV, msg[-LOG_TAIL_CHARS:]
+    if rj.driver_exit_code in (137, -9) or "OutOfMemoryError" in msg or "out of memory" in msg.lower():
+        return FailureCause.OOM, msg[-LOG_TAIL_CHARS:]
+    return FailureCause.APP_ERROR, msg[-LOG_TAIL_CHARS:]
+
+
+def next_step(spec: JobSpec, *, cause: FailureCause, attempts_done: int, app_attempts: int) -> tuple[bool, str]:
+    """(retry?, why) for a failed attempt under the spec's retry policy."""
+    p = spec.retry
+    if cause in (FailureCause.CANCELLED, FailureCause.TIMEOUT, FailureCause.UNSCHEDULABLE):
+        return False, f"{cause.value} is not retried"
+    if cause in INFRASTRUCTURE_CAUSES:
+        # The cluster's fault, not the job's: retried without spending the job's attempts,
+        # but bounded so a broken cluster cannot loop forever.
+        if attempts_done >= p.max_attempts + MAX_INFRA_RETRIES:
+            return False, f"{attempts_done} attempts; giving up on infrastructure failures"
+        return True, f"{cause.value}: retrying (infrastructure failures do not count against max_attempts)"
+    if cause is FailureCause.APP_ERROR and not p.retry_app_errors:
+        return False, "application error; retry.retry_app_errors is off"
+    if app_attempts >= p.max_attempts:
+        return False, f"{app_attempts} of {p.max_attempts} attempts used"
+    return True, f"{cause.value}: attempt {app_attempts} of {p.max_attempts} failed; retrying"
+
+
+def backoff(spec: JobSpec, n: int) -> float:
+    return min(spec.retry.backoff_s * (2 ** max(0, n - 1)), spec.retry.max_backoff_s)
+
+
+def extract_result(logs: str | None) -> dict[str, Any] | None:
+    if not logs:
+        return None
+    for line in reversed(logs.splitlines()):
+        i = line.find(RESULT_MARKER)
+        if i >= 0:
+            try:
+                value = json.loads(line[i + len(RESULT_MARKER):])
+                return value if isinstance(value, dict) else {"value": value}
+            except ValueError:
+                return None
+    return None
+
+
+class Reconciler(LoopService):
+    name = "reconciler"
+
+    def __init__(self, settings: Settings, sessions, backend: RayJobsBackend, *, wake=None):
+        super().__init__(settings.reconcile_interval_s, wake)
+        self.settings = settings
+        self.sessions = sessions
+        self.backend = backend
+        self._live = 0
+
+    def next_wait(self) -> float:
+        # Poll Ray quickly while attempts are young or live: completion is noticed
+        # within ~100 ms instead of a full interval.
+        return 0.1 if self._live else self.interval
+
+    def run_once(self) -> None:
+        with db.transaction(self.sessions) as s:
+            live = s.execute(
+                select(attempts.c.job_id, attempts.c.number, attempts.c.submission_id, attempts.c.status,
+                       attempts.c.cause, jobs.c.status.label("job_status"), jobs.c.spec, jobs.c.started_at,
+                       jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested)
+                .join(jobs, jobs.c.id == attempts.c.job_id)
+                .where(attempts.c.status.in_(LIVE_ATTEMPT_STATES), jobs.c.attempts == attempts.c.number)
+            ).mappings().all()
+            cancelling_unsubmitted = s.execute(
+                select(jobs.c.id, jobs.c.attempts).where(jobs.c.status == JobStatus.CANCELLING.value)
+            ).all()
+        self._live = len(live)
+        live_ids = {r["job_id"] for r in live}
+        # A job cancelled before its attempt reached Ray: nothing to stop.
+        for jid, n in cancelling_unsubmitted:
+            if jid not in live_ids:
+                self._cancel_unsubmitted(jid, n)
+        if not live:
+            return
+        try:
+            if len(live) > LIST_THRESHOLD:
+                by_id = {j.submission_id: j for j in self.backend.list()}
+                ray_jobs = {r["submission_id"]: by_id.get(r["submission_id"]) for r in live}
+            else:
+                ray_jobs = {r["submission_id"]: self.backend.get(r["submission_id"]) for r in live}
+            nodes = None
+        except RayUnavailable as e:
+            log.warning("reconciler: %s", e)
+            return
+        now = utcnow()
+        for r in live:
+            rj = ray_jobs[r["submission_id"]]
+            spec = JobSpec.model_validate(r["spec"])
+            try:
+                if JobStatus(r["job_status"]) is JobStatus.CANCELLING and (rj is None or rj.status in ("PENDING", "RUNNING")):
+                    if rj is not None:
+                        self.backend.stop(r["submission_id"])
+                        continue
+                if rj is not None and rj.status == "RUNNING" and spec.timeout_s and r["started_at"] and \
+                        now - r["started_at"] > timedelta(seconds=spec.timeout_s) and r["cause"] != "TIMEOUT":
+                    with db.transaction(self.sessions) as s:
+                        s.execute(update(attempts).where(attempts.c.submission_id == r["submission_id"])
+                                  .values(cause=FailureCause.TIMEOUT.value))
+                    self.backend.stop(r["submission_id"])
+                    continue
+                if rj is not None and rj.status in ("PENDING",):
+                    self._set_attempt(r["submission_id"], status="PENDING")
+                    continue
+                if rj is not None and rj.status == "RUNNING":
+                    self._running(r, rj)
+                    continue
+                if rj is not None and rj.status == "SUCCEEDED":
+                    self._succeeded(r, rj)
+                    continue
+                if nodes is None:
+                    nodes = {n.node_id: n for n in self.backend.nodes()}
+                self._ended_badly(r, rj, spec, nodes)
+            except RayUnavailable as e:
+                log.warning("reconciler: %s", e)
+                return
+            except Exception:
+                log.exception("reconciling %s failed; next pass tries again", r["submission_id"])
+
+    # Outcomes ----------------------------------------------------------------
+
+    def _set_attempt(self, sid: str, **values) -> None:
+        with db.transaction(self.sessions) as s:
+            s.execute(update(attempts).where(attempts.c.submission_id == sid).values(**values))
+
+    def _running(self, r, rj: RayJob) -> None:
+        if r["status"] == "RUNNING" and r["job_status"] == JobStatus.RUNNING.value:
+            return
+        now = utcnow()
+        with db.transaction(self.sessions) as s:
+            s.execute(update(attempts).where(attempts.c.submission_id == r["submission_id"]).values(
+                status="RUNNING", started_at=now, driver_node_id=rj.driver_node_id))
+            if r["job_status"] == JobStatus.DISPATCHING.value:
+                transition(s, r["job_id"], JobStatus.RUNNING, reason=f"attempt {r['number']} running on Ray",
+                           actor="reconciler", attempt=r["number"], expected={JobStatus.DISPATCHING},
+                           values={"started_at": now, "lease_owner": None})
+
+    def _succeeded(self, r, rj: RayJob) -> None:
+        result = None
+        try:
+            result = extract_result(self.backend.logs(r["submission_id"]))
+        except RayUnavailable:
+            raise
+        now = utcnow()
+        with db.transaction(self.sessions) as s:
+            s.execute(update(attempts).where(attempts.c.submission_id == r["submission_id"]).values(
+                status="SUCCEEDED", ended_at=now, exit_code=rj.driver_exit_code if rj.driver_exit_code is not None else 0,
+                driver_node_id=rj.driver_node_id))
+            if result is not None:
+                set_result(s, r["job_id"], result, attempt=r["number"])
+            if r["job_status"] == JobStatus.DISPATCHING.value:
+                transition(s, r["job_id"], JobStatus.RUNNING, reason=f"attempt {r['number']} ran on Ray",
+                           actor="reconciler", attempt=r["number"], values={"started_at": now})
+            if r["job_status"] == JobStatus.CANCELLING.value:
+                transition(s, r["job_id"], JobStatus.CANCELLED, reason="finished before the stop reached Ray",
+                           actor="reconciler", attempt=r["number"], values={"finished_at": now})
+                return
+            transition(s, r["job_id"], JobStatus.SUCCEEDED, reason=f"attempt {r['number']} succeeded",
+                       actor="reconciler", attempt=r["number"], expected={JobStatus.RUNNING, JobStatus.DISPATCHING},
+                       values={"finished_at": now, "failure_cause": None})
+
+    def _ended_badly(self, r, rj: RayJob | None, spec: JobSpec, nodes: dict[str, RayNode]) -> None:
+        cancelled = r["job_status"] == JobStatus.CANCELLING.value
+        timed_out = r["cause"] == FailureCause.TIMEOUT.value
+        if rj is not None and rj.status == "STOPPED" and not cancelled and not timed_out:
+            cause, msg = FailureCause.CANCELLED, "stopped in Ray outside Raylane"
+        else:
+            cause, msg = classify(rj, nodes, timed_out=timed_out, cancelled=cancelled)
+        now = utcnow()
+        with db.transaction(self.sessions) as s:
+            s.execute(update(attempts).where(attempts.c.submission_id == r["submission_id"]).values(
+                status="LOST" if rj is None else rj.status, ended_at=now, cause=cause.value, message=msg,
+                exit_code=rj.driver_exit_code if rj else None, driver_node_id=rj.driver_node_id if rj else None))
+            if cancelled:
+                transition(s, r["job_id"], JobStatus.CANCELLED, reason="Ray stopped the attempt", actor="reconciler",
+                           attempt=r["number"], values={"finished_at": now, "failure_cause": cause.value})
+                return
+            job = s.execute(select(jobs.c.preemptions, jobs.c.attempts).where(jobs.c.id == r["job_id"])).one()
+            preemptions = job.preemptions + (1 if cause is FailureCause.PREEMPTED else 0)
+            app_attempts = s.execute(select(attempts.c.cause).where(attempts.c.job_id == r["job_id"])).scalars().all()
+            app_n = sum(1 for c in app_attempts if c and FailureCause(c) not in INFRASTRUCTURE_CAUSES)
+            retry, why = next_step(spec, cause=cause, attempts_done=job.attempts, app_attempts=app_n)
+            if r["job_status"] == JobStatus.DISPATCHING.value:
+                transition(s, r["job_id"], JobStatus.RUNNING, reason=f"attempt {r['number']} started on Ray",
+                           actor="reconciler", attempt=r["number"], values={"started_at": now})
+            summary = f"attempt {r['number']} ended: {cause.value}: {msg[:300]}"
+            if retry:
+                delay = backoff(spec, job.attempts)
+                transition(s, r["job_id"], JobStatus.RETRYING, reason=f"{summary}; {why}; next in {delay:.0f}s",
+                           actor="reconciler", attempt=r["number"],
+                           values={"failure_cause": cause.value, "preemptions": preemptions,
+                                   "not_before": now + timedelta(seconds=delay)})
+            else:
+                transition(s, r["job_id"], JobStatus.FAILED, reason=f"{summary}; {why}", actor="reconciler",
+                           attempt=r["number"], values={"failure_cause": cause.value, "preemptions": preemptions,
+                                                       "finished_at": now})
+        self.wake.set()
+
+    def _cancel_unsubmitted(self, job_id: str, n: int) -> None:
+        with db.transaction(self.sessions) as s:
+            if n:
+                s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == n,
+                                                 attempts.c.status == "CLAIMED")
+                          .values(status="STOPPED", ended_at=utcnow(), cause=FailureCause.CANCELLED.value))
+            transition(s, job_id, JobStatus.CANCELLED, reason="cancelled before its attempt reached Ray",
+                       actor="reconciler", expected={JobStatus.CANCELLING},
+                       values={"finished_at": utcnow(), "failure_cause": FailureCause.CANCELLED.value})

@@ -1,0 +1,233 @@
+"""The router: (JobSpec, profile, live cluster) -> Placement, with reasons.
+
+A pure function. The one idea it encodes: tightly coupled GPU work needs
+co-located accelerators (one node, STRICT_PACK, gang-scheduled); independent
+work (trials, inference batches) needs cheap interruptible workers (spot,
+SPREAD) and tolerance of their loss.
+
+Rules, in order:
+1. An explicit ``placement.node_group`` wins when the job can ever fit there, and
+   is refused with the reason when it cannot.
+2. A job that asks for GPUs only goes to groups with accelerators (of the asked
+   type); it never lands on a CPU group.
+3. Without GPUs: sweeps, batch inference and services default to spot, with the
+   on-demand CPU group as soft fallback; training and commands default to
+   on-demand. ``placement.market`` overrides the default market.
+4. ``avoid_spot`` (after repeated preemptions) routes to an on-demand group of the
+   same shape.
+5. Multi-worker GPU training co-locates (STRICT_PACK) unless ``colocate: false``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.errors import Invalid
+from orchestrator.profile import MARKET_LABEL, NODE_GROUP_LABEL, NodeGroup, Profile
+from orchestrator.resources import Placement
+from orchestrator.specs import JobKind, JobSpec
+
+GiB = 1024**3
+SPOT_FIRST_KINDS = frozenset({JobKind.SWEEP, JobKind.BATCH_INFERENCE, JobKind.SERVICE})
+
+
+@dataclass
+class GroupState:
+    """What the cluster has now in one node group (from Ray's node list)."""
+
+    alive_nodes: int = 0
+    draining_nodes: int = 0
+    total: dict[str, float] = field(default_factory=dict)  # over alive, non-draining nodes
+
+
+ClusterView = dict[str, GroupState]
+
+
+class Unroutable(Invalid):
+    """A job that can never fit the profile: refused at submit, with the reason."""
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _per_worker(spec: JobSpec) -> dict[str, float]:
+    r = spec.resources
+    out = {"CPU": r.cpus_per_worker}
+    if r.gpus_per_worker:
+        out["GPU"] = r.gpus_per_worker
+    if r.memory_gb_per_worker:
+        out["memory"] = r.memory_gb_per_worker * GiB
+    return out
+
+
+def why_never_fits(spec: JobSpec, group: NodeGroup, colocate: bool) -> str | None:
+    """None if the job can fit the group at its largest; else the reason it never will."""
+    r = spec.resources
+    if group.role == "head":
+        return f"group {group.name} is the head group and runs no jobs"
+    if r.gpus_per_worker > 0 and group.gpus == 0:
+        return f"job needs {_fmt(r.gpus_per_worker)} GPU per worker; group {group.name} has no GPUs"
+    if r.accelerator_type and (not group.accelerator or group.accelerator.type != r.accelerator_type):
+        have = group.accelerator.type if group.accelerator else "none"
+        return f"job needs accelerator {r.accelerator_type}; group {group.name} has {have}"
+    if r.gpus_per_worker > group.gpus:
+        return f"one worker needs {_fmt(r.gpus_per_worker)} GPUs; a node of group {group.name} has {group.gpus}"
+    if r.cpus_per_worker > group.cpus:
+        return f"one worker needs {_fmt(r.cpus_per_worker)} CPUs; a node of group {group.name} has {_fmt(group.cpus)}"
+    if r.memory_gb_per_worker and r.memory_gb_per_worker > group.memory_gb:
+        return (f"one worker needs {_fmt(r.memory_gb_per_worker)} GB; a node of group {group.name} has "
+                f"{_fmt(group.memory_gb)} GB")
+    nodes = 1 if colocate else group.max_nodes
+    if r.total_gpus > group.gpus * nodes:
+        where = "one node" if colocate else f"{group.max_nodes} nodes at most"
+        return (f"job needs {_fmt(r.total_gpus)} GPUs co-located; group {group.name} has {group.gpus * nodes} "
+                f"on {where}")
+    if r.total_cpus + r.driver_cpus > group.cpus * nodes:
+        where = "one node" if colocate else f"{group.max_nodes} nodes at most"
+        return f"job needs {_fmt(r.total_cpus + r.driver_cpus)} CPUs; group {group.name} has {_fmt(group.cpus * nodes)} on {where}"
+    return None
+
+
+def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *,
+          avoid_spot: bool = False) -> Placement:
+    """Decide where ``spec`` runs. Raises ``Unroutable`` if it can never run."""
+    r = spec.resources
+    wants_gpu = r.gpus_per_worker > 0
+    colocate = spec.placement.colocate
+    if colocate is None:
+        colocate = wants_gpu and r.num_workers > 1 and spec.kind is JobKind.TRAINING
+    reasons: list[str] = []
+
+    if spec.placement.node_group != "auto":
+        group = profile.group(spec.placement.node_group)
+        if group is None:
+            names = ", ".join(g.name for g in profile.workers)
+            raise Unroutable(f"no node group {spec.placement.node_group!r}; groups are: {names}",
+                             field="placement.node_group")
+        why = why_never_fits(spec, group, colocate)
+        if why:
+            raise Unroutable(f"placement.node_group {group.name} can never run this job: {why}",
+                             field="placement.node_group")
+        if avoid_spot and group.is_spot:
+            reasons.append(f"asked for {group.name}, but it was preempted repeatedly; still honouring the explicit hint")
+        reasons.append(f"node group {group.name} asked for explicitly")
+        chosen, fallbacks = group, []
+    else:
+        chosen, fallbacks = _choose(spec, profile, colocate, avoid_spot, reasons)
+
+    return _placement(spec, profile, chosen, fallbacks, colocate, reasons, cluster)
+
+
+def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, reasons: list[str]):
+    r = spec.resources
+    wants_gpu = r.gpus_per_worker > 0
+    candidates = [g for g in profile.workers if (g.gpus > 0) == wants_gpu]
+    if wants_gpu:
+        desc = f"{r.num_workers} worker{'s' if r.num_workers > 1 else ''} x {_fmt(r.gpus_per_worker)} GPU"
+        if colocate:
+            reasons.append(f"{desc}, tightly coupled: co-locate on one node")
+        else:
+            reasons.append(f"{desc}: GPU group, not co-located")
+    if spec.placement.market != "auto":
+        market = spec.placement.market
+        reasons.append(f"market {market} asked for explicitly")
+    elif avoid_spot:
+        market = "ON_DEMAND"
+        reasons.append("preempted repeatedly: falling back from spot to on-demand")
+    elif not wants_gpu and spec.kind in SPOT_FIRST_KINDS:
+        market = "SPOT"
+    else:
+        market = "ON_DEMAND"
+    if avoid_spot:
+        market = "ON_DEMAND"
+
+    fitting: list[NodeGroup] = []
+    refusals: list[str] = []
+    for g in candidates:
+        why = why_never_fits(spec, g, colocate)
+        if why:
+            refusals.append(why)
+        else:
+            fitting.append(g)
+    if not fitting:
+        if not candidates:
+            kind = "GPU" if wants_gpu else "CPU-only"
+            raise Unroutable(f"the profile has no {kind} node group for this job", field="resources")
+        raise Unroutable("; ".join(refusals), field="resources")
+    preferred = [g for g in fitting if g.market == market]
+    others = [g for g in fitting if g.market != market and not (avoid_spot and g.is_spot)]
+    if not preferred:
+        if not others:
+            raise Unroutable(f"no {market} group can run this job after spot fallback", field="placement.market")
+        reasons.append(f"no {market} group fits; using {others[0].market}")
+        preferred, others = others, []
+    # Smallest fitting node first: leave big nodes for big jobs.
+    preferred.sort(key=lambda g: (g.gpus, g.cpus, g.price_per_hour))
+    chosen = preferred[0]
+    fallbacks = [g for g in preferred[1:] + others]
+    if not wants_gpu:
+        if spec.kind is JobKind.SWEEP:
+            n = spec.sweep.num_samples if spec.sweep else r.num_workers
+            reasons.append(f"sweep of {n} independent trials: {chosen.name}, SPREAD")
+        elif spec.kind in SPOT_FIRST_KINDS:
+            reasons.append(f"{spec.kind.value} tolerates lost workers: {chosen.name} ({chosen.market})")
+        else:
+            reasons.append(f"{spec.kind.value} without GPUs: {chosen.name} ({chosen.market})")
+    else:
+        reasons.append(f"GPU group {chosen.name} ({chosen.gpus} x {chosen.accelerator.type} per node)")
+    if fallbacks and not wants_gpu:
+        reasons.append(f"falls back to {', '.join(g.name for g in fallbacks)} if {chosen.name} has no room")
+    return chosen, [g for g in fallbacks if not wants_gpu]
+
+
+def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: list[NodeGroup], colocate: bool,
+               reasons: list[str], cluster: ClusterView | None) -> Placement:
+    r = spec.resources
+    if colocate:
+        strategy = "STRICT_PACK"
+    elif spec.kind is JobKind.SWEEP or (spec.kind is JobKind.BATCH_INFERENCE and r.gpus_per_worker == 0):
+        strategy = "SPREAD"  # losing one spot node loses few trials
+    else:
+        strategy = "PACK"
+    per_worker = _per_worker(spec)
+    workers = r.num_workers
+    if spec.kind is JobKind.SWEEP and spec.sweep is not None:
+        workers = min(spec.sweep.max_concurrent_trials or spec.sweep.num_samples, spec.sweep.num_samples)
+    total = {k: v * workers for k, v in per_worker.items()}
+    driver_group = group
+    if group.is_spot and spec.kind is not JobKind.COMMAND:
+        # The driver holds the job together (Tune's controller, Ray Data's
+        # coordinator): keep it off spot, so a reclaim loses workers, not the job.
+        on_demand = [g for g in profile.workers if not g.is_spot and g.gpus == 0 and g.cpus >= r.driver_cpus]
+        if on_demand:
+            driver_group = on_demand[0]
+            reasons.append(f"driver on on-demand group {driver_group.name}, so a spot reclaim loses workers, not the job")
+    driver_resources = {"CPU": r.driver_cpus}
+    if spec.kind is JobKind.COMMAND:
+        # A command is its own driver: the entrypoint holds the worker's resources.
+        driver_resources = dict(per_worker)
+    elif driver_group is group:
+        total["CPU"] = total.get("CPU", 0) + r.driver_cpus
+    if cluster is not None:
+        st = cluster.get(group.name)
+        if st is None or st.alive_nodes == 0:
+            reasons.append(f"group {group.name} has no live node now; the job waits for one")
+    return Placement(
+        node_group=group.name,
+        market=group.market,
+        strategy=strategy,
+        colocate=colocate,
+        num_workers=workers,
+        worker_resources=per_worker,
+        label_selector={NODE_GROUP_LABEL: group.name},
+        fallback_node_groups=[g.name for g in fallbacks],
+        driver_resources=driver_resources,
+        driver_label_selector={NODE_GROUP_LABEL: driver_group.name},
+        total=total,
+        reasons=reasons,
+    )
+
+
+def market_selector(market: str) -> dict[str, str]:
+    return {MARKET_LABEL: market}
