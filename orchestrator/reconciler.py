@@ -62,7 +62,9 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
                                            f"{node.death_reason or 'node died'}"
         where = f"node {node.node_id[:12]} ({node.group})" if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
-    if rj.error_type == "RUNTIME_ENV_SETUP_FAILED" or "runtime_env" in (rj.error_type or "").lower():
+    if rj.error_type == "RUNTIME_ENV_SETUP_FAILURE" or (
+            rj.error_type == "JOB_SUPERVISOR_ACTOR_START_FAILURE" and "runtime" in msg.lower()) or \
+            "is not a valid URI" in msg:
         return FailureCause.RUNTIME_ENV, msg[-LOG_TAIL_CHARS:]
     if rj.driver_exit_code in (137, -9) or "OutOfMemoryError" in msg or "out of memory" in msg.lower():
         return FailureCause.OOM, msg[-LOG_TAIL_CHARS:]

@@ -89,6 +89,7 @@ class RayJobsBackend:
         self.dashboard_url = dashboard_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.dashboard_url, headers=headers, timeout=HTTP_TIMEOUT_S)
+        self._sdk = None  # Ray's JobSubmissionClient, only for uploading local directories
 
     def close(self) -> None:
         self.http.close()
@@ -105,6 +106,7 @@ class RayJobsBackend:
                metadata: dict[str, str], entrypoint_num_cpus: float | None = None,
                entrypoint_num_gpus: float | None = None, entrypoint_resources: dict[str, float] | None = None,
                entrypoint_label_selector: dict[str, str] | None = None) -> None:
+        runtime_env = self._upload_local_packages(runtime_env)
         body: dict[str, Any] = {"entrypoint": entrypoint, "submission_id": submission_id, "metadata": metadata,
                                 "runtime_env": runtime_env or None}
         if entrypoint_num_cpus is not None:
@@ -123,6 +125,29 @@ class RayJobsBackend:
         if r.status_code >= 500 and r.status_code != 500:
             raise RayUnavailable(f"Ray Jobs API answered {r.status_code}")
         raise RuntimeError(f"Ray refused the submission ({r.status_code}): {r.text[-2000:]}")
+
+    def _upload_local_packages(self, runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A local working_dir / py_modules is zipped and uploaded to the cluster
+        (content-addressed, so a second job with the same directory uploads nothing),
+        exactly as ``ray job submit --working-dir`` does."""
+        if not runtime_env:
+            return runtime_env
+        wd = runtime_env.get("working_dir")
+        mods = runtime_env.get("py_modules") or []
+        local = (wd and "://" not in wd) or any("://" not in m for m in mods)
+        if not local:
+            return runtime_env
+        if self._sdk is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self._sdk = JobSubmissionClient(self.dashboard_url, headers=dict(self.http.headers))
+        env = dict(runtime_env)
+        try:
+            self._sdk._upload_working_dir_if_needed(env)
+            self._sdk._upload_py_modules_if_needed(env)
+        except (ValueError, OSError) as e:
+            raise RuntimeError(f"runtime_env: could not package a local directory: {e}") from e
+        return env
 
     def get(self, submission_id: str) -> RayJob | None:
         r = self._req("GET", f"/api/jobs/{submission_id}")

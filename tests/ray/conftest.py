@@ -1,0 +1,51 @@
+"""One local multi-node Ray cluster for all Ray tests of a run (starting one
+takes ~25 s on 2 cores), and a control plane with its loops attached to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import wait_for
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    from orchestrator.localcluster import LocalCluster
+    from orchestrator.profile import default_profile
+
+    cluster = LocalCluster(default_profile(), tmp_path_factory.mktemp("cluster"))
+    cluster.up()
+    yield cluster
+    cluster.down()
+
+
+@pytest.fixture
+def ray_settings(tmp_path, ray_cluster):
+    from orchestrator.settings import Settings
+    from orchestrator.store import migrate
+
+    url = f"sqlite:///{tmp_path / 'raylane.db'}"
+    migrate.upgrade(url)
+    return Settings(database_url=url, data_dir=tmp_path, auto_migrate=False,
+                    dashboard_url=ray_cluster.state.dashboard_url, ray_auth_token=ray_cluster.state.token,
+                    reconcile_interval_s=0.5, dispatch_interval_s=0.5)
+
+
+@pytest.fixture
+def rapi(ray_settings):
+    """The API with dispatcher and reconciler running against the shared cluster."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    with TestClient(create_app(ray_settings)) as c:
+        yield c
+
+
+def wait_status(api, job_id: str, statuses: set[str], timeout: float = 120) -> dict:
+    def check():
+        j = api.get(f"/v1/jobs/{job_id}").json()
+        assert j["status"] in statuses, f"{j['status']}: {j.get('status_reason')}"
+        return j
+
+    return wait_for(check, timeout=timeout, what=f"job {job_id} in {statuses}")
