@@ -1,8 +1,8 @@
 """Run the control plane in this process: ``raylane serve``.
 
-With ``--local-cluster`` and no ``RAYLANE_DASHBOARD_URL``, it first starts the
-local multi-node Ray cluster of the profile (and leaves it running on exit, so a
-restart re-attaches to the same jobs; ``raylane cluster down`` stops it).
+With ``--local-cluster`` and no ``RAYLANE_DASHBOARD_URL``, it first starts (or
+re-attaches to) the local multi-node Ray cluster of the profile, and stops it
+on a clean exit.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from orchestrator.settings import Settings
 
 def serve(settings: Settings, *, local_cluster: bool = False) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Ray call drowns everything else
     app = create_app(settings)
     base = settings.public_url or f"http://{settings.host}:{settings.port}"
+    cluster = None
     if local_cluster and not settings.dashboard_url:
         from orchestrator.localcluster import LocalCluster
         from orchestrator.profile import Profile
@@ -29,8 +31,15 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
         settings.dashboard_url = state.dashboard_url
         settings.ray_auth_token = state.token
     app.state.startup_hooks.append(lambda cp: _announce(base, cp))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=False, timeout_graceful_shutdown=10)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                    access_log=False, timeout_graceful_shutdown=10)
+    finally:
+        if cluster is not None:
+            # A clean stop (Ctrl-C) takes the local cluster down too; a crash leaves it
+            # up, and the next `raylane serve --local-cluster` re-attaches to it.
+            print("Stopping the local Ray cluster...", flush=True)
+            cluster.down()
 
 
 def _announce(base: str, cp) -> None:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 NODE_START_TIMEOUT_S = 120  # a node on a busy 2-core machine can take a while
 GiB = 1024**3
+STOP_GRACE_S = 10  # SIGTERM, then SIGKILL: a stuck raylet must not hold up `make run`'s exit
 
 
 def free_port() -> int:
@@ -163,7 +164,7 @@ class LocalCluster:
                     os.killpg(node.pid, sig)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + STOP_GRACE_S
         for node in self.state.nodes:
             while _alive(node.pid) and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -1,0 +1,100 @@
+"""Dispatch is idempotent: a control plane killed between Ray accepting an attempt
+and the database recording it leaves one Ray job, not two."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from orchestrator.settings import Settings
+from orchestrator.specs import JobSpec
+from orchestrator.states import JobStatus
+from orchestrator.store.tables import attempts
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.ray
+
+
+class Crash(BaseException):
+    """Stands in for SIGKILL at the worst moment (not an Exception: nothing catches it)."""
+
+
+def _plane(ray_settings: Settings, **kw):
+    from orchestrator.backends.ray_jobs import read_token
+    from orchestrator.profile import default_profile
+    from orchestrator.service import ControlPlane
+
+    cp = ControlPlane(ray_settings.model_copy(update={"loops_enabled": False, **kw}))
+    cp.attach_ray(ray_settings.dashboard_url, read_token(ray_settings.ray_auth_token), default_profile())
+    return cp
+
+
+def test_crash_between_ray_submit_and_db_write_runs_once(ray_settings, ray_cluster):
+    cp1 = _plane(ray_settings, lease_s=0.5)
+    job, _ = cp1.submit(JobSpec(name="once", kind="command", entrypoint="python -c 'print(7)'"),
+                        project="default", actor="t")
+
+    def crash(_claimed):
+        raise Crash()
+
+    cp1.dispatcher.after_submit_hook = crash
+    with pytest.raises(Crash):
+        cp1.dispatcher.run_once()
+    # Ray has the attempt; our database still says CLAIMED with a lease held by the dead process.
+    with cp1.sessions() as s:
+        assert s.execute(select(attempts.c.status).where(attempts.c.job_id == job.id)).scalar() == "CLAIMED"
+    assert cp1.get(job.id, project=None).status is JobStatus.DISPATCHING
+
+    # A second control plane (a restart, or a replica) takes over once the lease expires.
+    cp2 = _plane(ray_settings, lease_s=0.5)
+    wait_for(lambda: cp2.dispatcher.claim(cp2.backend.cluster_view()) and True, timeout=10, what="lease expiry")
+    # claim() above re-claimed it; submit the same attempt again, as run_once would.
+    cp2.reconciler.run_once()
+
+    def finished():
+        cp2.dispatcher.run_once()
+        cp2.reconciler.run_once()
+        return cp2.get(job.id, project=None).status is JobStatus.SUCCEEDED
+
+    wait_for(finished, timeout=90, what="job succeeded")
+    ray_jobs = httpx.get(ray_cluster.state.dashboard_url + "/api/jobs/", headers=ray_cluster.auth_headers()).json()
+    mine = [j for j in ray_jobs if (j.get("metadata") or {}).get("raylane_job_id") == job.id]
+    assert len(mine) == 1, mine
+    assert cp2.get(job.id, project=None).attempts == 1
+    cp1.close()
+    cp2.close()
+
+
+def test_attempt_ray_never_heard_of_is_lost_and_retried(ray_settings):
+    """The head restarted without GCS fault tolerance: Ray forgot the attempt."""
+    from sqlalchemy import update
+
+    from orchestrator.store import db
+    from orchestrator.store.tables import jobs
+    from orchestrator.store.transitions import transition, utcnow
+
+    cp = _plane(ray_settings)
+    job, _ = cp.submit(JobSpec(name="lost", kind="command", entrypoint="python -c 'print(1)'"),
+                       project="default", actor="t")
+    with db.transaction(cp.sessions) as s:  # as if attempt 1 had been running on the old head
+        transition(s, job.id, JobStatus.DISPATCHING, reason="t", actor="t", values={"attempts": 1})
+        transition(s, job.id, JobStatus.RUNNING, reason="t", actor="t")
+        s.execute(attempts.insert().values(job_id=job.id, number=1, submission_id=f"raylane-{job.id}-1",
+                                           status="RUNNING", created_at=utcnow(), node_group="cpu"))
+        s.execute(update(jobs).where(jobs.c.id == job.id).values(placement=cp.plan(job.spec).model_dump(mode="json"),
+                                                                 node_group="cpu"))
+    cp.reconciler.run_once()
+    j = cp.get(job.id, project=None)
+    assert j.status is JobStatus.RETRYING and j.failure_cause.value == "LOST"
+    assert "no record of this attempt" in j.status_reason
+
+    def done():
+        cp.dispatcher.run_once()
+        cp.reconciler.run_once()
+        return cp.get(job.id, project=None).status is JobStatus.SUCCEEDED
+
+    wait_for(done, timeout=90, what="retried attempt succeeded")
+    atts = cp.attempts(job.id, project=None)
+    assert [(a.number, a.cause.value if a.cause else None) for a in atts] == [(1, "LOST"), (2, None)]
+    cp.close()
