@@ -1,0 +1,160 @@
+"""One trivial job end to end, and a burst of 200, through Raylane and through
+Ray's own JobSubmissionClient, on the same local multi-node cluster, same run.
+
+For each path: submit, then poll for SUCCEEDED every 20 ms (the user's view:
+"my job is done"). Raylane's path is REST -> DB -> dispatcher -> Ray Jobs API ->
+reconciler -> DB -> REST; the direct path is JobSubmissionClient -> Ray.
+Both ask for the same driver resources on the same node group. Paths alternate
+so drift on a shared machine hits both alike.
+
+    python bench/dispatch_latency.py [--n 20] [--burst 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import free_port  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+
+POLL_S = 0.02
+ENTRYPOINT = "true"
+CPUS = 0.25
+
+
+def rss_of_group(pgid: int) -> int:
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ProcessLookupError):
+            continue
+    return total
+
+
+class PeakRSS(threading.Thread):
+    def __init__(self, pgid: int):
+        super().__init__(daemon=True)
+        self.pgid, self.peak, self.stop_ = pgid, 0, threading.Event()
+
+    def run(self):
+        while not self.stop_.is_set():
+            self.peak = max(self.peak, rss_of_group(self.pgid))
+            self.stop_.wait(0.2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--burst", type=int, default=200)
+    args = ap.parse_args()
+
+    from ray.job_submission import JobSubmissionClient
+
+    from orchestrator.localcluster import LocalCluster
+    from orchestrator.profile import default_profile
+
+    work = Path(tempfile.mkdtemp(prefix="raylane-bench-"))
+    cluster = LocalCluster(default_profile(), work / "cluster")
+    state = cluster.up()
+    head_pgid = next(n.pid for n in state.nodes if n.group == "head")
+    port = free_port()
+    env = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_LOG_LEVEL": "WARNING",
+           "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
+           "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL", "RAYLANE_MAX_CONCURRENT_DRIVERS": "1000"}
+    server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
+                              stdout=open(work / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: httpx.get(url + "/readyz").status_code == 200 if server.poll() is None else 1 / 0,
+             timeout=60, what="raylane")
+    http = httpx.Client(base_url=url, timeout=30)
+    ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
+    spec = {"name": "bench", "kind": "command", "entrypoint": ENTRYPOINT, "resources": {"cpus_per_worker": CPUS},
+            "placement": {"node_group": "cpu"}}
+
+    def direct_submit() -> str:
+        return ray.submit_job(entrypoint=ENTRYPOINT, submission_id=f"direct-{uuid.uuid4().hex}",
+                              entrypoint_num_cpus=CPUS, entrypoint_label_selector={"ray.io/node-group": "cpu"})
+
+    def direct_done(sid: str) -> bool:
+        st = str(ray.get_job_status(sid))
+        assert "FAILED" not in st, st
+        return "SUCCEEDED" in st
+
+    def raylane_submit() -> str:
+        r = http.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def raylane_done(jid: str) -> bool:
+        st = http.get(f"/v1/jobs/{jid}").json()["status"]
+        assert st not in ("FAILED", "CANCELLED"), st
+        return st == "SUCCEEDED"
+
+    def one(submit, done) -> float:
+        t = time.perf_counter()
+        x = submit()
+        while not done(x):
+            time.sleep(POLL_S)
+        return time.perf_counter() - t
+
+    try:
+        one(direct_submit, direct_done), one(raylane_submit, raylane_done)  # warm-up
+        d, r = [], []
+        for _ in range(args.n):
+            d.append(one(direct_submit, direct_done))
+            r.append(one(raylane_submit, raylane_done))
+        dp50, rp50 = statistics.median(d), statistics.median(r)
+
+        def burst(submit, done) -> tuple[float, int]:
+            mon = PeakRSS(head_pgid)
+            mon.start()
+            t = time.perf_counter()
+            ids = [submit() for _ in range(args.burst)]
+            pending = set(ids)
+            while pending:
+                pending = {x for x in pending if not done(x)}
+                time.sleep(0.2)
+            mon.stop_.set()
+            mon.join()
+            return time.perf_counter() - t, mon.peak
+
+        bd, bd_mem = burst(direct_submit, direct_done)
+        br, br_mem = burst(raylane_submit, raylane_done)
+        out = {
+            "single_n": args.n, "direct_p50_s": dp50, "raylane_p50_s": rp50, "added_p50_ms": (rp50 - dp50) * 1000,
+            "ratio_p50": rp50 / dp50, "direct_p90_s": sorted(d)[int(0.9 * len(d))],
+            "raylane_p90_s": sorted(r)[int(0.9 * len(r))],
+            "burst": args.burst, "direct_makespan_s": bd, "raylane_makespan_s": br, "burst_ratio": br / bd,
+            "direct_head_peak_rss_mb": bd_mem / 2**20, "raylane_head_peak_rss_mb": br_mem / 2**20,
+        }
+        print(json.dumps(out, indent=2))
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+        cluster.down()
+
+
+if __name__ == "__main__":
+    main()
