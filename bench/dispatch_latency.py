@@ -86,8 +86,18 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
                               stdout=open(work / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: httpx.get(url + "/readyz").status_code == 200 if server.poll() is None else 1 / 0,
-             timeout=60, what="raylane")
+    def ready() -> bool:
+        assert server.poll() is None, (work / "server.log").read_text()[-2000:]
+        try:
+            return httpx.get(url + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(ready, timeout=60, what="raylane")
+    except BaseException:
+        cluster.down()
+        raise
     http = httpx.Client(base_url=url, timeout=30)
     ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
     spec = {"name": "bench", "kind": "command", "entrypoint": ENTRYPOINT, "resources": {"cpus_per_worker": CPUS},

@@ -14,6 +14,8 @@ from jobs.base import RunContext, report_result
 RUNNERS = {
     "training": "jobs.training",
     "sweep": "jobs.sweep",
+    "batch_inference": "jobs.batch_inference",
+    "service": "jobs.service",
 }
 
 

@@ -33,7 +33,7 @@ from orchestrator.specs import JobSpec
 from orchestrator.states import INFRASTRUCTURE_CAUSES, FailureCause, JobStatus
 from orchestrator.store import db
 from orchestrator.store.jobs import set_result
-from orchestrator.store.tables import attempts, jobs
+from orchestrator.store.tables import attempts, jobs, results
 from orchestrator.store.transitions import transition, utcnow
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,8 @@ class Reconciler(LoopService):
             s.execute(update(attempts).where(attempts.c.submission_id == sid).values(**values))
 
     def _running(self, r, rj: RayJob) -> None:
+        if r["spec"].get("kind") == "service":
+            self._service_route(r)
         if r["status"] == "RUNNING" and r["job_status"] == JobStatus.RUNNING.value:
             return
         now = utcnow()
@@ -203,6 +205,16 @@ class Reconciler(LoopService):
                 transition(s, r["job_id"], JobStatus.RUNNING, reason=f"attempt {r['number']} running on Ray",
                            actor="reconciler", attempt=r["number"], expected={JobStatus.DISPATCHING},
                            values={"started_at": now, "lease_owner": None})
+
+    def _service_route(self, r) -> None:
+        """A service reports its route while it runs; read it once it appears."""
+        with db.transaction(self.sessions) as s:
+            if s.execute(select(results.c.job_id).where(results.c.job_id == r["job_id"])).first():
+                return
+        result = extract_result(self.backend.logs(r["submission_id"]))
+        if result is not None:
+            with db.transaction(self.sessions) as s:
+                set_result(s, r["job_id"], result, attempt=r["number"])
 
     def _succeeded(self, r, rj: RayJob) -> None:
         result = None
