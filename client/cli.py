@@ -4,6 +4,7 @@ client install (no Ray, no FastAPI) still runs every client command."""
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -40,6 +41,39 @@ def db_upgrade(revision: str = "head") -> None:
 
     migrate.upgrade(Settings().resolved_database_url, revision)
     typer.echo(f"database at {revision}")
+
+
+profile_app = typer.Typer(help="Cluster profiles: the node groups the deploy files carry.")
+app.add_typer(profile_app, name="profile")
+
+
+class DeployTarget(str, Enum):
+    compose = "compose"
+    kuberay = "kuberay"
+    aws = "aws"
+
+
+@profile_app.command("render")
+def profile_render(
+    target: DeployTarget = typer.Option(..., "--target", help="Which deploy file: compose, kuberay or aws."),
+    check: Optional[Path] = typer.Option(None, "--check", help="Compare FILE (a KubeRay base directory too) with the profile instead of printing; exit 1 on drift.", metavar="FILE"),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Cluster profile YAML (default: RAYLANE_PROFILE, else the shipped one)."),
+) -> None:
+    """Print the node-group parts of a deploy file from the cluster profile, or check a file for drift."""
+    from orchestrator import deploy_render
+    from orchestrator.profile import Profile
+    from orchestrator.settings import Settings
+
+    prof = Profile.load(profile or Settings().profile)
+    if check is None:
+        typer.echo(deploy_render.render(target.value, prof), nl=False)
+        return
+    drift = deploy_render.check(target.value, check, prof)
+    for line in drift:
+        typer.echo(f"{check}: {line}", err=True)
+    if drift:
+        raise typer.Exit(1)
+    typer.echo(f"{check}: node groups match profile '{prof.name}'")
 
 
 def main() -> None:
