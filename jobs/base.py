@@ -38,8 +38,12 @@ class RunContext:
 
 def load_callable(path: str) -> Callable[..., Any]:
     module, _, attr = path.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the runtime_env working_dir
+    try:
+        cwd = os.getcwd()  # the runtime_env working_dir
+    except FileNotFoundError:
+        cwd = None
+    if cwd and cwd not in sys.path:
+        sys.path.insert(0, cwd)
     obj: Any = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)

@@ -9,7 +9,7 @@ import importlib
 import logging
 import sys
 
-from jobs.base import RunContext, report_result
+from jobs.base import RunContext, load_callable, report_result
 
 RUNNERS = {
     "training": "jobs.training",
@@ -27,6 +27,11 @@ def main() -> int:
         print(f"raylane: no runner for kind {kind!r} in this version", file=sys.stderr)
         return 2
     runner = importlib.import_module(RUNNERS[kind])
+    # Import the user's code before ray.init(): in a Ray job driver, ray.init()
+    # can replace the extracted working_dir that is this process's cwd (seen with
+    # Ray 2.60), after which imports from it fail. Importing first also turns a
+    # bad entrypoint into a clear error before any cluster resources are taken.
+    load_callable(ctx.spec.entrypoint)
     import ray
 
     ray.init(log_to_driver=True)

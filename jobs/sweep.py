@@ -64,7 +64,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
     trials = []
     for r in results:
         m = r.metrics or {}
-        trials.append({"config": r.config, "metrics": {k: v for k, v in m.items() if isinstance(v, (int, float, str))},
+        trials.append({"trial_id": str(m.get("trial_id") or r.path.rsplit("/", 1)[-1])[:64], "config": r.config,
+                       "status": "ERROR" if r.error else "TERMINATED",
+                       "node_id": m.get("node_id"), "node_group": m.get("node_group"),
+                       "metrics": {k: v for k, v in m.items() if isinstance(v, (int, float, str))},
                        "error": str(r.error)[:500] if r.error else None})
     return {"best": {"config": best.config, "metrics": {k: v for k, v in (best.metrics or {}).items()
                                                          if isinstance(v, (int, float, str))}},

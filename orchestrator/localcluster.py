@@ -228,7 +228,8 @@ class LocalCluster:
             args += [f"--address={self.state.gcs_address}", "--node-ip-address=127.0.0.1"]
         args += [f"--{k}={v}" for k, v in ports.items()]
         if group.accelerator:
-            args.append(f"--resources={json.dumps({'accelerator_type:' + group.accelerator.type: group.gpus})}")
+            # What Ray itself advertises on a node it detects the accelerator on.
+            args.append(f"--resources={json.dumps({'accelerator_type:' + group.accelerator.type: 1})}")
         env = {
             **os.environ,
             **self.state.env(),

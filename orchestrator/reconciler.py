@@ -32,7 +32,7 @@ from orchestrator.settings import Settings
 from orchestrator.specs import JobSpec
 from orchestrator.states import INFRASTRUCTURE_CAUSES, FailureCause, JobStatus
 from orchestrator.store import db
-from orchestrator.store.jobs import set_result
+from orchestrator.store.jobs import save_trials, set_result
 from orchestrator.store.tables import attempts, jobs, results
 from orchestrator.store.transitions import transition, utcnow
 
@@ -69,6 +69,12 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     if rj.driver_exit_code in (137, -9) or "OutOfMemoryError" in msg or "out of memory" in msg.lower():
         return FailureCause.OOM, msg[-LOG_TAIL_CHARS:]
     return FailureCause.APP_ERROR, msg[-LOG_TAIL_CHARS:]
+
+
+def _tail(msg: str, n: int = 3, limit: int = 400) -> str:
+    """The last lines of a message: where a traceback says what went wrong."""
+    lines = [ln for ln in msg.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-limit:]
 
 
 def next_step(spec: JobSpec, *, cause: FailureCause, attempts_done: int, app_attempts: int) -> tuple[bool, str]:
@@ -228,6 +234,9 @@ class Reconciler(LoopService):
                 status="SUCCEEDED", ended_at=now, exit_code=rj.driver_exit_code if rj.driver_exit_code is not None else 0,
                 driver_node_id=rj.driver_node_id))
             if result is not None:
+                if isinstance(result.get("trials"), list):
+                    # Trials go to their own table (served at /trials); the result keeps the summary.
+                    save_trials(s, r["job_id"], result.pop("trials"), attempt=r["number"])
                 set_result(s, r["job_id"], result, attempt=r["number"])
             if r["job_status"] == JobStatus.DISPATCHING.value:
                 transition(s, r["job_id"], JobStatus.RUNNING, reason=f"attempt {r['number']} ran on Ray",
@@ -264,7 +273,7 @@ class Reconciler(LoopService):
             if r["job_status"] == JobStatus.DISPATCHING.value:
                 transition(s, r["job_id"], JobStatus.RUNNING, reason=f"attempt {r['number']} started on Ray",
                            actor="reconciler", attempt=r["number"], values={"started_at": now})
-            summary = f"attempt {r['number']} ended: {cause.value}: {msg[:300]}"
+            summary = f"attempt {r['number']} ended: {cause.value}: {_tail(msg)}"
             if retry:
                 delay = backoff(spec, job.attempts)
                 transition(s, r["job_id"], JobStatus.RETRYING, reason=f"{summary}; {why}; next in {delay:.0f}s",

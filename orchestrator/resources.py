@@ -102,3 +102,16 @@ class BatchSubmitResponse(BaseModel):
 class CancelResponse(BaseModel):
     job: Job
     message: str
+
+
+class Trial(BaseModel):
+    """One trial of a sweep."""
+
+    trial_id: str
+    attempt: int | None = None
+    status: str
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    node_id: str | None = None
+    node_group: str | None = None
+    error: str | None = None

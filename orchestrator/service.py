@@ -104,6 +104,10 @@ class ControlPlane:
         with db.transaction(self.sessions) as s:
             return store_jobs.list_attempts(s, job_id, project=project, dashboard_url=self.dashboard_url)
 
+    def trials(self, job_id: str, *, project: str | None, sort_by: str | None = None, mode: str = "min"):
+        with db.transaction(self.sessions) as s:
+            return store_jobs.list_trials(s, job_id, project=project, sort_by=sort_by, mode=mode)
+
     def cancel(self, job_id: str, *, project: str | None, actor: str) -> tuple[Job, str]:
         with db.transaction(self.sessions) as s:
             message = store_jobs.cancel(s, job_id, project=project, actor=actor)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 import time
 
@@ -13,7 +13,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from api.deps import CP, CallerDep
 from orchestrator.errors import Invalid
 from orchestrator.resources import (
-    Attempt, BatchSubmitRequest, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
+    Attempt, BatchSubmitRequest, Trial, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
 )
 from orchestrator.specs import JobKind, JobSpec
 from orchestrator.states import JobStatus
@@ -98,6 +98,14 @@ def job_events(job_id: JobId, cp: CP, caller: CallerDep,
 @router.get("/{job_id}/attempts", response_model=list[Attempt])
 def job_attempts(job_id: JobId, cp: CP, caller: CallerDep) -> list[Attempt]:
     return cp.attempts(job_id, project=caller.project)
+
+
+@router.get("/{job_id}/trials", response_model=list[Trial])
+def job_trials(job_id: JobId, cp: CP, caller: CallerDep,
+               sort_by: Annotated[str | None, Query(max_length=128, description="Metric; default the sweep's")] = None,
+               mode: Annotated[Literal["min", "max"], Query()] = "min") -> list[Trial]:
+    """A sweep's trials (config, status, metrics, node), best first by the sweep's metric."""
+    return cp.trials(job_id, project=caller.project, sort_by=sort_by, mode=mode)
 
 
 @router.post("/{job_id}/cancel", response_model=CancelResponse,

@@ -16,10 +16,10 @@ from sqlalchemy.orm import Session
 
 from orchestrator.errors import Conflict, Invalid, NotFound
 from orchestrator.ids import new_job_id, submission_id
-from orchestrator.resources import Attempt, Job, JobEvent, Placement
+from orchestrator.resources import Attempt, Job, JobEvent, Placement, Trial
 from orchestrator.specs import JobSpec
 from orchestrator.states import JobStatus, FailureCause
-from orchestrator.store.tables import attempts, events, job_labels, jobs, results
+from orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from orchestrator.store.transitions import transition, utcnow
 
 DEFAULT_PROJECT = "default"
@@ -306,3 +306,39 @@ def set_result(session: Session, job_id: str, result: dict[str, Any], *, attempt
                           .values(result=result, attempt=attempt, updated_at=now))
     if upd.rowcount == 0:
         session.execute(insert(results).values(job_id=job_id, result=result, attempt=attempt, updated_at=now))
+
+
+def save_trials(session: Session, job_id: str, items: list[dict[str, Any]], *, attempt: int | None) -> None:
+    """Replace a sweep's stored trials with the runner's final list."""
+    from sqlalchemy import delete
+
+    session.execute(delete(trials).where(trials.c.job_id == job_id))
+    now = utcnow()
+    rows, seen = [], set()
+    for t in items:
+        tid = str(t.get("trial_id") or len(rows))[:64]
+        if tid in seen:
+            continue
+        seen.add(tid)
+        rows.append({"job_id": job_id, "trial_id": tid, "attempt": attempt, "status": str(t.get("status", "TERMINATED"))[:16],
+                     "config": t.get("config") or {}, "metrics": t.get("metrics") or {},
+                     "node_id": t.get("node_id"), "node_group": t.get("node_group"), "error": t.get("error"),
+                     "updated_at": now})
+    if rows:
+        session.execute(insert(trials), rows)
+
+
+def list_trials(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
+                sort_by: str | None = None, mode: str = "min") -> list[Trial]:
+    row = get_row(session, job_id, project)
+    items = [Trial(**{k: r[k] for k in Trial.model_fields}) for r in
+             session.execute(select(trials).where(trials.c.job_id == job_id).order_by(trials.c.trial_id)).mappings()]
+    sweep = (row["spec"] or {}).get("sweep") or {}
+    metric = sort_by or sweep.get("metric")
+    if metric:
+        mode = sweep.get("mode", mode) if sort_by is None else mode
+        have = [t for t in items if isinstance(t.metrics.get(metric), (int, float))]
+        rest = [t for t in items if t not in have]
+        have.sort(key=lambda t: t.metrics[metric], reverse=(mode == "max"))
+        items = have + rest
+    return items

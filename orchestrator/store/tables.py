@@ -145,3 +145,18 @@ results = Table(
     Column("result", JSON, nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
 )
+
+trials = Table(
+    "trials",
+    metadata,
+    Column("job_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("trial_id", String(64), primary_key=True),
+    Column("attempt", Integer, nullable=True),
+    Column("status", String(16), nullable=False),  # TERMINATED / ERROR / RUNNING
+    Column("config", JSON, nullable=False),
+    Column("metrics", JSON, nullable=False),
+    Column("node_id", String(64), nullable=True),
+    Column("node_group", String(64), nullable=True),
+    Column("error", Text, nullable=True),
+    Column("updated_at", UTCDateTime(), nullable=False),
+)

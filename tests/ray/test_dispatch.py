@@ -72,7 +72,9 @@ def test_sweep_trials_run_on_spot_nodes(rapi):
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     res = done["result"]
     assert res["num_trials"] == 4 and res["best"]["config"] == {"x": 4}
-    assert {t["metrics"]["node_group"] for t in res["trials"]} == {"spot-cpu"}
+    trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
+    assert [t["config"]["x"] for t in trials] == [4, 3, 2, 1]  # mode max: best first
+    assert {t["node_group"] for t in trials} == {"spot-cpu"}
 
 
 def test_never_fits_is_refused_at_submit_with_reason(rapi):

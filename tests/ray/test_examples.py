@@ -47,6 +47,10 @@ def test_sweep_example_finds_the_optimum_region(rapi):
     assert done["result"]["num_trials"] == 20
     # The optimum is lr=1e-3, batch_size=32 (loss 0); 20 samples land within a decade of it.
     assert 1e-4 <= best["config"]["lr"] <= 1e-2 and best["metrics"]["loss"] < 1.0
+    trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
+    assert len(trials) == 20 and trials[0]["metrics"]["loss"] == best["metrics"]["loss"]  # best first
+    assert [t["metrics"]["loss"] for t in trials] == sorted(t["metrics"]["loss"] for t in trials)
+    assert {t["node_group"] for t in trials} == {"spot-cpu"}
 
 
 def test_batch_inference_example_one_output_row_per_input_row(rapi, tmp_path):
