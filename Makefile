@@ -19,7 +19,9 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/raylane serve --local-cluster
 
+# The browser tests (tests/test_ui_browser.py) drive Debian's chromium.
 test: $(STAMP)
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
-from api import errors
+from api import errors, observability
 from api.limits import BodySizeLimit
-from api.routers import cluster, health, jobs
+from api.routers import cluster, costs, health, jobs
 from orchestrator.service import ControlPlane
 from orchestrator.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+UI_DIR = Path(__file__).parent / "ui"  # the web page at /ui: static files, no build step
 
 
 def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = None) -> FastAPI:
@@ -58,4 +61,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(cluster.router)
+    app.include_router(costs.router)
+    observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
+    app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
     return app

@@ -12,11 +12,14 @@ import logging
 import uvicorn
 
 from api.app import create_app
+from orchestrator import logcontext
 from orchestrator.settings import Settings
 
 
 def serve(settings: Settings, *, local_cluster: bool = False) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # JSON lines (or text) with the request, job and attempt ids on every line; uvicorn's
+    # own loggers propagate to this handler (log_config=None below keeps it from adding its own).
+    logcontext.configure(settings.log_level, settings.log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Ray call drowns everything else
     app = create_app(settings)
     base = settings.public_url or f"http://{settings.host}:{settings.port}"
@@ -33,7 +36,7 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
     app.state.startup_hooks.append(lambda cp: _announce(base, cp))
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                    access_log=False, timeout_graceful_shutdown=10)
+                    access_log=False, log_config=None, timeout_graceful_shutdown=10)
     finally:
         if cluster is not None:
             # A clean stop (Ctrl-C) takes the local cluster down too; a crash leaves it

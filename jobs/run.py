@@ -10,6 +10,7 @@ import logging
 import sys
 
 from jobs.base import RunContext, load_callable, report_result
+from jobs.metrics import JobMetrics
 
 RUNNERS = {
     "training": "jobs.training",
@@ -35,7 +36,9 @@ def main() -> int:
     import ray
 
     ray.init(log_to_driver=True)
+    progress = JobMetrics.start(ctx)  # Ray custom metrics tagged with the job (jobs/metrics.py)
     result = runner.run(ctx)
+    progress.finish(result or {})
     report_result(result or {})
     return 0
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, or_, select, update
 
+from orchestrator import logcontext
 from orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
 from orchestrator.ids import submission_id
 from orchestrator.loops import LoopService
@@ -282,6 +283,7 @@ class Dispatcher(LoopService):
             log.warning("dispatcher: %s", e)
             return
         for c in self.claim(view):
+            logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
             self.submit(c)
 
 

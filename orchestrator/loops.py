@@ -9,6 +9,8 @@ import logging
 import threading
 import time
 
+from orchestrator import logcontext
+
 log = logging.getLogger(__name__)
 
 
@@ -38,6 +40,7 @@ class LoopService:
     def _run(self) -> None:
         while not self._stop.is_set():
             t0 = time.monotonic()
+            logcontext.bind_job(None)  # a pass starts about no job; run_once binds the one it works on
             try:
                 self.run_once()
             except Exception:

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from orchestrator import logcontext
 from orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
 from orchestrator.dispatcher import MAX_INFRA_RETRIES
 from orchestrator.loops import LoopService
@@ -160,6 +161,7 @@ class Reconciler(LoopService):
             return
         now = utcnow()
         for r in live:
+            logcontext.bind_job(r["job_id"], r["number"])  # every log line about this attempt names it
             rj = ray_jobs[r["submission_id"]]
             spec = JobSpec.model_validate(r["spec"])
             try:

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     max_batch_jobs: int = Field(1000, ge=1, le=100_000, description="Most specs in one POST /v1/jobs/batch.")
     public_url: str | None = Field(None, description="URL clients use to reach the API (for links).")
     log_level: str = Field("INFO", description="Python log level.")
+    log_format: Literal["json", "text"] = Field(
+        "json", description="`raylane serve` log lines: json (one object a line, with request, job and attempt ids) or text."
+    )
 
     # Ray
     ray_address: str | None = Field(None, description="GCS address of an existing Ray cluster (host:port).")
@@ -48,6 +51,11 @@ class Settings(BaseSettings):
     max_concurrent_drivers: int = Field(64, ge=1, description="Head-node guard: most Ray drivers at once.")
     starvation_skips: int = Field(20, ge=0, description="Times a big job may be passed over before it reserves capacity.")
     loops_enabled: bool = Field(True, description="Run the dispatcher and reconciler in this process.")
+
+    # Accounting
+    break_even_utilisation: float = Field(
+        0.7, gt=0, le=1, description="GPU utilisation above which owning (reserving) nodes beats renting them on demand."
+    )
 
     @property
     def resolved_database_url(self) -> str:

@@ -1,0 +1,99 @@
+"""/v1/costs, /v1/report, /v1/jobs/{id}/cost: what attempts cost, how busy the node
+groups were, and where a job could have run cheaper (``orchestrator.costs``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel
+
+from api.deps import CP, CallerDep
+from orchestrator import accounting
+
+router = APIRouter(prefix="/v1", tags=["costs"])
+
+Start = Annotated[datetime | None, Query(description="Window start (with a timezone); default end - 7 days")]
+End = Annotated[datetime | None, Query(description="Window end (with a timezone); default now")]
+ProjectQ = Annotated[str | None, Query(max_length=64, description="Admins: one project (default all)")]
+
+
+class CostRow(BaseModel):
+    key: str
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: int
+    jobs: int
+    hours: float
+    cpu_hours: float
+    gpu_hours: float
+
+
+class CostTotal(BaseModel):
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: int
+    jobs: int
+
+
+class CostBreakdown(BaseModel):
+    start: datetime
+    end: datetime
+    project: str | None
+    group_by: str
+    rows: list[CostRow]
+    total: CostTotal
+    unpriced_attempts: int
+
+
+class AttemptCostView(BaseModel):
+    number: int
+    node_group: str | None
+    market: str | None
+    resources: dict[str, float]
+    hours: float
+    node_share: float
+    cost: float
+    on_demand_cost: float
+    cause: str | None
+    running: bool
+
+
+class JobCost(BaseModel):
+    job_id: str
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: list[AttemptCostView]
+
+
+def _scope(caller, project: str | None) -> str | None:
+    return caller.project if caller.project is not None else project
+
+
+@router.get("/costs", response_model=CostBreakdown,
+            responses={422: {"description": "A bad window (no timezone, start after end, too long)"}})
+def costs(cp: CP, caller: CallerDep, group_by: Literal["project", "node_group", "kind"] = "project",
+          start: Start = None, end: End = None, project: ProjectQ = None) -> dict[str, Any]:
+    """Cost of every attempt that held resources in the window, what it would have cost on
+    on-demand nodes, and the spot savings, per project, node group or job kind."""
+    return accounting.cost_breakdown(cp, group_by=group_by, start=start, end=end, project=_scope(caller, project))
+
+
+@router.get("/report")
+def report(cp: CP, caller: CallerDep, start: Start = None, end: End = None,
+           project: ProjectQ = None) -> dict[str, Any]:
+    """The platform team's decision: per GPU group, utilisation against the own-versus-rent
+    break-even (RAYLANE_BREAK_EVEN_UTILISATION); utilisation of every group; costs per group;
+    and the jobs whose placement could have been cheaper."""
+    return accounting.report(cp, start=start, end=end, project=_scope(caller, project))
+
+
+@router.get("/jobs/{job_id}/cost", response_model=JobCost)
+def job_cost(cp: CP, caller: CallerDep,
+             job_id: Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-z]+$")]) -> dict[str, Any]:
+    """What each attempt of the job cost (a running one: so far), and the on-demand price of the same."""
+    return accounting.job_cost(cp, job_id, project=caller.project)

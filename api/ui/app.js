@@ -1,0 +1,456 @@
+/* Raylane's web page: plain JS, no build step, no network beyond this server.
+ *
+ * Every number comes from the same API the SDK and CLI use (fetch /v1/...). The
+ * token comes from ?token= (then kept in localStorage and removed from the URL)
+ * or the token box, and goes out as "Authorization: Bearer <token>".
+ * Views (hash routes): #/jobs, #/jobs/<id>, #/nodes, #/costs.
+ */
+"use strict";
+
+const POLL_MS = 3000;          // live status: how often an open view re-reads the API
+const TOKEN_KEY = "raylane_token";
+const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+const STATUSES = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED"];
+const KINDS = ["command", "training", "sweep", "batch_inference", "service"];
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+let pollTimer = null;
+let viewSeq = 0;  // a view's async work stops drawing once another view is shown
+
+// Token ---------------------------------------------------------------------
+
+(function takeTokenFromUrl() {
+  const url = new URL(window.location.href);
+  const t = url.searchParams.get("token");
+  if (t) {
+    localStorage.setItem(TOKEN_KEY, t);
+    url.searchParams.delete("token");
+    history.replaceState(null, "", url.pathname + url.search + url.hash);
+  }
+})();
+
+function token() { return localStorage.getItem(TOKEN_KEY) || ""; }
+
+function showTokenState() {
+  document.getElementById("token-state").textContent = token() ? "token set" : "no token";
+}
+
+document.getElementById("token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const input = document.getElementById("token-input");
+  if (input.value.trim()) localStorage.setItem(TOKEN_KEY, input.value.trim());
+  else localStorage.removeItem(TOKEN_KEY);
+  input.value = "";
+  showTokenState();
+  hideBanner();
+  route();
+});
+
+// API -----------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, detail) {
+    super(typeof detail === "string" ? detail : (Array.isArray(detail) ? detail.map(d => d.msg).join("; ") : `HTTP ${status}`));
+    this.status = status;
+  }
+}
+
+async function api(path) {
+  const headers = { "Accept": "application/json" };
+  if (token()) headers["Authorization"] = "Bearer " + token();
+  const r = await fetch(path, { headers });
+  let body = null;
+  try { body = await r.json(); } catch (e) { body = null; }
+  if (!r.ok) {
+    if (r.status === 401) showBanner("This server needs an API token: paste one in the box above (or open the page with ?token=...).");
+    throw new ApiError(r.status, body && body.detail);
+  }
+  return body;
+}
+
+// DOM helpers ---------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function s(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  for (const c of children.flat()) if (c) el.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+
+function badge(status) { return h("span", { class: `badge s-${status}` }, status); }
+function showBanner(text) { const b = document.getElementById("banner"); b.textContent = text; b.hidden = false; }
+function hideBanner() { document.getElementById("banner").hidden = true; }
+function money(x) { return x === null || x === undefined ? "-" : "$" + (Math.abs(x) >= 100 ? x.toFixed(0) : x.toFixed(x && Math.abs(x) < 0.01 ? 4 : 2)); }
+function pct(x) { return x === null || x === undefined ? "-" : (100 * x).toFixed(1) + "%"; }
+function num(x, d = 2) { return x === null || x === undefined ? "-" : Number(x).toFixed(d).replace(/\.?0+$/, "") || "0"; }
+function when(iso) { return iso ? new Date(iso).toLocaleString() : "-"; }
+function ago(iso) {
+  if (!iso) return "-";
+  const secs = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  for (const [u, n] of [["d", 86400], ["h", 3600], ["m", 60]]) if (secs >= n) return Math.floor(secs / n) + u + " ago";
+  return Math.floor(secs) + "s ago";
+}
+function res(d) { return Object.entries(d || {}).map(([k, v]) => k === "memory" ? `memory ${(v / 2 ** 30).toFixed(1)} GB` : `${k} ${num(v)}`).join(", ") || "-"; }
+function panel(title, ...body) { return h("section", { class: "panel" }, title ? h("h2", {}, title) : null, ...body); }
+function errorBox(e) { return h("div", { class: "panel error" }, e.message || String(e)); }
+
+function poll(fn) {
+  clearTimeout(pollTimer);
+  const seq = viewSeq;
+  const tick = async () => {
+    if (seq !== viewSeq) return;
+    if (!document.hidden) {
+      try { if ((await fn()) === false) return; } catch (e) { /* fn showed it */ }
+    }
+    if (seq === viewSeq) pollTimer = setTimeout(tick, POLL_MS);
+  };
+  pollTimer = setTimeout(tick, POLL_MS);
+}
+
+// Router --------------------------------------------------------------------
+
+function route() {
+  viewSeq += 1;
+  clearTimeout(pollTimer);
+  const view = document.getElementById("view");
+  view.replaceChildren();
+  const hash = window.location.hash || "#/jobs";
+  const parts = hash.replace(/^#\/?/, "").split("?")[0].split("/");
+  document.querySelectorAll("[data-nav]").forEach(a => a.classList.toggle("active", a.dataset.nav === parts[0]));
+  if (parts[0] === "jobs" && parts[1]) return jobView(view, decodeURIComponent(parts[1]));
+  if (parts[0] === "nodes") return nodesView(view);
+  if (parts[0] === "costs") return costsView(view);
+  return jobsView(view);
+}
+
+window.addEventListener("hashchange", route);
+
+// Jobs list -----------------------------------------------------------------
+
+const filters = { status: "", kind: "", name_prefix: "", node_group: "" };
+
+function jobsView(view) {
+  const statusSel = h("select", { id: "f-status", "aria-label": "status" }, h("option", { value: "" }, "any status"),
+    STATUSES.map(x => h("option", { value: x, selected: filters.status === x }, x)));
+  const kindSel = h("select", { id: "f-kind", "aria-label": "kind" }, h("option", { value: "" }, "any kind"),
+    KINDS.map(x => h("option", { value: x, selected: filters.kind === x }, x)));
+  const nameIn = h("input", { id: "f-name", placeholder: "name starts with", value: filters.name_prefix });
+  const groupIn = h("input", { id: "f-group", placeholder: "node group", value: filters.node_group, size: 12 });
+  const count = h("span", { class: "muted" });
+  const body = h("tbody");
+  const table = h("table", { id: "jobs" },
+    h("thead", {}, h("tr", {}, ["ID", "Name", "Kind", "Status", "Group", "Created", "Reason"].map(c => h("th", {}, c)))), body);
+
+  const apply = () => {
+    filters.status = statusSel.value; filters.kind = kindSel.value;
+    filters.name_prefix = nameIn.value.trim(); filters.node_group = groupIn.value.trim();
+    load();
+  };
+  [statusSel, kindSel].forEach(el => el.addEventListener("change", apply));
+  [nameIn, groupIn].forEach(el => el.addEventListener("keydown", ev => { if (ev.key === "Enter") apply(); }));
+
+  view.append(h("h1", {}, "Jobs"),
+    h("div", { class: "filters" }, statusSel, kindSel, nameIn, groupIn, h("button", { onclick: apply }, "Filter"), count,
+      h("span", { class: "muted" }, `live: refreshes every ${POLL_MS / 1000}s`)),
+    panel(null, table));
+
+  const seq = viewSeq;
+  async function load() {
+    const q = new URLSearchParams({ limit: "100" });
+    for (const [k, v] of Object.entries(filters)) if (v) q.set(k, v);
+    let page;
+    try { page = await api("/v1/jobs?" + q); } catch (e) {
+      if (seq === viewSeq) body.replaceChildren(h("tr", {}, h("td", { colspan: 7, class: "error" }, e.message)));
+      throw e;
+    }
+    if (seq !== viewSeq) return;
+    count.textContent = `${page.items.length}${page.next_cursor ? "+" : ""} jobs`;
+    if (!page.items.length) { body.replaceChildren(h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No jobs match."))); return; }
+    body.replaceChildren(...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: () => { window.location.hash = "#/jobs/" + j.id; } },
+      h("td", {}, h("a", { href: "#/jobs/" + j.id, class: "mono" }, j.id)),
+      h("td", {}, j.name), h("td", {}, j.kind), h("td", {}, badge(j.status)),
+      h("td", {}, j.placement ? j.placement.node_group : "-"), h("td", { title: when(j.created_at) }, ago(j.created_at)),
+      h("td", { class: "reason", title: j.status_reason || "" }, j.status_reason || ""))));
+  }
+  load().catch(() => {});
+  poll(load);
+}
+
+// One job -------------------------------------------------------------------
+
+function trialsChart(trials, metric, mode) {
+  // x: trial number (in trial id order, i.e. the order Tune created them); y: the metric.
+  const pts = trials.map((t, i) => ({ i, t, y: t.metrics ? t.metrics[metric] : undefined }))
+    .filter(p => typeof p.y === "number" && isFinite(p.y));
+  const W = 1100, H = 300, L = 64, R = 16, T = 14, B = 38;
+  const svg = s("svg", { class: "chart", id: "trials-chart", viewBox: `0 0 ${W} ${H}`, role: "img",
+    "aria-label": `${metric} over ${pts.length} trials` });
+  if (!pts.length) {
+    svg.appendChild(s("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, `no trial reported ${metric} yet`));
+    return svg;
+  }
+  const n = trials.length;
+  let lo = Math.min(...pts.map(p => p.y)), hi = Math.max(...pts.map(p => p.y));
+  if (lo === hi) { lo -= 1; hi += 1; }
+  const pad = (hi - lo) * 0.08; lo -= pad; hi += pad;
+  const x = i => L + (n === 1 ? (W - L - R) / 2 : (i / (n - 1)) * (W - L - R));
+  const y = v => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
+  for (let k = 0; k <= 4; k++) {
+    const v = lo + (k / 4) * (hi - lo);
+    svg.appendChild(s("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+    svg.appendChild(s("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, Math.abs(v) < 1e-3 || Math.abs(v) >= 1e4 ? v.toExponential(1) : v.toPrecision(3)));
+  }
+  svg.appendChild(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
+  svg.appendChild(s("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }));
+  const step = Math.max(1, Math.ceil(n / 12));  // at most ~12 labels, on whole steps
+  for (let i = 0; i < n; i += step) svg.appendChild(s("text", { x: x(i), y: H - B + 16, "text-anchor": "middle" }, String(i + 1)));
+  svg.appendChild(s("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" }, "trial"));
+  svg.appendChild(s("text", { x: 12, y: T + (H - T - B) / 2, transform: `rotate(-90 12 ${T + (H - T - B) / 2})`, "text-anchor": "middle" }, metric));
+  // Best so far, as a step line: where the sweep stood after each trial.
+  const better = (a, b) => mode === "max" ? a > b : a < b;
+  let best = null, d = "";
+  for (const p of pts) {
+    if (best === null || better(p.y, best)) best = p.y;
+    d += (d ? " L" : "M") + x(p.i).toFixed(1) + " " + y(best).toFixed(1);
+  }
+  svg.appendChild(s("path", { class: "best-line", d }));
+  const bestVal = best;
+  for (const p of pts) {
+    const cls = "pt" + (p.y === bestVal ? " best" : "") + (p.t.status === "ERROR" ? " err" : "");
+    svg.appendChild(s("circle", { class: cls, cx: x(p.i).toFixed(1), cy: y(p.y).toFixed(1), r: 4.5, "data-trial": p.t.trial_id },
+      s("title", {}, `trial ${p.i + 1} (${p.t.trial_id}): ${metric} = ${p.y}\n${JSON.stringify(p.t.config)}`)));
+  }
+  return svg;
+}
+
+function jobView(view, id) {
+  const seq = viewSeq;
+  const head = h("div", { id: "job-head" });
+  const facts = panel("Job");
+  const placement = panel("Placement");
+  const cost = panel("Cost");
+  const attemptsP = panel("Attempts");
+  const trialsP = h("div");
+  const eventsP = panel("Events");
+  view.append(h("p", {}, h("a", { href: "#/jobs" }, "\u2190 all jobs")), head,
+    h("div", { class: "grid2" }, facts, h("div", {}, placement, cost)), attemptsP, trialsP, eventsP);
+  let trialsShownFor = null;
+
+  async function load() {
+    let job;
+    try { job = await api(`/v1/jobs/${encodeURIComponent(id)}`); } catch (e) {
+      if (seq === viewSeq) head.replaceChildren(errorBox(e));
+      throw e;
+    }
+    const [events, attempts, costs] = await Promise.all([
+      api(`/v1/jobs/${id}/events`), api(`/v1/jobs/${id}/attempts`), api(`/v1/jobs/${id}/cost`).catch(() => null)]);
+    if (seq !== viewSeq) return;
+    head.replaceChildren(h("h1", {}, job.name, " ", badge(job.status)),
+      h("p", { class: "muted", id: "status-reason" }, job.status_reason || ""));
+    facts.replaceChildren(h("h2", {}, "Job"), h("dl", { class: "facts" },
+      h("dt", {}, "ID"), h("dd", { class: "mono" }, job.id),
+      h("dt", {}, "Kind"), h("dd", {}, job.kind),
+      h("dt", {}, "Project"), h("dd", {}, `${job.project} \u00b7 priority ${job.priority}`),
+      h("dt", {}, "Entrypoint"), h("dd", { class: "mono" }, job.spec.entrypoint),
+      h("dt", {}, "Resources"), h("dd", {}, `${job.spec.resources.num_workers} worker(s) x ${num(job.spec.resources.cpus_per_worker)} CPU` +
+        (job.spec.resources.gpus_per_worker ? ` + ${num(job.spec.resources.gpus_per_worker)} GPU` : "")),
+      h("dt", {}, "Attempts"), h("dd", {}, `${job.attempts} of ${job.max_attempts}` + (job.preemptions ? `, ${job.preemptions} preempted` : "")),
+      job.failure_cause ? [h("dt", {}, "Cause"), h("dd", {}, job.failure_cause)] : null,
+      h("dt", {}, "Created"), h("dd", {}, when(job.created_at)),
+      h("dt", {}, "Started"), h("dd", {}, when(job.started_at)),
+      h("dt", {}, "Finished"), h("dd", {}, when(job.finished_at)),
+      h("dt", {}, "Ray"), h("dd", {}, job.dashboard_url
+        ? h("a", { href: job.dashboard_url, target: "_blank", rel: "noopener", id: "ray-link" }, "open in Ray's dashboard \u2197")
+        : h("span", { class: "muted" }, "not on Ray yet")),
+      job.result ? [h("dt", {}, "Result"), h("dd", { class: "mono" }, JSON.stringify(job.result).slice(0, 400))] : null));
+    const p = job.placement;
+    placement.replaceChildren(h("h2", {}, "Placement"), ...(p ? [
+      h("p", {}, h("b", {}, p.node_group), ` (${p.market}), ${p.strategy}${p.colocate ? ", co-located" : ""}, ${p.num_workers} x ${res(p.worker_resources)}`),
+      h("div", { class: "muted" }, "Why:"), h("ul", { class: "reasons", id: "reasons" }, p.reasons.map(r => h("li", {}, r)))]
+      : [h("p", { class: "muted" }, "Not routed yet (no cluster profile attached).")]));
+    cost.replaceChildren(h("h2", {}, "Cost"), costs ? h("div", { class: "stats" },
+      h("div", {}, h("span", { class: "muted" }, "cost"), h("span", { class: "big", id: "job-cost" }, money(costs.cost))),
+      h("div", {}, h("span", { class: "muted" }, "on demand"), h("span", { class: "big" }, money(costs.on_demand_cost))),
+      h("div", {}, h("span", { class: "muted" }, "spot savings"), h("span", { class: "big" }, money(costs.spot_savings))))
+      : h("p", { class: "muted" }, "unavailable"));
+    attemptsP.replaceChildren(h("h2", {}, "Attempts"), attempts.length ? h("table", { id: "attempts" },
+      h("thead", {}, h("tr", {}, ["#", "Group", "Market", "Ray status", "Started", "Ended", "Cause", "Cost", "Ray"].map(c => h("th", {}, c)))),
+      h("tbody", {}, attempts.map(a => {
+        const c = costs && costs.attempts.find(x => x.number === a.number);
+        return h("tr", {}, h("td", {}, a.number), h("td", {}, a.node_group || "-"), h("td", {}, a.market || "-"), h("td", {}, a.status),
+          h("td", {}, when(a.started_at)), h("td", {}, when(a.ended_at)), h("td", { title: a.message || "" }, a.cause || ""),
+          h("td", { class: "num" }, c ? money(c.cost) : "-"),
+          h("td", {}, a.dashboard_url ? h("a", { href: a.dashboard_url, target: "_blank", rel: "noopener" }, "dashboard \u2197") : "-"));
+      }))) : h("p", { class: "muted" }, "No attempt yet."));
+    eventsP.replaceChildren(h("h2", {}, "Events"), h("ol", { class: "timeline", id: "events" }, events.map(e => h("li", {},
+      h("div", {}, e.from_status && e.from_status !== e.to_status ? [badge(e.from_status), " \u2192 "] : null, badge(e.to_status),
+        e.attempt ? h("span", { class: "muted" }, ` attempt ${e.attempt}`) : null),
+      h("div", {}, e.reason || ""), h("div", { class: "when" }, `${when(e.at)} \u00b7 ${e.actor}`)))));
+    const key = job.status + ":" + job.updated_at;
+    if (job.kind === "sweep" && trialsShownFor !== key) {
+      trialsShownFor = key;
+      await loadTrials(job);
+    }
+    return !TERMINAL.has(job.status);  // a finished job stops polling
+  }
+
+  async function loadTrials(job) {
+    const trials = await api(`/v1/jobs/${id}/trials`);
+    if (seq !== viewSeq) return;
+    const metric = job.spec.sweep.metric, mode = job.spec.sweep.mode;
+    const inOrder = [...trials].sort((a, b) => a.trial_id < b.trial_id ? -1 : a.trial_id > b.trial_id ? 1 : 0);
+    const params = [...new Set(trials.flatMap(t => Object.keys(t.config || {})))].sort();
+    trialsP.replaceChildren(
+      panel(`Trials: ${metric} (${mode}) over ${trials.length} trials`, trialsChart(inOrder, metric, mode),
+        h("div", { class: "legend" }, h("span", {}, h("i", { style: "background:#2f6fed" }), "trial"),
+          h("span", {}, h("i", { style: "background:#1f9d55" }), `best so far (${mode})`),
+          h("span", {}, h("i", { style: "background:#d64545" }), "errored"))),
+      panel("Trials, best first", trials.length ? h("table", { id: "trials" },
+        h("thead", {}, h("tr", {}, h("th", {}, "#"), h("th", {}, "trial"), h("th", { class: "num" }, metric),
+          params.map(p => h("th", { class: "num" }, p)), h("th", {}, "status"), h("th", {}, "node group"))),
+        h("tbody", {}, trials.map((t, i) => h("tr", {}, h("td", {}, i + 1), h("td", { class: "mono" }, t.trial_id),
+          h("td", { class: "num" }, typeof t.metrics[metric] === "number" ? String(Number(t.metrics[metric].toPrecision(5))) : "-"),
+          params.map(p => h("td", { class: "num" }, typeof t.config[p] === "number" ? Number(t.config[p].toPrecision(4)) : String(t.config[p] ?? "-"))),
+          h("td", {}, t.status), h("td", {}, t.node_group || "-")))))
+        : h("p", { class: "muted" }, "No trials reported yet.")));
+  }
+
+  load().catch(() => {});
+  poll(load);
+}
+
+// Node groups ---------------------------------------------------------------
+
+function capBar(used, cap) {
+  if (!cap) return h("span", { class: "muted" }, used ? `${num(used)} used, no capacity` : "-");
+  const frac = Math.min(1, used / cap);
+  return h("div", {}, h("div", { class: "bar" + (frac > 0.85 ? " hot" : ""), title: `${num(used)} of ${num(cap)}` },
+    h("span", { style: `width:${(frac * 100).toFixed(1)}%` })), h("span", { class: "muted" }, `${num(used)} / ${num(cap)}`));
+}
+
+function nodesView(view) {
+  const body = h("div", { id: "node-groups" });
+  view.append(h("h1", {}, "Node groups"), h("p", { class: "muted" }, "Capacity from Ray's live node list; use is what Raylane's active jobs hold."), body);
+  const seq = viewSeq;
+  async function load() {
+    let groups;
+    try { groups = await api("/v1/node-groups"); } catch (e) {
+      if (seq !== viewSeq) return;
+      if (e.status === 422) {
+        body.replaceChildren(panel("No Ray cluster attached", h("p", { id: "no-ray" }, e.message),
+          h("p", { class: "muted" }, "Jobs are still accepted and queued; they are dispatched once a cluster is attached.")));
+        return;
+      }
+      body.replaceChildren(errorBox(e));
+      throw e;
+    }
+    if (seq !== viewSeq) return;
+    body.replaceChildren(panel(null, h("table", {},
+      h("thead", {}, h("tr", {}, ["Group", "Market", "Accelerator", "Nodes", "CPU", "GPU", "Jobs", "$/node-h"].map(c => h("th", {}, c)))),
+      h("tbody", {}, groups.map(g => h("tr", {},
+        h("td", {}, h("b", {}, g.name), g.role === "head" ? h("span", { class: "muted" }, " (head)") : null),
+        h("td", {}, g.market), h("td", {}, g.accelerator ? `${g.accelerator.count} x ${g.accelerator.type}` : "-"),
+        h("td", {}, `${g.alive_nodes} up (${g.min_nodes}-${g.max_nodes})` + (g.draining_nodes ? `, ${g.draining_nodes} draining` : "")),
+        h("td", {}, capBar(g.used_by_raylane.CPU || 0, g.capacity.CPU || 0)),
+        h("td", {}, capBar(g.used_by_raylane.GPU || 0, g.capacity.GPU || 0)),
+        h("td", {}, `${g.active_jobs} active, ${g.queued_jobs} queued`), h("td", { class: "num" }, num(g.price_per_hour))))))));
+  }
+  load().catch(() => {});
+  poll(load);
+}
+
+// Costs ---------------------------------------------------------------------
+
+const costState = { span: "7d", group_by: "project" };
+const SPANS = { "24h": 86400e3, "7d": 7 * 86400e3, "30d": 30 * 86400e3 };
+
+function costChart(rows) {
+  const W = 1100, rowH = 30, L = 170, R = 110, T = 8;
+  const H = T + rows.length * rowH + 8;
+  const max = Math.max(1e-9, ...rows.map(r => r.on_demand_cost), ...rows.map(r => r.cost));
+  const svg = s("svg", { class: "chart", id: "cost-chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "cost per group" });
+  rows.forEach((r, k) => {
+    const y = T + k * rowH;
+    const wOd = (r.on_demand_cost / max) * (W - L - R), wC = (r.cost / max) * (W - L - R);
+    svg.appendChild(s("text", { x: L - 8, y: y + 17, "text-anchor": "end" }, r.key.length > 22 ? r.key.slice(0, 21) + "\u2026" : r.key));
+    svg.appendChild(s("rect", { x: L, y: y + 4, width: Math.max(0, wOd).toFixed(1), height: 18, fill: "#d9e3fb", rx: 3 },
+      s("title", {}, `${r.key}: on demand ${money(r.on_demand_cost)}`)));
+    svg.appendChild(s("rect", { x: L, y: y + 4, width: Math.max(1, wC).toFixed(1), height: 18, fill: "#2f6fed", rx: 3, class: "cost-bar" },
+      s("title", {}, `${r.key}: ${money(r.cost)}`)));
+    svg.appendChild(s("text", { x: L + Math.max(wOd, wC) + 6, y: y + 17 }, money(r.cost)));
+  });
+  return svg;
+}
+
+function costsView(view) {
+  const spanSel = h("select", { id: "c-span", "aria-label": "window" }, Object.keys(SPANS).map(k => h("option", { value: k, selected: costState.span === k }, "last " + k)));
+  const bySel = h("select", { id: "c-group-by", "aria-label": "group by" }, ["project", "node_group", "kind"].map(k => h("option", { value: k, selected: costState.group_by === k }, "by " + k.replace("_", " "))));
+  const body = h("div", { id: "costs" });
+  const change = () => { costState.span = spanSel.value; costState.group_by = bySel.value; load(); };
+  spanSel.addEventListener("change", change); bySel.addEventListener("change", change);
+  view.append(h("h1", {}, "Costs and utilisation"), h("div", { class: "filters" }, spanSel, bySel), body);
+  const seq = viewSeq;
+
+  async function load() {
+    const end = new Date(), start = new Date(end.getTime() - SPANS[costState.span]);
+    const w = new URLSearchParams({ start: start.toISOString(), end: end.toISOString() });
+    let costs, report;
+    try {
+      [costs, report] = await Promise.all([api(`/v1/costs?group_by=${costState.group_by}&${w}`), api(`/v1/report?${w}`)]);
+    } catch (e) { if (seq === viewSeq) body.replaceChildren(errorBox(e)); throw e; }
+    if (seq !== viewSeq) return;
+    const t = costs.total;
+    body.replaceChildren(
+      panel(null, h("div", { class: "stats" },
+        h("div", {}, h("span", { class: "muted" }, "cost"), h("span", { class: "big", id: "total-cost" }, money(t.cost))),
+        h("div", {}, h("span", { class: "muted" }, "on demand would be"), h("span", { class: "big" }, money(t.on_demand_cost))),
+        h("div", {}, h("span", { class: "muted" }, "spot savings"), h("span", { class: "big" }, money(t.spot_savings))),
+        h("div", {}, h("span", { class: "muted" }, "attempts / jobs"), h("span", { class: "big" }, `${t.attempts} / ${t.jobs}`)))),
+      panel(`Cost by ${costState.group_by.replace("_", " ")}`, costs.rows.length ? [costChart(costs.rows),
+        h("div", { class: "legend" }, h("span", {}, h("i", { style: "background:#2f6fed" }), "cost"), h("span", {}, h("i", { style: "background:#d9e3fb" }), "same on on-demand nodes")),
+        h("table", {}, h("thead", {}, h("tr", {}, ["", "cost", "on demand", "spot savings", "attempts", "jobs", "CPU-h", "GPU-h"].map((c, i) => h("th", { class: i ? "num" : "" }, c)))),
+          h("tbody", {}, costs.rows.map(r => h("tr", {}, h("td", {}, r.key), h("td", { class: "num" }, money(r.cost)), h("td", { class: "num" }, money(r.on_demand_cost)),
+            h("td", { class: "num" }, money(r.spot_savings)), h("td", { class: "num" }, r.attempts), h("td", { class: "num" }, r.jobs),
+            h("td", { class: "num" }, num(r.cpu_hours)), h("td", { class: "num" }, num(r.gpu_hours))))))]
+        : h("p", { class: "empty" }, "No attempt held resources in this window.")),
+      panel("GPU groups: own or rent?", report.gpu_groups.length ? h("table", { id: "gpu-decisions" },
+        h("thead", {}, h("tr", {}, ["group", "utilisation", "", "break-even", "verdict", "advice"].map(c => h("th", {}, c)))),
+        h("tbody", {}, report.gpu_groups.map(g => h("tr", {}, h("td", {}, g.node_group),
+          h("td", {}, capBar(g.gpu_hours_used, g.gpu_hours_available)), h("td", {}, pct(g.utilisation)), h("td", {}, pct(g.break_even)),
+          h("td", { class: "verdict-" + g.verdict }, g.verdict), h("td", {}, g.advice)))))
+        : h("p", { class: "muted" }, "The profile has no GPU group.")),
+      panel("Utilisation of every group", h("table", {},
+        h("thead", {}, h("tr", {}, ["group", "market", "fleet", "CPU", "GPU"].map(c => h("th", {}, c)))),
+        h("tbody", {}, report.utilisation.map(u => h("tr", {}, h("td", {}, u.node_group), h("td", {}, u.market),
+          h("td", {}, `${u.nodes} node(s) (${u.basis})`),
+          h("td", {}, u.cpu_hours_available ? [capBar(u.cpu_hours_used, u.cpu_hours_available), " ", pct(u.cpu_utilisation)] : "-"),
+          h("td", {}, u.gpu_hours_available ? [capBar(u.gpu_hours_used, u.gpu_hours_available), " ", pct(u.gpu_utilisation)] : "-")))))),
+      panel("Placements that could have been cheaper", report.cheaper_placements.length ? h("table", { id: "cheaper" },
+        h("thead", {}, h("tr", {}, ["job", "kind", "ran on", "why", "cost", "cheaper on", "saving"].map(c => h("th", {}, c)))),
+        h("tbody", {}, report.cheaper_placements.map(c => h("tr", {},
+          h("td", {}, h("a", { href: "#/jobs/" + c.job_id }, c.name), h("span", { class: "muted" }, ` #${c.attempt}`)),
+          h("td", {}, c.kind), h("td", {}, `${c.node_group} (${c.market})`), h("td", {}, c.reason),
+          h("td", { class: "num" }, money(c.cost)), h("td", {}, c.cheaper_node_group), h("td", { class: "num" }, money(c.saving))))))
+        : h("p", { class: "muted" }, "None found in this window.")),
+      h("p", { class: "muted" }, report.notes.join(" \u00b7 ")));
+  }
+  load().catch(() => {});
+}
+
+showTokenState();
+route();

@@ -1,0 +1,121 @@
+"""Raylane's metrics from inside a running job, as Ray custom metrics
+(``ray.util.metrics``), so they show next to Ray's own in Ray's Prometheus
+endpoint and the dashboard's Grafana panels.
+
+Every series is tagged with the job: ``raylane_job_id``, ``project``, ``kind``,
+``node_group`` and ``attempt`` (the same keys as the Ray job's metadata).
+
+- ``raylane_job_running`` (gauge): 1 while the driver runs the job.
+- ``raylane_trials_done`` (counter): finished trials of a sweep.
+- ``raylane_rows_done`` (counter): output rows of a batch-inference job.
+
+Ray's Prometheus exposition prefixes them with ``ray_`` (and counters end in
+``_total``). Ray exports a process's metrics every ``metrics_report_interval_ms``
+(10 s by default): values recorded by a driver that exits sooner may never be
+exported. Runners therefore count as they go (``trial_done`` from a Tune
+callback, ``rows_done`` per batch); ``finish`` tops the counters up to the
+result's totals, and waits ``RAYLANE_METRICS_FLUSH_S`` seconds (default 0: no
+wait) for one more export when a job's last numbers matter more than its exit time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+TAG_KEYS = ("raylane_job_id", "project", "kind", "node_group", "attempt")
+MAX_FLUSH_S = 30.0  # a driver never lingers longer than this for its metrics
+
+log = logging.getLogger(__name__)
+_current: "JobMetrics | None" = None
+
+
+class JobMetrics:
+    def __init__(self, job_id: str, project: str, kind: str, node_group: str, attempt: int):
+        from ray.util.metrics import Counter, Gauge
+
+        self.tags = {"raylane_job_id": job_id, "project": project, "kind": kind, "node_group": node_group,
+                     "attempt": str(attempt)}
+        self.running = Gauge("raylane_job_running", "1 while a Raylane job's driver runs it.", tag_keys=TAG_KEYS)
+        self.trials = Counter("raylane_trials_done", "Finished trials of a Raylane sweep.", tag_keys=TAG_KEYS)
+        self.rows = Counter("raylane_rows_done", "Output rows of a Raylane batch-inference job.", tag_keys=TAG_KEYS)
+        self.trials_counted = 0
+        self.rows_counted = 0
+
+    @classmethod
+    def start(cls, ctx) -> "JobMetrics":
+        """Create the job's metrics (after ``ray.init``) and mark it running."""
+        global _current
+        try:
+            m = cls(ctx.job_id, ctx.project, ctx.spec.kind.value, ctx.placement.node_group, ctx.attempt)
+            m.running.set(1, tags=m.tags)
+        except Exception as e:  # metrics must never fail the job
+            log.warning("raylane: job metrics unavailable: %s", e)
+            m = _Off()
+        _current = m
+        return m
+
+    def trial_done(self, n: int = 1) -> None:
+        if n > 0:
+            self.trials.inc(n, tags=self.tags)
+            self.trials_counted += n
+
+    def rows_done(self, n: int) -> None:
+        if n > 0:
+            self.rows.inc(n, tags=self.tags)
+            self.rows_counted += n
+
+    def finish(self, result: dict[str, Any]) -> None:
+        """Top the counters up to the result's totals and mark the job no longer running."""
+        trials = result.get("num_trials")
+        if isinstance(trials, int):
+            self.trial_done(trials - self.trials_counted)
+        rows = result.get("rows_out")
+        if isinstance(rows, int):
+            self.rows_done(rows - self.rows_counted)
+        self.running.set(0, tags=self.tags)
+        try:
+            flush = min(float(os.environ.get("RAYLANE_METRICS_FLUSH_S", "0")), MAX_FLUSH_S)
+        except ValueError:
+            flush = 0.0
+        if flush > 0:
+            time.sleep(flush)
+
+
+class _Off(JobMetrics):
+    """Metrics that record nothing (Ray's metrics could not be created)."""
+
+    def __init__(self):
+        self.trials_counted = self.rows_counted = 0
+
+    def trial_done(self, n: int = 1) -> None:
+        pass
+
+    def rows_done(self, n: int) -> None:
+        pass
+
+    def finish(self, result: dict[str, Any]) -> None:
+        pass
+
+
+def current() -> JobMetrics | None:
+    """The running job's metrics, or None outside ``python -m jobs.run``."""
+    return _current
+
+
+def trial_callback():
+    """A Ray Tune callback that counts finished trials (pass it in ``RunConfig(callbacks=[...])``)."""
+    from ray import tune
+
+    class TrialProgress(tune.Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            if _current is not None:
+                _current.trial_done()
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            if _current is not None:
+                _current.trial_done()
+
+    return TrialProgress()

@@ -1,0 +1,232 @@
+"""The web page at /ui in a real headless Chromium (Debian's, driven by Playwright)
+against a real ``raylane serve``: job list with filters and live status, a job
+page with its trials chart, routing reasons, cost and Ray link, node groups
+without Ray, and the cost report. Screenshots go to test-artifacts/.
+
+Chromium comes from Debian (``make test`` installs it); Playwright's own browser
+download is never used. Missing chromium is a failure, not a skip: CI must run this.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import insert
+
+from tests.conftest import ROOT, free_port
+from tests.helpers import wait_for
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
+ARTIFACTS = ROOT / "test-artifacts"
+N_TRIALS = 16
+
+SWEEP = {"name": "lr-sweep", "kind": "sweep", "entrypoint": "examples.sweep:objective", "project": "research",
+         "resources": {"cpus_per_worker": 1},
+         "sweep": {"metric": "loss", "mode": "min", "num_samples": N_TRIALS, "max_concurrent_trials": 4,
+                   "search_space": {"lr": {"loguniform": [1e-5, 1e-2]}, "batch_size": {"choice": [16, 32, 64]}}}}
+FINETUNE = {"name": "finetune", "kind": "training", "entrypoint": "examples.train:main", "project": "ml",
+            "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1}, "priority": 80}
+HELLO = {"name": "hello", "kind": "command", "entrypoint": "python -c 'print(42)'", "project": "ml"}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    assert Path(CHROMIUM).exists(), "no chromium: `make test` installs it (apt-get install -y chromium)"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = ctx.new_page()
+    pg.set_default_timeout(20_000)
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text and errors.append(m.text))
+    yield pg
+    ctx.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def _server(server_factory, tmp_path, **extra):
+    from orchestrator.store import migrate
+
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    migrate.upgrade(url)
+    env = {"RAYLANE_DATABASE_URL": url, "RAYLANE_DATA_DIR": str(tmp_path), "RAYLANE_LOOPS_ENABLED": "false",
+           "RAYLANE_AUTH_ENABLED": "true", "RAYLANE_LOG_FORMAT": "json", **extra}
+    return server_factory(env).start(), url
+
+
+def _plane(url, tmp_path):
+    from orchestrator.service import ControlPlane
+    from orchestrator.settings import Settings
+
+    return ControlPlane(Settings(database_url=url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False))
+
+
+def _ran_sweep(cp, job_id: str) -> None:
+    """What dispatcher and reconciler would have written for a finished sweep: an
+    attempt on spot that ran 20 minutes, its trials and result."""
+    from orchestrator.ids import submission_id
+    from orchestrator.states import JobStatus
+    from orchestrator.store import db
+    from orchestrator.store.jobs import get_row, save_trials, set_result
+    from orchestrator.store.tables import attempts
+    from orchestrator.store.transitions import transition, utcnow
+
+    now = utcnow()
+    with db.transaction(cp.sessions) as s:
+        row = get_row(s, job_id, None)
+        pl = row["placement"]
+        transition(s, job_id, JobStatus.DISPATCHING, reason=f"admitted to {pl['node_group']}; attempt 1",
+                   actor="scheduler", attempt=1, values={"attempts": 1})
+        s.execute(insert(attempts).values(
+            job_id=job_id, number=1, submission_id=submission_id(job_id, 1), node_group=pl["node_group"],
+            market=pl["market"], status="SUCCEEDED", resources=pl["total"], created_at=now - timedelta(minutes=21),
+            started_at=now - timedelta(minutes=20), ended_at=now - timedelta(seconds=5)))
+        transition(s, job_id, JobStatus.RUNNING, reason="attempt 1 running on Ray", actor="reconciler", attempt=1,
+                   values={"started_at": now - timedelta(minutes=20)})
+        trials = []
+        for i in range(N_TRIALS):
+            lr = 10 ** (-5 + 3 * i / (N_TRIALS - 1))
+            loss = round((math.log10(lr) + 3.2) ** 2 + 0.05 + 0.03 * ((i * 7) % 5), 4)
+            trials.append({"trial_id": f"t{i:03d}", "config": {"lr": lr, "batch_size": [16, 32, 64][i % 3]},
+                           "metrics": {"loss": loss, "training_iteration": 10}, "node_group": "spot-cpu",
+                           "status": "TERMINATED"})
+        save_trials(s, job_id, trials, attempt=1)
+        best = min(trials, key=lambda t: t["metrics"]["loss"])
+        set_result(s, job_id, {"best": {"config": best["config"], "metrics": best["metrics"]},
+                               "num_trials": N_TRIALS}, attempt=1)
+        transition(s, job_id, JobStatus.SUCCEEDED, reason="attempt 1 succeeded", actor="reconciler", attempt=1,
+                   values={"finished_at": now})
+
+
+def _running(cp, job_id: str) -> None:
+    from orchestrator.ids import submission_id
+    from orchestrator.states import JobStatus
+    from orchestrator.store import db
+    from orchestrator.store.jobs import get_row
+    from orchestrator.store.tables import attempts
+    from orchestrator.store.transitions import transition, utcnow
+
+    now = utcnow()
+    with db.transaction(cp.sessions) as s:
+        pl = get_row(s, job_id, None)["placement"]
+        transition(s, job_id, JobStatus.DISPATCHING, reason=f"admitted to {pl['node_group']}; attempt 1",
+                   actor="scheduler", attempt=1, values={"attempts": 1})
+        s.execute(insert(attempts).values(
+            job_id=job_id, number=1, submission_id=submission_id(job_id, 1), node_group=pl["node_group"],
+            market=pl["market"], status="RUNNING", resources=pl["total"], created_at=now - timedelta(hours=2),
+            started_at=now - timedelta(hours=2)))
+        transition(s, job_id, JobStatus.RUNNING, reason="attempt 1 running on Ray", actor="reconciler", attempt=1,
+                   values={"started_at": now - timedelta(hours=2)})
+
+
+def test_jobs_list_job_page_trials_chart_and_costs(server_factory, tmp_path, page):
+    # A Ray dashboard address where nothing listens: the server routes jobs with the
+    # profile (no live view) and links attempts into that dashboard.
+    dash = f"http://127.0.0.1:{free_port()}"
+    srv, url = _server(server_factory, tmp_path, RAYLANE_DASHBOARD_URL=dash)
+    ids = {}
+    for spec in (SWEEP, FINETUNE, HELLO):
+        r = httpx.post(srv.url + "/v1/jobs", json=spec, headers=srv.headers, timeout=30)
+        assert r.status_code == 201, r.text
+        ids[spec["name"]] = r.json()["id"]
+    cp = _plane(url, tmp_path)
+    try:
+        _ran_sweep(cp, ids["lr-sweep"])
+        _running(cp, ids["finetune"])
+    finally:
+        cp.close()
+
+    # The token comes in the URL once, is kept in localStorage and leaves the address bar.
+    page.goto(f"{srv.url}/ui/?token={srv.token}")
+    page.wait_for_selector("#jobs tr[data-job]")
+    assert "token=" not in page.url
+    assert page.locator("#jobs tr[data-job]").count() == 3
+    row = page.locator(f'#jobs tr[data-job="{ids["lr-sweep"]}"]')
+    assert row.locator(".badge").inner_text() == "SUCCEEDED"
+    assert page.locator(f'#jobs tr[data-job="{ids["finetune"]}"] .badge').inner_text() == "RUNNING"
+    shot(page, "ui-jobs.png")
+
+    # Filters.
+    page.select_option("#f-status", "RUNNING")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 1, timeout=10, what="filtered list")
+    assert page.locator("#jobs tr[data-job]").get_attribute("data-job") == ids["finetune"]
+    page.select_option("#f-status", "")
+    page.fill("#f-name", "hel")
+    page.press("#f-name", "Enter")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 1, timeout=10, what="name filter")
+    page.fill("#f-name", "")
+    page.press("#f-name", "Enter")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 3, timeout=10, what="all jobs again")
+
+    # Live status: a change made elsewhere shows without reloading.
+    r = httpx.post(f"{srv.url}/v1/jobs/{ids['hello']}/cancel", headers=srv.headers, timeout=30)
+    assert r.json()["job"]["status"] == "CANCELLED"
+    page.wait_for_function(
+        f"""() => {{ const b = document.querySelector('#jobs tr[data-job="{ids["hello"]}"] .badge');
+                    return b && b.textContent === 'CANCELLED'; }}""", timeout=15_000)
+
+    # Into the sweep: trials chart with one point per trial, reasons, cost, Ray link, events.
+    row.click()
+    page.wait_for_selector("#trials-chart circle")
+    assert page.locator("#trials-chart circle").count() == N_TRIALS
+    assert page.locator("#trials-chart circle.best").count() >= 1
+    assert page.locator("#trials-chart path.best-line").count() == 1
+    assert page.locator("#trials tbody tr").count() == N_TRIALS
+    reasons = page.locator("#reasons li").all_inner_texts()
+    assert any("independent trials" in r for r in reasons), reasons
+    href = page.locator("#ray-link").get_attribute("href")
+    assert href.startswith(dash) and f"raylane-{ids['lr-sweep']}" in href
+    assert page.locator("#events li").count() >= 4
+    assert page.locator("#job-cost").inner_text().startswith("$")
+    assert page.locator("#attempts tbody tr").count() == 1
+    shot(page, "ui-job-sweep.png")
+
+    # Costs: chart and tables, from /v1/costs and /v1/report.
+    page.click('a[data-nav="costs"]')
+    page.wait_for_selector("#cost-chart rect.cost-bar")
+    assert page.locator("#gpu-decisions tbody tr").count() >= 1
+    page.select_option("#c-group-by", "node_group")
+    page.wait_for_function("() => [...document.querySelectorAll('#cost-chart text')].some(t => t.textContent === 'gpu')")
+    shot(page, "ui-costs.png")
+
+    # Node groups with a dashboard that does not answer: the groups, no capacity.
+    page.click('a[data-nav="nodes"]')
+    page.wait_for_selector("#node-groups table")
+    assert "spot-cpu" in page.locator("#node-groups").inner_text()
+
+
+def test_without_ray_and_without_token(server_factory, tmp_path, page):
+    srv, _ = _server(server_factory, tmp_path)
+    page.goto(f"{srv.url}/ui/#/jobs")
+    page.wait_for_selector("#banner:not([hidden])")
+    assert "token" in page.locator("#banner").inner_text()
+    page.fill("#token-input", srv.token)
+    page.click("#token-form button")
+    page.wait_for_selector("#jobs td.empty")
+    assert page.locator("#banner").is_hidden()
+    # /v1/node-groups answers 422 without Ray: the page says so instead of breaking.
+    page.click('a[data-nav="nodes"]')
+    page.wait_for_selector("#no-ray")
+    assert "no Ray cluster is attached" in page.locator("#no-ray").inner_text()
+    shot(page, "ui-nodes-no-ray.png")
