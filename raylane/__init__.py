@@ -1,7 +1,33 @@
 """Raylane's public Python face. ``pip install raylane`` gives this SDK and the CLI
-without Ray, SQLAlchemy or FastAPI."""
+without Ray, SQLAlchemy or FastAPI.
 
-from orchestrator.specs import JobKind, JobSpec  # noqa: F401
-from orchestrator.states import FailureCause, JobStatus  # noqa: F401
+    from raylane import Client, NotFound
+
+    with Client() as rl:                      # RAYLANE_URL, RAYLANE_TOKEN
+        job = rl.submit("examples/hello.yaml")
+        print(rl.wait(job.id, timeout=600).status)
+
+docs/sdk.md has the whole tour.
+"""
 
 __version__ = "0.1.0"
+
+from client.sdk import (  # noqa: E402,F401
+    DEFAULT_URL, MAX_ATTEMPTS, AsyncClient, Client, ClusterInfo, ClusterNode, Conflict, ConnectionFailed, Forbidden,
+    Health, JobFunction, NodeGroupStatus, NotFound, RaylaneError, RateLimited, ServerError, Unauthorized,
+    ValidationFailed, WaitTimeout, job,
+)
+from orchestrator.resources import (  # noqa: E402,F401
+    Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
+)
+from orchestrator.specs import JobKind, JobSpec  # noqa: E402,F401
+from orchestrator.states import FailureCause, JobStatus  # noqa: E402,F401
+
+__all__ = [
+    "Client", "AsyncClient", "job", "JobFunction",
+    "RaylaneError", "NotFound", "Conflict", "ValidationFailed", "Unauthorized", "Forbidden", "RateLimited",
+    "ServerError", "ConnectionFailed", "WaitTimeout",
+    "Job", "JobPage", "JobEvent", "Attempt", "Placement", "CancelResponse", "BatchSubmitResponse",
+    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial",
+    "JobSpec", "JobKind", "JobStatus", "FailureCause", "DEFAULT_URL", "MAX_ATTEMPTS",
+]

@@ -1,0 +1,1430 @@
+"""The Raylane Python SDK: ``Client`` and ``AsyncClient`` over the REST API, typed
+errors, and ``job``, a decorator that turns a function into a job.
+
+Words used here:
+
+- *call*: one API operation as the SDK sees it (``_Call``): method, path, body,
+  how to read the answer, and whether it is safe to send twice.
+- *try*: one HTTP exchange of a call. A call takes up to ``MAX_ATTEMPTS`` tries
+  when the connection fails or the answer is 429/502/503/504.
+- *resendable*: a call the server may receive twice without harm. Reads are; a
+  submit is, because it carries an ``Idempotency-Key`` (the server returns the
+  job it created the first time); a batch submit is not (the API takes no key
+  for it), so it is only retried when the request never left this machine.
+
+This module imports pydantic, yaml and the pure-pydantic ``orchestrator.specs``,
+``states`` and ``resources``; httpx is imported when a client is made. Never Ray,
+SQLAlchemy or FastAPI: ``pip install raylane`` must stay light.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import (
+    TYPE_CHECKING, Any, AsyncIterator, Callable, Generic, Iterable, Iterator, Literal, Mapping, TypeVar, Union,
+    overload,
+)
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import ValidationError as _PydanticValidationError
+
+from orchestrator.resources import (
+    Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
+)
+from orchestrator.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
+from orchestrator.states import JobStatus
+
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
+
+__all__ = [
+    "Client", "AsyncClient", "job", "JobFunction",
+    "RaylaneError", "NotFound", "Conflict", "ValidationFailed", "Unauthorized", "Forbidden", "RateLimited",
+    "ServerError", "ConnectionFailed", "WaitTimeout",
+    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial",
+    "DEFAULT_URL", "MAX_ATTEMPTS",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+ENV_URL = "RAYLANE_URL"
+ENV_TOKEN = "RAYLANE_TOKEN"
+
+# Five tries, 0.25 / 0.5 / 1 / 2 s apart (with jitter; about 4 s in all), ride out
+# a control-plane restart or a load balancer swapping replicas. Past that the
+# server is down, and the caller should hear so rather than hang in a loop.
+MAX_ATTEMPTS = 5
+BACKOFF_BASE_S = 0.25
+BACKOFF_MAX_S = 4.0
+# A server's Retry-After is honoured, but never longer than this: a wrong header
+# must not park a client for an hour.
+RETRY_AFTER_MAX_S = 30.0
+# A proxy with no healthy upstream (502), a server starting or shedding load
+# (503), a proxy timing out (504), a rate limit with its Retry-After (429): the
+# server did not act on the request. A 500 is a bug: sending it again repeats it.
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Of those, the ones that say the server did not act, so even a call that is not
+# resendable (a batch) may go again; a 502/504 from a proxy may hide a batch stored.
+NOT_ACTED_STATUSES = frozenset({429, 503})
+DEFAULT_TIMEOUT_S = 30.0
+# wait(): first poll after 0.25 s, slowing to one poll every 2 s: a status change
+# shows within 2 s, and a thousand waiting clients cost the server 500 requests/s.
+WAIT_POLL_MIN_S = 0.25
+WAIT_POLL_MAX_S = 2.0
+ITER_PAGE_SIZE = 100  # iter_jobs() page size; the API allows up to 500
+
+T = TypeVar("T")
+SpecLike = Union[JobSpec, Mapping[str, Any], str, "os.PathLike[str]"]
+StatusLike = Union[JobStatus, str]
+KindLike = Union[JobKind, str]
+
+
+# Errors ------------------------------------------------------------------------
+
+
+class RaylaneError(Exception):
+    """Base of every error the SDK raises.
+
+    Attributes:
+        message: what went wrong, ready to show to a user.
+        status_code: the HTTP status, when the server answered.
+        detail: the ``detail`` of the server's JSON error body, as sent.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, detail: Any = None):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NotFound(RaylaneError):
+    """404: no such job (or one the caller may not see), or no such endpoint."""
+
+
+class Conflict(RaylaneError):
+    """409: the job's state forbids the request (cancel a finished job), or an
+    Idempotency-Key was reused with a different spec."""
+
+
+class ValidationFailed(RaylaneError):
+    """422 (or a spec refused before sending): the input is wrong.
+
+    Attributes:
+        errors: the field errors, each ``{"loc": [...], "msg": str, "type": str}``
+            as in the server's 422 ``detail``; ``loc`` starts with ``body``,
+            ``query`` or ``path``.
+    """
+
+    def __init__(self, message: str, *, errors: list[dict[str, Any]] | None = None, status_code: int | None = None,
+                 detail: Any = None):
+        super().__init__(message, status_code=status_code, detail=detail)
+        self.errors: list[dict[str, Any]] = errors or []
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """``{"resources.gpus_per_worker": "message", ...}``: each error by its field path."""
+        return {_loc_str(e.get("loc", [])): str(e.get("msg", "")) for e in self.errors}
+
+
+class Unauthorized(RaylaneError):
+    """401: no token, or a token the server does not accept (set RAYLANE_TOKEN)."""
+
+
+class Forbidden(RaylaneError):
+    """403: the token is valid but may not do this."""
+
+
+class RateLimited(RaylaneError):
+    """429: this token sent more submits than its rate allows, through every retry."""
+
+
+class ServerError(RaylaneError):
+    """5xx: the server failed (its log has the traceback), or stayed unavailable
+    through every retry."""
+
+
+class ConnectionFailed(RaylaneError, ConnectionError):
+    """The server could not be reached, or the connection broke, through every retry."""
+
+
+class WaitTimeout(RaylaneError, TimeoutError):
+    """``wait()`` gave up before the job finished. The job keeps running.
+
+    Attributes:
+        job_id: the job waited on.
+        timeout: the seconds waited.
+        status: the last status seen (None if none was seen).
+    """
+
+    def __init__(self, message: str, *, job_id: str, timeout: float, status: JobStatus | None):
+        super().__init__(message)
+        self.job_id = job_id
+        self.timeout = timeout
+        self.status = status
+
+
+def _loc_str(loc: Iterable[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:] or parts
+    return ".".join(parts) or "spec"
+
+
+def _validation_message(errors: list[dict[str, Any]], prefix: str = "invalid request") -> str:
+    lines = [f"{_loc_str(e.get('loc', []))}: {e.get('msg', '')}" for e in errors]
+    return f"{prefix}: " + "; ".join(lines) if lines else prefix
+
+
+def _error_from(resp: "httpx.Response") -> RaylaneError:
+    """The typed error for an HTTP error response; the one place statuses become classes."""
+    status = resp.status_code
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, str):
+        message = detail
+    elif detail is not None:
+        message = json.dumps(detail)[:500]
+    else:
+        message = (resp.text or resp.reason_phrase or "")[:500].strip() or f"HTTP {status}"
+    if status == 422:
+        errors = detail if isinstance(detail, list) else [{"loc": [], "msg": message, "type": "value_error"}]
+        errors = [e if isinstance(e, dict) else {"loc": [], "msg": str(e), "type": "value_error"} for e in errors]
+        return ValidationFailed(_validation_message(errors), errors=errors, status_code=status, detail=detail)
+    cls: type[RaylaneError]
+    if status == 401:
+        cls, message = Unauthorized, f"{message} (set RAYLANE_TOKEN or pass token=)"
+    elif status == 403:
+        cls = Forbidden
+    elif status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = Conflict
+    elif status == 429:
+        cls = RateLimited
+    elif status >= 500:
+        cls, message = ServerError, f"server error {status}: {message}"
+    else:
+        cls = RaylaneError
+    return cls(message, status_code=status, detail=detail)
+
+
+def _spec_error(exc: _PydanticValidationError, prefix: str) -> ValidationFailed:
+    errors = [{"loc": ["body", *[str(x) for x in e.get("loc", ())]], "msg": str(e.get("msg", "")),
+               "type": str(e.get("type", "value_error"))} for e in exc.errors()[:50]]
+    return ValidationFailed(_validation_message(errors, prefix), errors=errors)
+
+
+# Models the API returns that are not in orchestrator.resources ------------------
+
+
+class _Open(BaseModel):
+    # A newer server may add fields; an older client keeps working.
+    model_config = ConfigDict(extra="allow")
+
+
+class NodeGroupStatus(_Open):
+    """One node group of the cluster profile with its live capacity (``GET /v1/node-groups``)."""
+
+    name: str
+    role: str
+    market: str
+    accelerator: dict[str, Any] | None = None
+    cpus_per_node: float = 0
+    memory_gb_per_node: float = 0
+    min_nodes: int = 0
+    max_nodes: int = 0
+    price_per_hour: float = 0
+    alive_nodes: int = 0
+    draining_nodes: int = 0
+    capacity: dict[str, float] = Field(default_factory=dict, description="Ray resources of its alive nodes")
+    used_by_raylane: dict[str, float] = Field(default_factory=dict, description="Held by Raylane's active jobs")
+    active_jobs: int = 0
+    queued_jobs: int = 0
+
+
+class ClusterNode(_Open):
+    node_id: str | None = None
+    state: str
+    node_group: str | None = None
+    market: str | None = None
+    is_head: bool = False
+    resources: dict[str, float] = Field(default_factory=dict)
+    draining: bool = False
+    death_reason: str | None = None
+
+
+class ClusterInfo(_Open):
+    """Ray's nodes, alive and dead, as the control plane sees them (``GET /v1/cluster``)."""
+
+    dashboard_url: str | None = None
+    profile: str | None = None
+    nodes: list[ClusterNode] = Field(default_factory=list)
+
+
+class Health(_Open):
+    """``GET /readyz``: ``ok`` when the server is up, its database reachable and migrated."""
+
+    ok: bool
+    status: str
+    reason: str | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def _list_of(model: type[BaseModel]) -> TypeAdapter:
+    # Built on first use: each adapter costs milliseconds that `import raylane` should not pay.
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
+
+async def _asleep(seconds: float) -> None:
+    import asyncio  # here, not at the top: a sync-only user need not pay its ~20 ms import
+
+    await asyncio.sleep(seconds)
+
+
+# Calls: what to send and how to read the answer, shared by both clients -------------
+
+
+@dataclass
+class _Call(Generic[T]):
+    method: str
+    path: str
+    parse: Callable[["httpx.Response"], T]
+    params: list[tuple[str, str]] = field(default_factory=list)
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    resendable: bool = True
+    ok: frozenset[int] = frozenset({200, 201})
+    retry_statuses: frozenset[int] = RETRY_STATUSES
+    timeout: Any = "default"
+
+
+def _model(model: type[BaseModel]) -> Callable[["httpx.Response"], Any]:
+    return lambda r: model.model_validate(r.json())
+
+
+def _adapter(model: type[BaseModel]) -> Callable[["httpx.Response"], Any]:
+    return lambda r: _list_of(model).validate_python(r.json())
+
+
+def _enum_values(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, JobStatus, JobKind)):
+        value = [value]
+    return [v.value if hasattr(v, "value") else str(v) for v in value]
+
+
+def _when(value: datetime | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def _list_params(*, status, kind, node_group, labels, name_prefix, created_after, created_before, project, limit,
+                 cursor) -> list[tuple[str, str]]:
+    params: list[tuple[str, str]] = [("status", s) for s in _enum_values(status)]
+    params += [("kind", k) for k in _enum_values(kind)]
+    for k, v in (labels or {}).items():
+        params.append(("label", f"{k}={v}"))
+    for name, val in (("node_group", node_group), ("name_prefix", name_prefix), ("project", project),
+                      ("created_after", _when(created_after)), ("created_before", _when(created_before)),
+                      ("cursor", cursor)):
+        if val is not None:
+            params.append((name, str(val)))
+    params.append(("limit", str(int(limit))))
+    return params
+
+
+def spec_body(spec: SpecLike) -> dict[str, Any]:
+    """The JSON body for a spec given as a ``JobSpec``, a dict, or a YAML/JSON file path.
+
+    A dict is sent as it is, so the server (the one authority on specs) validates
+    it and names the field at fault; a file is parsed with the same bomb-proof
+    loader the server uses.
+
+    Raises:
+        ValidationFailed: the file is not YAML/JSON, too big, or not a mapping.
+        FileNotFoundError: no such file.
+        TypeError: ``spec`` is none of the accepted types.
+    """
+    if isinstance(spec, JobSpec):
+        # Only what was set: the server fills its own defaults.
+        return spec.model_dump(mode="json", exclude_unset=True)
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        try:
+            return load_spec_document(path.read_text())
+        except SpecLoadError as e:
+            raise ValidationFailed(f"{path}: {e}", errors=[{"loc": ["file"], "msg": str(e), "type": "spec_load"}]) \
+                from None
+    raise TypeError(f"a spec is a JobSpec, a dict or a YAML file path, not {type(spec).__name__}")
+
+
+class _Api:
+    """One builder per endpoint. Both clients send these; only the I/O differs."""
+
+    @staticmethod
+    def submit(spec: SpecLike, idempotency_key: str | None) -> _Call[Job]:
+        # A fresh key per submit() makes the retries of this one call safe: a
+        # second arrival returns the job the first one created.
+        key = idempotency_key or str(uuid.uuid4())
+        return _Call("POST", "/v1/jobs", _model(Job), json=spec_body(spec), headers={"Idempotency-Key": key})
+
+    @staticmethod
+    def submit_batch(specs: Iterable[SpecLike]) -> _Call[BatchSubmitResponse]:
+        return _Call("POST", "/v1/jobs/batch", _model(BatchSubmitResponse),
+                     json={"jobs": [spec_body(s) for s in specs]}, resendable=False)
+
+    @staticmethod
+    def get_job(job_id: str) -> _Call[Job]:
+        return _Call("GET", f"/v1/jobs/{job_id}", _model(Job))
+
+    @staticmethod
+    def list_jobs(**filters: Any) -> _Call[JobPage]:
+        return _Call("GET", "/v1/jobs", _model(JobPage), params=_list_params(**filters))
+
+    @staticmethod
+    def events(job_id: str, after_id: int) -> _Call[list[JobEvent]]:
+        return _Call("GET", f"/v1/jobs/{job_id}/events", _adapter(JobEvent), params=[("after_id", str(after_id))])
+
+    @staticmethod
+    def attempts(job_id: str) -> _Call[list[Attempt]]:
+        return _Call("GET", f"/v1/jobs/{job_id}/attempts", _adapter(Attempt))
+
+    @staticmethod
+    def cancel(job_id: str) -> _Call[CancelResponse]:
+        # Cancel is idempotent on the server ("job is already CANCELLED"): resendable.
+        return _Call("POST", f"/v1/jobs/{job_id}/cancel", _model(CancelResponse))
+
+    @staticmethod
+    def logs(job_id: str, attempt: int | None, follow: bool) -> _Call[str]:
+        params = [("attempt", str(attempt))] if attempt is not None else []
+        if follow:
+            params.append(("follow", "true"))
+        # A followed stream is silent while the job waits: no read timeout.
+        return _Call("GET", f"/v1/jobs/{job_id}/logs", lambda r: r.text, params=params,
+                     timeout=None if follow else "default")
+
+    @staticmethod
+    def trials(job_id: str, sort_by: str | None, mode: str | None) -> _Call[list[Trial]]:
+        params = [(k, v) for k, v in (("sort_by", sort_by), ("mode", mode)) if v is not None]
+        return _Call("GET", f"/v1/jobs/{job_id}/trials", _adapter(Trial), params=params)
+
+    @staticmethod
+    def plan(spec: SpecLike) -> _Call[Placement]:
+        return _Call("POST", "/v1/plan", _model(Placement), json=spec_body(spec))
+
+    @staticmethod
+    def node_groups() -> _Call[list[NodeGroupStatus]]:
+        return _Call("GET", "/v1/node-groups", _adapter(NodeGroupStatus))
+
+    @staticmethod
+    def cluster() -> _Call[ClusterInfo]:
+        return _Call("GET", "/v1/cluster", _model(ClusterInfo))
+
+    @staticmethod
+    def health() -> _Call[Health]:
+        def parse(r: "httpx.Response") -> Health:
+            try:
+                body = r.json()
+            except ValueError:
+                body = {}
+            return Health(ok=r.status_code == 200, status=str(body.get("status", r.status_code)),
+                          reason=body.get("reason"))
+
+        # 503 is an answer here ("not ready, because ..."), not a reason to retry.
+        return _Call("GET", "/readyz", parse, ok=frozenset({200, 503}), retry_statuses=frozenset())
+
+
+def _backoff(attempt: int, resp: "httpx.Response | None" = None) -> float:
+    if resp is not None:
+        ra = resp.headers.get("Retry-After", "")
+        try:
+            return min(max(float(ra), 0.0), RETRY_AFTER_MAX_S)
+        except ValueError:
+            pass
+    delay = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
+    # Jitter, so clients cut off together do not all come back together.
+    return delay * random.uniform(0.5, 1.0)
+
+
+def _never_sent(exc: Exception) -> bool:
+    """True when the request certainly did not reach the server (safe to resend anything)."""
+    import httpx
+
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+
+
+def _connection_failed(base_url: str, exc: Exception, tries: int, call: _Call) -> ConnectionFailed:
+    import httpx
+
+    if isinstance(exc, httpx.ConnectError):
+        what = f"cannot connect to the Raylane server at {base_url} ({_reason(exc)})"
+        hint = "; is `raylane serve` running? Set RAYLANE_URL or --url to point elsewhere"
+    elif isinstance(exc, httpx.TimeoutException):
+        what = f"the Raylane server at {base_url} did not answer in time ({type(exc).__name__})"
+        hint = ""
+    else:
+        what = f"the connection to the Raylane server at {base_url} broke ({type(exc).__name__}: {_reason(exc)})"
+        hint = ("; the request may have been stored: check before sending it again"
+                if not call.resendable and not _never_sent(exc) else "")
+    return ConnectionFailed(f"{what} after {tries} tr{'y' if tries == 1 else 'ies'}{hint}")
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    # "[Errno 111] Connection refused" -> "Connection refused"
+    return text.split("] ", 1)[-1][:200]
+
+
+def _resolve(url: str | None, token: str | None) -> tuple[str, str | None]:
+    url = (url or os.environ.get(ENV_URL) or DEFAULT_URL).strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url  # "localhost:8000", as people type it
+    token = token if token is not None else (os.environ.get(ENV_TOKEN) or None)
+    return url, token
+
+
+def _headers(token: str | None, extra: Mapping[str, str] | None) -> dict[str, str]:
+    from raylane import __version__
+
+    h = {"User-Agent": f"raylane-sdk/{__version__}", "Accept": "application/json"}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    h.update(extra or {})
+    return h
+
+
+def _skip_seen(chunk: str, pos: int, received: int) -> tuple[str, int]:
+    """A reconnected log stream starts from the beginning again: drop what was
+    already handed out. Returns (new text, position after this chunk)."""
+    end = pos + len(chunk)
+    if end <= received:
+        return "", end
+    return chunk[max(0, received - pos):], end
+
+
+# The synchronous client ------------------------------------------------------------
+
+
+class Client:
+    """A synchronous client of the Raylane API.
+
+    Args:
+        url: the API's base URL. Default: ``RAYLANE_URL``, else ``http://127.0.0.1:8000``.
+        token: sent as ``Authorization: Bearer <token>``. Default: ``RAYLANE_TOKEN``.
+        timeout: seconds for each HTTP exchange (connect, read, write).
+        max_attempts: tries per call on connection errors and 429/502/503/504
+            (default ``MAX_ATTEMPTS``; 1 turns retries off).
+        headers: extra headers on every request.
+        transport: an ``httpx.BaseTransport`` (tests, proxies, mounts).
+
+    Example::
+
+        from raylane import Client
+
+        with Client() as rl:
+            job = rl.submit("examples/hello.yaml")
+            done = rl.wait(job.id, timeout=600)
+            print(done.status, rl.logs(job.id))
+    """
+
+    def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 max_attempts: int = MAX_ATTEMPTS, headers: Mapping[str, str] | None = None,
+                 transport: "httpx.BaseTransport | None" = None):
+        import httpx
+
+        self.url, self.token = _resolve(url, token)
+        self.max_attempts = max(1, int(max_attempts))
+        self._http = httpx.Client(base_url=self.url, headers=_headers(self.token, headers), timeout=timeout,
+                                  transport=transport)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r}, token={'***' if self.token else None})"
+
+    # Plumbing --------------------------------------------------------------
+
+    def _send(self, call: _Call, *, stream: bool = False) -> "httpx.Response":
+        import httpx
+
+        kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers}
+        if call.timeout != "default":
+            kwargs["timeout"] = call.timeout
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                req = self._http.build_request(call.method, call.path, **kwargs)
+                resp = self._http.send(req, stream=stream)
+            except httpx.TransportError as e:
+                if tries >= self.max_attempts or not (call.resendable or _never_sent(e)):
+                    raise _connection_failed(self.url, e, tries, call) from None
+                time.sleep(_backoff(tries))
+                continue
+            if resp.status_code in call.retry_statuses and tries < self.max_attempts and \
+                    (call.resendable or resp.status_code in NOT_ACTED_STATUSES):
+                resp.close()
+                time.sleep(_backoff(tries, resp))
+                continue
+            return resp
+
+    def _call(self, call: _Call[T]) -> T:
+        resp = self._send(call)
+        if resp.status_code not in call.ok:
+            raise _error_from(resp)
+        return call.parse(resp)
+
+    # Jobs ----------------------------------------------------------------------
+
+    def submit(self, spec: SpecLike, *, idempotency_key: str | None = None) -> Job:
+        """Submit a job.
+
+        The request carries an ``Idempotency-Key`` (a fresh uuid4 unless given),
+        so the retries this call makes after a dropped connection never create a
+        second job. Pass your own key to make a whole script re-runnable.
+
+        Args:
+            spec: a ``JobSpec``, a dict of the same shape, or the path of a YAML
+                (or JSON) spec file.
+            idempotency_key: reuse it to get the job a previous submit created.
+
+        Returns:
+            The stored job, ``PENDING`` with its ``status_reason`` and, once
+            routed, its ``placement``.
+
+        Raises:
+            ValidationFailed: the spec is invalid; ``errors`` names each field.
+            Conflict: the key was used before with a different spec.
+            ConnectionFailed: the server could not be reached.
+
+        Example::
+
+            job = client.submit({"name": "hello", "kind": "command",
+                                 "entrypoint": "python -c 'print(42)'"})
+        """
+        return self._call(_Api.submit(spec, idempotency_key))
+
+    def submit_batch(self, specs: Iterable[SpecLike]) -> BatchSubmitResponse:
+        """Submit many jobs in one request (one transaction: all or none).
+
+        The batch endpoint takes no Idempotency-Key, so this call is retried only
+        when the request never reached the server.
+
+        Args:
+            specs: specs as for ``submit``; all in one project.
+
+        Returns:
+            The new job ids, in order, and their count.
+
+        Raises:
+            ValidationFailed: a spec is invalid (``loc`` holds its index) or the batch is too big.
+            ConnectionFailed: unreachable, or the connection broke after sending
+                (the batch may then be stored: list jobs before resending).
+
+        Example::
+
+            ids = client.submit_batch([spec_a, spec_b]).ids
+        """
+        return self._call(_Api.submit_batch(list(specs)))
+
+    def submit_function(self, fn: Callable[..., Any], *, args: Mapping[str, Any] | None = None,
+                        idempotency_key: str | None = None, **options: Any) -> Job:
+        """Submit a module-level function as a job (see ``raylane.job``).
+
+        Args:
+            fn: a function taking one argument, the run context (``ctx.args``,
+                ``ctx.rank``, ``ctx.checkpoint_dir``, ``ctx.report()``), or one
+                decorated with ``@raylane.job``.
+            args: JSON-serialisable arguments, handed over as ``ctx.args``.
+            idempotency_key: as for ``submit``.
+            **options: options of ``raylane.job`` (``gpus``, ``cpus``, ``name``, ...),
+                overriding the decorator's.
+
+        Returns:
+            The stored job.
+
+        Raises:
+            TypeError: ``fn`` is not importable by name (nested, lambda, REPL).
+            ValidationFailed, ConnectionFailed: as for ``submit``.
+
+        Example::
+
+            job = client.submit_function(train, args={"lr": 1e-3}, gpus=1)
+        """
+        jf = fn.options(**options) if isinstance(fn, JobFunction) else JobFunction(fn, **options)
+        return self.submit(jf.spec(**dict(args or {})), idempotency_key=idempotency_key)
+
+    def get_job(self, job_id: str) -> Job:
+        """One job.
+
+        Args:
+            job_id: the job's id.
+
+        Returns:
+            The job, with its status, reason, placement, attempts and result.
+
+        Raises:
+            NotFound: no such job.
+
+        Example::
+
+            print(client.get_job(job_id).status)
+        """
+        return self._call(_Api.get_job(job_id))
+
+    def list_jobs(self, *, status: StatusLike | Iterable[StatusLike] | None = None,
+                  kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
+                  labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
+                  created_after: datetime | str | None = None, created_before: datetime | str | None = None,
+                  project: str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
+        """One page of jobs, newest first, filtered.
+
+        Args:
+            status: one status or several (any of them matches).
+            kind: one kind or several.
+            node_group: the group a job was routed to.
+            labels: every pair must match.
+            name_prefix: names starting with this.
+            created_after: timezone-aware datetime (or ISO string with zone).
+            created_before: as ``created_after``.
+            project: only this project (admins; others see their own).
+            limit: page size, 1..500.
+            cursor: ``next_cursor`` of the previous page.
+
+        Returns:
+            ``JobPage``: ``items`` and ``next_cursor`` (None on the last page).
+
+        Raises:
+            ValidationFailed: a bad filter (e.g. a datetime without a timezone).
+
+        Example::
+
+            page = client.list_jobs(status="PENDING", labels={"team": "nlp"})
+            more = client.list_jobs(status="PENDING", cursor=page.next_cursor)
+        """
+        return self._call(_Api.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
+                                         name_prefix=name_prefix, created_after=created_after,
+                                         created_before=created_before, project=project, limit=limit,
+                                         cursor=cursor))
+
+    def iter_jobs(self, *, status: StatusLike | Iterable[StatusLike] | None = None,
+                  kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
+                  labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
+                  created_after: datetime | str | None = None, created_before: datetime | str | None = None,
+                  project: str | None = None, page_size: int = ITER_PAGE_SIZE,
+                  max_items: int | None = None) -> Iterator[Job]:
+        """Every job matching the filters, newest first, fetched page by page.
+
+        Args:
+            (filters): as for ``list_jobs``.
+            page_size: jobs per request, 1..500.
+            max_items: stop after this many (None: all).
+
+        Returns:
+            An iterator of ``Job``; pages are fetched as it is consumed.
+
+        Raises:
+            ValidationFailed: a bad filter (raised when iteration starts).
+
+        Example::
+
+            failed = [j.id for j in client.iter_jobs(status="FAILED")]
+        """
+        cursor, seen = None, 0
+        while True:
+            want = page_size if max_items is None else min(page_size, max_items - seen)
+            if want <= 0:
+                return
+            page = self.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
+                                  name_prefix=name_prefix, created_after=created_after,
+                                  created_before=created_before, project=project, limit=want, cursor=cursor)
+            for j in page.items:
+                yield j
+            seen += len(page.items)
+            if not page.next_cursor or not page.items:
+                return
+            cursor = page.next_cursor
+
+    def wait(self, job_id: str, *, timeout: float | None = None, poll_interval: float = WAIT_POLL_MAX_S,
+             on_event: Callable[[JobEvent], None] | None = None) -> Job:
+        """Block until the job reaches a terminal status (SUCCEEDED, FAILED, CANCELLED).
+
+        Polls the job's events, so every status change is seen even when
+        several happen between two polls.
+
+        Args:
+            job_id: the job.
+            timeout: seconds to wait at most; None waits as long as the job runs.
+            poll_interval: the longest pause between polls (they start at 0.25 s).
+            on_event: called with each event (status change) in order, including
+                those from before the call.
+
+        Returns:
+            The finished job. A FAILED or CANCELLED job is returned, not raised:
+            look at ``status`` and ``failure_cause``.
+
+        Raises:
+            WaitTimeout: still not finished after ``timeout``; the job keeps running.
+            NotFound: no such job.
+
+        Example::
+
+            done = client.wait(job.id, timeout=3600, on_event=lambda e: print(e.to_status))
+            assert done.status == "SUCCEEDED", done.status_reason
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        after, last, pause = 0, None, WAIT_POLL_MIN_S
+        while True:
+            for ev in self.events(job_id, after_id=after):
+                after, last = ev.id, ev.to_status
+                if on_event is not None:
+                    on_event(ev)
+            if last is not None and last.is_terminal():
+                return self.get_job(job_id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _wait_timeout(job_id, timeout, last)
+            left = float("inf") if deadline is None else deadline - time.monotonic()
+            time.sleep(max(0.0, min(pause, left)))
+            pause = min(pause * 2, poll_interval)
+
+    def cancel(self, job_id: str) -> CancelResponse:
+        """Cancel a job. Idempotent: cancelling a cancelled job is a no-op.
+
+        A job that has not reached Ray is CANCELLED at once; a running one is
+        CANCELLING until Ray has stopped it (``wait`` for the end).
+
+        Args:
+            job_id: the job.
+
+        Returns:
+            ``CancelResponse``: the job and a message ("cancelled", "job is already CANCELLED").
+
+        Raises:
+            NotFound: no such job.
+            Conflict: the job already finished (SUCCEEDED or FAILED).
+
+        Example::
+
+            client.cancel(job.id).job.status  # CANCELLED or CANCELLING
+        """
+        return self._call(_Api.cancel(job_id))
+
+    def events(self, job_id: str, *, after_id: int = 0) -> list[JobEvent]:
+        """The job's status changes, oldest first (at most 1000 per call).
+
+        Args:
+            job_id: the job.
+            after_id: only events after this event id (for polling).
+
+        Returns:
+            ``JobEvent`` list: from/to status, reason, actor, attempt, time.
+
+        Raises:
+            NotFound: no such job.
+
+        Example::
+
+            for e in client.events(job.id):
+                print(e.at, e.to_status, e.reason)
+        """
+        return self._call(_Api.events(job_id, after_id))
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        """The job's attempts (one Ray job each), oldest first.
+
+        Args:
+            job_id: the job.
+
+        Returns:
+            ``Attempt`` list: Ray submission id, node group, status, cause, times.
+
+        Raises:
+            NotFound: no such job.
+
+        Example::
+
+            last = client.attempts(job.id)[-1]
+            print(last.cause, last.message)
+        """
+        return self._call(_Api.attempts(job_id))
+
+    @overload
+    def logs(self, job_id: str, *, attempt: int | None = ..., follow: Literal[False] = ...) -> str: ...
+
+    @overload
+    def logs(self, job_id: str, *, attempt: int | None = ..., follow: Literal[True]) -> Iterator[str]: ...
+
+    def logs(self, job_id: str, *, attempt: int | None = None, follow: bool = False) -> str | Iterator[str]:
+        """The driver log of the job's latest (or given) attempt.
+
+        Args:
+            job_id: the job.
+            attempt: the attempt number (1-based); None: the latest.
+            follow: return a generator of text chunks that ends when the job
+                does. A dropped stream is reopened (text already seen is not
+                repeated).
+
+        Returns:
+            The log text ("" before the first attempt), or with ``follow=True``
+            an iterator of chunks.
+
+        Raises:
+            NotFound: no such job (with ``follow``, when iteration starts).
+            ValidationFailed: no such attempt, or no Ray cluster is attached.
+
+        Example::
+
+            for chunk in client.logs(job.id, follow=True):
+                print(chunk, end="")
+        """
+        if follow:
+            return self._follow(job_id, attempt)
+        return self._call(_Api.logs(job_id, attempt, False))
+
+    def _follow(self, job_id: str, attempt: int | None) -> Iterator[str]:
+        import httpx
+
+        received, breaks = 0, 0
+        while True:
+            resp = self._send(_Api.logs(job_id, attempt, True), stream=True)
+            try:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise _error_from(resp)
+                pos = 0
+                for chunk in resp.iter_text():
+                    new, pos = _skip_seen(chunk, pos, received)
+                    if new:
+                        received += len(new)
+                        breaks = 0
+                        yield new
+            except httpx.TransportError as e:
+                breaks += 1
+                if breaks >= self.max_attempts:
+                    raise _connection_failed(self.url, e, breaks, _Api.logs(job_id, attempt, True)) from None
+                time.sleep(_backoff(breaks))
+                continue
+            finally:
+                resp.close()
+            # The server ends a stream when the job ends, or after its own time
+            # limit; only in the second case is there more to follow.
+            if self.get_job(job_id).status.is_terminal():
+                return
+
+    def trials(self, job_id: str, *, sort_by: str | None = None, mode: Literal["min", "max"] | None = None
+               ) -> list[Trial]:
+        """The trials of a sweep job, best first: config, status, last metrics, node, error.
+
+        The server stores a sweep's trials when its runner reports them (at the
+        end of the sweep); before that the list is empty. Any other kind of job
+        has none.
+
+        Args:
+            job_id: a sweep job.
+            sort_by: a metric to order by; default the sweep's own ``metric``.
+            mode: ``min`` or ``max`` for ``sort_by``; default the sweep's ``mode``.
+
+        Returns:
+            ``Trial`` list; trials without the metric come last.
+
+        Raises:
+            NotFound: no such job.
+
+        Example::
+
+            best = client.trials(job.id)[0]
+            print(best.config, best.metrics["loss"])
+        """
+        return self._call(_Api.trials(job_id, sort_by, mode))
+
+    # Routing and cluster --------------------------------------------------------
+
+    def plan(self, spec: SpecLike) -> Placement:
+        """Where the router would place a spec, and why, without submitting it.
+
+        Args:
+            spec: as for ``submit``.
+
+        Returns:
+            ``Placement``: node group, market, strategy, per-worker resources,
+            fallbacks, and ``reasons`` in words.
+
+        Raises:
+            ValidationFailed: the spec is invalid, can never fit the cluster, or
+                the server has no cluster profile loaded.
+
+        Example::
+
+            p = client.plan("examples/finetune.yaml")
+            print(p.node_group, p.strategy, *p.reasons, sep="\\n")
+        """
+        return self._call(_Api.plan(spec))
+
+    def node_groups(self) -> list[NodeGroupStatus]:
+        """The cluster profile's node groups with live capacity and Raylane's usage.
+
+        Returns:
+            ``NodeGroupStatus`` list.
+
+        Raises:
+            ValidationFailed: the server has no Ray cluster attached.
+
+        Example::
+
+            for g in client.node_groups():
+                print(g.name, g.market, g.capacity, g.used_by_raylane)
+        """
+        return self._call(_Api.node_groups())
+
+    def cluster(self) -> ClusterInfo:
+        """Ray's nodes (alive and dead, with node group and market) and the dashboard URL.
+
+        Returns:
+            ``ClusterInfo``.
+
+        Raises:
+            ValidationFailed: the server has no Ray cluster attached.
+            ServerError: Ray did not answer the server.
+
+        Example::
+
+            dead = [n for n in client.cluster().nodes if n.state == "DEAD"]
+        """
+        return self._call(_Api.cluster())
+
+    def health(self) -> Health:
+        """Whether the server is ready (up, database reachable and migrated).
+
+        Returns:
+            ``Health``: ``ok``, and ``reason`` when not ready. Not ready is an
+            answer, not an exception.
+
+        Raises:
+            ConnectionFailed: nothing answers at the URL.
+
+        Example::
+
+            assert client.health().ok
+        """
+        return self._call(_Api.health())
+
+
+def _wait_timeout(job_id: str, timeout: float | None, last: JobStatus | None) -> WaitTimeout:
+    state = last.value if last else "unknown"
+    return WaitTimeout(f"job {job_id} is still {state} after {timeout:g}s; it keeps running",
+                       job_id=job_id, timeout=float(timeout or 0), status=last)
+
+
+# The asynchronous client ------------------------------------------------------------
+
+
+class AsyncClient:
+    """The asyncio twin of ``Client``: the same methods, awaited.
+
+    ``logs(..., follow=True)`` returns an async iterator and ``iter_jobs`` is an
+    async generator.
+
+    Example::
+
+        import asyncio
+        from raylane import AsyncClient
+
+        async def main():
+            async with AsyncClient() as rl:
+                job = await rl.submit("examples/hello.yaml")
+                async for chunk in rl.logs(job.id, follow=True):
+                    print(chunk, end="")
+
+        asyncio.run(main())
+    """
+
+    def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 max_attempts: int = MAX_ATTEMPTS, headers: Mapping[str, str] | None = None,
+                 transport: "httpx.AsyncBaseTransport | None" = None):
+        import httpx
+
+        self.url, self.token = _resolve(url, token)
+        self.max_attempts = max(1, int(max_attempts))
+        self._http = httpx.AsyncClient(base_url=self.url, headers=_headers(self.token, headers), timeout=timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(url={self.url!r}, token={'***' if self.token else None})"
+
+    async def _send(self, call: _Call, *, stream: bool = False) -> "httpx.Response":
+        import httpx
+
+        kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers}
+        if call.timeout != "default":
+            kwargs["timeout"] = call.timeout
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                req = self._http.build_request(call.method, call.path, **kwargs)
+                resp = await self._http.send(req, stream=stream)
+            except httpx.TransportError as e:
+                if tries >= self.max_attempts or not (call.resendable or _never_sent(e)):
+                    raise _connection_failed(self.url, e, tries, call) from None
+                await _asleep(_backoff(tries))
+                continue
+            if resp.status_code in call.retry_statuses and tries < self.max_attempts and \
+                    (call.resendable or resp.status_code in NOT_ACTED_STATUSES):
+                await resp.aclose()
+                await _asleep(_backoff(tries, resp))
+                continue
+            return resp
+
+    async def _call(self, call: _Call[T]) -> T:
+        resp = await self._send(call)
+        if resp.status_code not in call.ok:
+            raise _error_from(resp)
+        return call.parse(resp)
+
+    async def submit(self, spec: SpecLike, *, idempotency_key: str | None = None) -> Job:
+        return await self._call(_Api.submit(spec, idempotency_key))
+
+    async def submit_batch(self, specs: Iterable[SpecLike]) -> BatchSubmitResponse:
+        return await self._call(_Api.submit_batch(list(specs)))
+
+    async def submit_function(self, fn: Callable[..., Any], *, args: Mapping[str, Any] | None = None,
+                              idempotency_key: str | None = None, **options: Any) -> Job:
+        jf = fn.options(**options) if isinstance(fn, JobFunction) else JobFunction(fn, **options)
+        return await self.submit(jf.spec(**dict(args or {})), idempotency_key=idempotency_key)
+
+    async def get_job(self, job_id: str) -> Job:
+        return await self._call(_Api.get_job(job_id))
+
+    async def list_jobs(self, *, status: StatusLike | Iterable[StatusLike] | None = None,
+                        kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
+                        labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
+                        created_after: datetime | str | None = None, created_before: datetime | str | None = None,
+                        project: str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
+        return await self._call(_Api.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
+                                               name_prefix=name_prefix, created_after=created_after,
+                                               created_before=created_before, project=project, limit=limit,
+                                               cursor=cursor))
+
+    async def iter_jobs(self, *, status: StatusLike | Iterable[StatusLike] | None = None,
+                        kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
+                        labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
+                        created_after: datetime | str | None = None, created_before: datetime | str | None = None,
+                        project: str | None = None, page_size: int = ITER_PAGE_SIZE,
+                        max_items: int | None = None) -> AsyncIterator[Job]:
+        cursor, seen = None, 0
+        while True:
+            want = page_size if max_items is None else min(page_size, max_items - seen)
+            if want <= 0:
+                return
+            page = await self.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
+                                        name_prefix=name_prefix, created_after=created_after,
+                                        created_before=created_before, project=project, limit=want, cursor=cursor)
+            for j in page.items:
+                yield j
+            seen += len(page.items)
+            if not page.next_cursor or not page.items:
+                return
+            cursor = page.next_cursor
+
+    async def wait(self, job_id: str, *, timeout: float | None = None, poll_interval: float = WAIT_POLL_MAX_S,
+                   on_event: Callable[[JobEvent], None] | None = None) -> Job:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        after, last, pause = 0, None, WAIT_POLL_MIN_S
+        while True:
+            for ev in await self.events(job_id, after_id=after):
+                after, last = ev.id, ev.to_status
+                if on_event is not None:
+                    on_event(ev)
+            if last is not None and last.is_terminal():
+                return await self.get_job(job_id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _wait_timeout(job_id, timeout, last)
+            left = float("inf") if deadline is None else deadline - time.monotonic()
+            await _asleep(max(0.0, min(pause, left)))
+            pause = min(pause * 2, poll_interval)
+
+    async def cancel(self, job_id: str) -> CancelResponse:
+        return await self._call(_Api.cancel(job_id))
+
+    async def events(self, job_id: str, *, after_id: int = 0) -> list[JobEvent]:
+        return await self._call(_Api.events(job_id, after_id))
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        return await self._call(_Api.attempts(job_id))
+
+    def logs(self, job_id: str, *, attempt: int | None = None, follow: bool = False):
+        # Not ``async def``: with follow=True it returns an async iterator to use
+        # in ``async for``; otherwise a coroutine of the text to await.
+        if follow:
+            return self._follow(job_id, attempt)
+        return self._call(_Api.logs(job_id, attempt, False))
+
+    async def _follow(self, job_id: str, attempt: int | None) -> AsyncIterator[str]:
+        import httpx
+
+        received, breaks = 0, 0
+        while True:
+            resp = await self._send(_Api.logs(job_id, attempt, True), stream=True)
+            try:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise _error_from(resp)
+                pos = 0
+                async for chunk in resp.aiter_text():
+                    new, pos = _skip_seen(chunk, pos, received)
+                    if new:
+                        received += len(new)
+                        breaks = 0
+                        yield new
+            except httpx.TransportError as e:
+                breaks += 1
+                if breaks >= self.max_attempts:
+                    raise _connection_failed(self.url, e, breaks, _Api.logs(job_id, attempt, True)) from None
+                await _asleep(_backoff(breaks))
+                continue
+            finally:
+                await resp.aclose()
+            if (await self.get_job(job_id)).status.is_terminal():
+                return
+
+    async def trials(self, job_id: str, *, sort_by: str | None = None, mode: Literal["min", "max"] | None = None
+                     ) -> list[Trial]:
+        return await self._call(_Api.trials(job_id, sort_by, mode))
+
+    async def plan(self, spec: SpecLike) -> Placement:
+        return await self._call(_Api.plan(spec))
+
+    async def node_groups(self) -> list[NodeGroupStatus]:
+        return await self._call(_Api.node_groups())
+
+    async def cluster(self) -> ClusterInfo:
+        return await self._call(_Api.cluster())
+
+    async def health(self) -> Health:
+        return await self._call(_Api.health())
+
+
+# One set of docs: each AsyncClient method says what its Client twin says.
+for _name, _fn in list(vars(AsyncClient).items()):
+    _twin = getattr(Client, _name, None)
+    if callable(_fn) and not _name.startswith("_") and _fn.__doc__ is None and _twin is not None:
+        _fn.__doc__ = f"Async ``Client.{_name}``.\n\n" + (_twin.__doc__ or "")
+
+
+# Functions as jobs --------------------------------------------------------------------
+
+
+_JOB_OPTIONS = frozenset({
+    "name", "gpus", "cpus", "num_workers", "memory_gb", "accelerator_type", "node_group", "market", "priority",
+    "timeout_s", "labels", "pip", "env_vars", "max_attempts", "project", "working_dir",
+})
+
+
+def _import_path(fn: Callable[..., Any]) -> tuple[str, str]:
+    """``module:function`` and the directory to ship so that the import works there."""
+    qual = getattr(fn, "__qualname__", "") or ""
+    if not qual or "<" in qual:
+        raise TypeError(f"raylane.job needs a module-level function; {qual or fn!r} is nested or a lambda, "
+                        "so the cluster could not import it by name")
+    modname = getattr(fn, "__module__", None)
+    mod = sys.modules.get(modname or "")
+    file = getattr(mod, "__file__", None)
+    if not file:
+        raise TypeError(f"raylane.job needs a function defined in a .py file; {qual} comes from {modname!r} "
+                        "(a notebook or the REPL?), which the cluster cannot import")
+    if modname == "__main__":
+        spec = getattr(mod, "__spec__", None)
+        modname = spec.name if spec is not None and spec.name and spec.name != "__main__" else Path(file).stem
+    path = Path(file).resolve()
+    # The directory that holds the top-level package: `a.b.c` in /x/a/b/c.py ships /x.
+    ups = modname.count(".") + (1 if path.name == "__init__.py" else 0)
+    root = path.parent
+    for _ in range(ups):
+        root = root.parent
+    return f"{modname}:{qual}", str(root)
+
+
+class JobFunction:
+    """A function that runs on the cluster as a Raylane ``training`` job.
+
+    Made by ``@raylane.job``. Calling it calls the function (that is what the
+    cluster does: the training runner imports ``module:function`` and calls it
+    with the run context on each worker). ``submit`` sends it as a job.
+    """
+
+    def __init__(self, fn: Callable[..., Any], **options: Any):
+        unknown = set(options) - _JOB_OPTIONS
+        if unknown:
+            raise TypeError(f"unknown raylane.job option(s): {', '.join(sorted(unknown))}")
+        self.fn = fn.fn if isinstance(fn, JobFunction) else fn
+        self.job_options = options
+        functools.update_wrapper(self, self.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<raylane job function {self.fn.__module__}.{self.fn.__qualname__}>"
+
+    def options(self, **overrides: Any) -> "JobFunction":
+        """A copy with some options changed: ``train.options(gpus=2).submit(...)``."""
+        return JobFunction(self.fn, **{**self.job_options, **overrides})
+
+    def spec(self, **args: Any) -> JobSpec:
+        """The ``JobSpec`` this function is submitted as, with ``args`` as ``ctx.args``.
+
+        Raises:
+            TypeError: the function is not importable by name, or ``args`` is not JSON.
+            ValidationFailed: an option is out of range (e.g. ``gpus=1.5``).
+        """
+        o = self.job_options
+        entrypoint, root = _import_path(self.fn)
+        try:
+            json.dumps(args)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"job arguments must be JSON-serialisable: {e}") from None
+        name = o.get("name") or self.fn.__name__.lstrip("_") or "function"
+        resources: dict[str, Any] = {"num_workers": o.get("num_workers", 1), "cpus_per_worker": o.get("cpus", 1),
+                                     "gpus_per_worker": o.get("gpus", 0)}
+        if o.get("memory_gb") is not None:
+            resources["memory_gb_per_worker"] = o["memory_gb"]
+        if o.get("accelerator_type"):
+            resources["accelerator_type"] = o["accelerator_type"]
+        body: dict[str, Any] = {
+            "name": name, "kind": "training", "entrypoint": entrypoint, "resources": resources, "args": args,
+            "runtime_env": {"working_dir": o.get("working_dir") or root, "pip": list(o.get("pip") or []),
+                            "env_vars": dict(o.get("env_vars") or {})},
+            "placement": {"node_group": o.get("node_group", "auto"), "market": o.get("market", "auto")},
+            "labels": {"raylane.io/function": self.fn.__name__[:256], **(o.get("labels") or {})},
+        }
+        for key in ("priority", "timeout_s", "project"):
+            if o.get(key) is not None:
+                body[key] = o[key]
+        if o.get("max_attempts") is not None:
+            body["retry"] = {"max_attempts": o["max_attempts"]}
+        try:
+            return JobSpec.model_validate(body)
+        except _PydanticValidationError as e:
+            raise _spec_error(e, f"raylane.job({self.fn.__name__})") from None
+
+    def submit(self, *, client: Client | None = None, idempotency_key: str | None = None, **args: Any) -> Job:
+        """Submit the function as a job; keyword arguments become ``ctx.args``.
+
+        Args:
+            client: the client to use; default ``Client()`` (RAYLANE_URL, RAYLANE_TOKEN).
+            idempotency_key: as for ``Client.submit``.
+            **args: JSON-serialisable arguments for the function.
+
+        Returns:
+            The stored job.
+
+        Raises:
+            TypeError, ValidationFailed, ConnectionFailed: see ``Client.submit_function``.
+
+        Example::
+
+            job = train.submit(lr=1e-3, epochs=3)
+        """
+        spec = self.spec(**args)
+        if client is not None:
+            return client.submit(spec, idempotency_key=idempotency_key)
+        with Client() as c:
+            return c.submit(spec, idempotency_key=idempotency_key)
+
+
+@overload
+def job(fn: Callable[..., Any], /) -> JobFunction: ...
+
+
+@overload
+def job(*, gpus: float = ..., cpus: float = ..., num_workers: int = ..., name: str | None = ...,
+        memory_gb: float | None = ..., accelerator_type: str | None = ..., node_group: str = ...,
+        market: str = ..., priority: int | None = ..., timeout_s: float | None = ...,
+        labels: Mapping[str, str] | None = ..., pip: list[str] | None = ..., env_vars: Mapping[str, str] | None = ...,
+        max_attempts: int | None = ..., project: str | None = ...,
+        working_dir: str | None = ...) -> Callable[[Callable[..., Any]], JobFunction]: ...
+
+
+def job(fn: Callable[..., Any] | None = None, /, **options: Any):
+    """Turn a module-level function into a job: ``@raylane.job(gpus=1)``.
+
+    The function runs as a ``training`` job with ``num_workers`` workers (one by
+    default), each holding ``gpus`` GPUs and ``cpus`` CPUs; with GPUs it is
+    routed to a GPU node group, gang-scheduled. Each worker calls
+    ``fn(ctx)``: ``ctx.args`` holds the keyword arguments given to ``submit``,
+    ``ctx.rank`` / ``ctx.world_size`` the worker's place, ``ctx.checkpoint_dir``
+    a directory that survives retries, ``ctx.report(**metrics)`` logs metrics.
+    The return values are in ``job.result["workers"][i]["return"]``.
+
+    The job's entrypoint is ``module:function``, and the directory holding the
+    function's top-level package is shipped as ``runtime_env.working_dir``. The
+    server zips and uploads that local directory to Ray, so this works when the
+    server runs on the same machine (or sees the same files); otherwise pass
+    ``working_dir=`` a URI Ray can fetch (``s3://...zip``, ``https://...zip``).
+    Keep the directory small: all of it is uploaded.
+
+    Args:
+        gpus: GPUs per worker (fractions share a GPU).
+        cpus: CPUs per worker.
+        num_workers: workers, all started together (a gang).
+        name: the job name; default the function's name.
+        memory_gb, accelerator_type, node_group, market, priority, timeout_s,
+        labels, pip, env_vars, max_attempts, project, working_dir: as in the
+            job spec (``max_attempts`` is ``retry.max_attempts``).
+
+    Returns:
+        A ``JobFunction``: call it as the function, or ``.submit(**args)``.
+
+    Example::
+
+        import raylane
+
+        @raylane.job(gpus=1)
+        def finetune(ctx):
+            lr = ctx.args["lr"]
+            ...
+            return {"loss": 0.1}
+
+        if __name__ == "__main__":
+            job = finetune.submit(lr=1e-4)
+            print(raylane.Client().wait(job.id).result)
+    """
+    if fn is not None:
+        return JobFunction(fn, **options)
+    return lambda f: JobFunction(f, **options)
