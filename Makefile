@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 # Starts the local multi-node Ray cluster (simulated GPU, spot and on-demand
-# groups) if none is configured, then the API with its dispatcher loops.
+# groups) if none is configured, then the API with its dispatcher loops. Its
+# admin token is printed at the first start and kept in .raylane/admin_token;
+# jobs may ship local directories under this one (docs/auth.md).
+RAYLANE_POLICY_WORKING_DIR_ROOTS ?= ["$(CURDIR)"]
+run: export RAYLANE_POLICY_WORKING_DIR_ROOTS := $(RAYLANE_POLICY_WORKING_DIR_ROOTS)
 run: $(STAMP)
 	$(BIN)/raylane serve --local-cluster
 

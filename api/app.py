@@ -10,8 +10,10 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api import errors, observability
+from api.auth import AuthMiddleware
 from api.limits import BodySizeLimit
-from api.routers import cluster, costs, health, jobs
+from api.ratelimit import TokenBuckets
+from api.routers import access, cluster, costs, health, jobs
 from orchestrator.service import ControlPlane
 from orchestrator.settings import Settings, get_settings
 
@@ -28,6 +30,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         if settings.auto_migrate:
             plane.migrate()
         app.state.cp = plane
+        _bootstrap_access(plane, settings)
         if settings.dashboard_url:
             from orchestrator.backends.ray_jobs import read_token
             from orchestrator.profile import Profile
@@ -56,12 +59,29 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.state.settings = settings
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
+    app.state.submit_buckets = TokenBuckets(settings.submit_rate_per_s, settings.submit_burst)
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Outside the body limit (an unauthenticated request is refused before its
+    # body is read), inside observability's request ids (a 401 has one too).
+    app.add_middleware(AuthMiddleware)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(cluster.router)
     app.include_router(costs.router)
+    app.include_router(access.router)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
     return app
+
+
+def _bootstrap_access(plane: ControlPlane, settings: Settings) -> None:
+    if not settings.auth_enabled:
+        log.warning("RAYLANE_AUTH_ENABLED=false: every caller is an admin of every project; "
+                    "never expose this server beyond localhost")
+        return
+    secret = plane.access.bootstrap()
+    if secret:
+        # Shown once: the database keeps only its hash.
+        print(f"\nRaylane admin token (shown once; also in {plane.access.admin_token_path()}, mode 0600):\n"
+              f"  {secret}\nexport RAYLANE_TOKEN={secret}\n", flush=True)

@@ -22,6 +22,7 @@ STATUS = {
     errors.Invalid: 422,
     errors.Forbidden: 403,
     errors.Unauthorized: 401,
+    errors.RateLimited: 429,
 }
 
 
@@ -41,11 +42,16 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(errors.RaylaneError)
     async def _domain(request: Request, exc: errors.RaylaneError):
         status = _status_for(exc)
+        rule = getattr(exc, "rule", None)  # a policy rule (orchestrator.policy) names itself
         if status == 422:
             loc = ["body", exc.field] if exc.field else ["body"]
-            return JSONResponse({"detail": [{"loc": loc, "msg": exc.message, "type": "value_error"}]}, status_code=422)
+            err = {"loc": loc, "msg": exc.message, "type": "value_error", **({"rule": rule} if rule else {})}
+            return JSONResponse({"detail": [err]}, status_code=422)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse({"detail": exc.message}, status_code=status, headers=headers)
+        if isinstance(exc, errors.RateLimited):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        body = {"detail": exc.message, **({"rule": rule} if rule else {})}
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

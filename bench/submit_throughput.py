@@ -33,12 +33,16 @@ from tests.conftest import free_port  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
 
 SPEC = {"name": "bench", "kind": "command", "entrypoint": "true", "labels": {"bench": "1"}}
+# Auth stays on (its token lookup is part of every request's cost); the rate limit is off.
+TOKEN = "rl_bench-admin-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def start_server(db_url: str, data_dir: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "RAYLANE_DATABASE_URL": db_url, "RAYLANE_DATA_DIR": data_dir, "RAYLANE_PORT": str(port),
-           "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_LOG_LEVEL": "WARNING"}
+           "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_LOG_LEVEL": "WARNING", "RAYLANE_ADMIN_TOKEN": TOKEN,
+           "RAYLANE_SUBMIT_RATE_PER_S": "0"}
     log = open(Path(data_dir) / "server.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -58,7 +62,7 @@ async def singles(url: str, seconds: float, concurrency: int) -> tuple[int, floa
     done = 0
     lat: list[float] = []
     stop = time.perf_counter() + seconds
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_connections=concurrency)) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=AUTH, limits=httpx.Limits(max_connections=concurrency)) as c:
         async def worker():
             nonlocal done
             while time.perf_counter() < stop:
@@ -76,7 +80,7 @@ async def singles(url: str, seconds: float, concurrency: int) -> tuple[int, floa
 async def batches(url: str, n_batches: int, size: int, inflight: int) -> tuple[int, float]:
     body = json.dumps({"jobs": [SPEC] * size}).encode()
     sem = asyncio.Semaphore(inflight)
-    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=120, headers=AUTH) as c:
         async def one():
             async with sem:
                 r = await c.post("/v1/jobs/batch", content=body, headers={"content-type": "application/json"})

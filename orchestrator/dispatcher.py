@@ -7,6 +7,9 @@ Admission (``admit``), per pass, in priority order then age:
   (Ray's node list, draining nodes excluded) minus what Raylane's active jobs
   hold there (dispatched or running), for the whole gang (training, commands,
   services) or for one worker (sweeps and batch jobs, which scale into what is free);
+- a job whose project would exceed its quota in the group (GPUs, CPUs,
+  concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
+  it does not count as passed over, so it never reserves a group;
 - a job that does not fit keeps its reason ("waiting for 2 GPUs in group gpu: 0
   free"); lower-priority jobs may backfill past it, but once it has been passed
   over ``starvation_skips`` times its group is reserved for it until it fits.
@@ -41,7 +44,8 @@ from orchestrator.routing import ClusterView, Unroutable, route
 from orchestrator.settings import Settings
 from orchestrator.specs import JobKind, JobSpec
 from orchestrator.states import ACTIVE, FailureCause, JobStatus
-from orchestrator.store import db
+from orchestrator.policy import state_excludes
+from orchestrator.store import db, quotas as store_quotas
 from orchestrator.store.tables import attempts, jobs
 from orchestrator.store.transitions import record_event, transition, utcnow
 
@@ -157,6 +161,8 @@ class Dispatcher(LoopService):
 
             # 2. New admissions.
             used, drivers = used_by_active(s)
+            limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
+            project_used = store_quotas.usage(s) if limits else {}
             q = select(jobs).where(
                 jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
                 or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
@@ -176,8 +182,13 @@ class Dispatcher(LoopService):
                     continue
                 group = placement.node_group
                 reason = None
+                key = (row["project"], group)
+                over_quota = store_quotas.over_quota(limits.get(key), project_used.get(key), placement.total,
+                                                     project=row["project"], group=group) if key in limits else None
                 if drivers >= self.settings.max_concurrent_drivers:
                     reason = f"head-node guard: {drivers} jobs already hold a driver (max {self.settings.max_concurrent_drivers})"
+                elif over_quota is not None:
+                    reason = over_quota
                 elif group in reserved:
                     reason = f"waiting: group {group} is reserved for an older job that has waited longest"
                 else:
@@ -192,6 +203,10 @@ class Dispatcher(LoopService):
                     if row["status_reason"] != reason:
                         s.execute(update(jobs).where(jobs.c.id == row["id"]).values(status_reason=reason))
                         record_event(s, row["id"], status=JobStatus(row["status"]), reason=reason, actor="scheduler")
+                    if reason is over_quota:
+                        # Its own project holds the room: it is not passed over by
+                        # others and must not reserve the group against them.
+                        continue
                     passed_over.setdefault(group, []).append(row)
                     if row["skips"] >= self.settings.starvation_skips and group not in reserved:
                         reserved.add(group)
@@ -210,6 +225,8 @@ class Dispatcher(LoopService):
                 for k, v in placement.total.items():
                     used.setdefault(group, {})[k] = used.get(group, {}).get(k, 0) + v
                 drivers += 1
+                if key in limits:
+                    project_used.setdefault(key, store_quotas.Usage()).add(placement.total)
                 # Everyone of lower priority order that waited in this group was passed over by a later job.
                 for other in passed_over.get(group, []):
                     s.execute(update(jobs).where(jobs.c.id == other["id"]).values(skips=jobs.c.skips + 1))
@@ -244,6 +261,9 @@ class Dispatcher(LoopService):
             runtime_env["pip"] = spec.runtime_env.pip
         if spec.runtime_env.py_modules:
             runtime_env["py_modules"] = spec.runtime_env.py_modules
+        excludes = state_excludes(spec, self.settings.data_dir)
+        if excludes:
+            runtime_env["excludes"] = excludes  # never ship the control plane's own state
         entrypoint = spec.entrypoint if spec.kind is JobKind.COMMAND else "python -m jobs.run"
         drv = pl.driver_resources
         try:

@@ -35,3 +35,11 @@ class Forbidden(RaylaneError):
 
 class Unauthorized(RaylaneError):
     """No or bad credentials."""
+
+
+class RateLimited(RaylaneError):
+    """Too many requests of one kind from one caller; try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.specs import JobKind, JobSpec
 from orchestrator.states import FailureCause, JobStatus
@@ -115,3 +115,110 @@ class Trial(BaseModel):
     node_id: str | None = None
     node_group: str | None = None
     error: str | None = None
+
+
+# Access (orchestrator.access): identities, projects, quotas, the audit trail -------
+
+Role = Literal["admin", "member", "viewer"]
+PROJECT_NAME = r"^[a-z0-9][a-z0-9-]*$"  # the same rule as JobSpec.project
+
+
+class _Request(BaseModel):
+    # A typo in a request body must not silently do nothing.
+    model_config = ConfigDict(extra="forbid")
+
+
+class Whoami(BaseModel):
+    name: str
+    project: str | None = Field(description="The caller's project; null: every project (an admin)")
+    role: Role
+    token_id: str | None = None
+    auth_enabled: bool
+
+
+class TokenCreate(_Request):
+    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$",
+                      description="The user (or robot) the token belongs to")
+    project: str | None = Field(None, min_length=1, max_length=64, pattern=PROJECT_NAME,
+                                description="Required for members and viewers; an admin's default project")
+    role: Role = "member"
+    expires_in_days: float | None = Field(None, gt=0, le=3650)
+
+
+class Token(BaseModel):
+    """An API token as listed: never the secret, which only its creator saw once."""
+
+    id: str
+    name: str
+    project: str | None = None
+    role: Role
+    created_at: datetime
+    created_by: str
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+    last_used_at: datetime | None = None
+
+
+class NewToken(Token):
+    token: str = Field(description="The secret, sent as 'Authorization: Bearer <token>'. Shown this once only.")
+
+
+class ProjectCreate(_Request):
+    name: str = Field(..., min_length=1, max_length=64, pattern=PROJECT_NAME)
+    description: str | None = Field(None, max_length=1024)
+
+
+class Project(BaseModel):
+    name: str
+    description: str | None = None
+    created_at: datetime
+    created_by: str
+
+
+class GroupLimits(_Request):
+    """A project's limits in one node group; null: no limit on that resource."""
+
+    max_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    max_cpus: float | None = Field(None, ge=0, le=10_000_000)
+    max_concurrent_jobs: int | None = Field(None, ge=0, le=1_000_000)
+
+
+class QuotaUpdate(_Request):
+    """PUT replaces the project's whole quota: groups not named have no limit."""
+
+    node_groups: dict[str, GroupLimits] = Field(..., max_length=256)
+
+
+class GroupQuota(BaseModel):
+    max_gpus: float | None = None
+    max_cpus: float | None = None
+    max_concurrent_jobs: int | None = None
+    used_gpus: float = Field(0, description="GPUs held by the project's active jobs in the group")
+    used_cpus: float = Field(0, description="CPUs held by the project's active jobs in the group")
+    active_jobs: int = Field(0, description="The project's active (dispatching, running, cancelling) jobs in the group")
+
+
+class ProjectQuota(BaseModel):
+    project: str
+    node_groups: dict[str, GroupQuota]
+
+
+class AuditEntry(BaseModel):
+    id: int
+    at: datetime
+    actor: str
+    token_id: str | None = None
+    role: str | None = None
+    project: str | None = None
+    action: str
+    method: str
+    path: str
+    target: str | None = None
+    status_code: int
+    client: str | None = None
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEntry]
+    next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next (older) page; null on the last")

@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from orchestrator import policy
+from orchestrator.access import Access
 from orchestrator.errors import Invalid
 from orchestrator.resources import Attempt, Job, JobEvent, Placement
 from orchestrator.settings import Settings
@@ -42,6 +44,8 @@ class ControlPlane:
         self.backend = None
         self.profile = None
         self._view_cache = None
+        # Identities, projects, quotas, audit (orchestrator.access).
+        self.access = Access(settings, self.sessions)
 
     # Lifecycle -------------------------------------------------------------
 
@@ -70,6 +74,7 @@ class ControlPlane:
         return self.router(spec) if self.router else None
 
     def submit(self, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        policy.check(spec, self.settings)
         placement = self._route(spec)
         with db.transaction(self.sessions) as s:
             job_id, created = store_jobs.submit(s, spec, project=project, actor=actor,
@@ -82,6 +87,8 @@ class ControlPlane:
     def submit_batch(self, specs: Sequence[JobSpec], *, project: str, actor: str) -> list[str]:
         if len(specs) > self.settings.max_batch_jobs:
             raise Invalid(f"at most {self.settings.max_batch_jobs} jobs in one batch, got {len(specs)}", field="jobs")
+        for i, spec in enumerate(specs):
+            policy.check(spec, self.settings, where=f"jobs[{i}]")
         placements = [self._route(s) for s in specs] if self.router else None
         with db.transaction(self.sessions) as s:
             ids = store_jobs.submit_batch(s, specs, project=project, actor=actor, placements=placements)
@@ -117,6 +124,7 @@ class ControlPlane:
         return job, message
 
     def plan(self, spec: JobSpec) -> Placement:
+        policy.check(spec, self.settings)
         placement = self._route(spec)
         if placement is None:
             raise Invalid("no cluster profile is loaded; routing is unavailable")

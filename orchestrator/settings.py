@@ -10,8 +10,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_ADMIN_TOKEN_LEN = 16  # shorter is a placeholder, not a secret
 
 
 class Settings(BaseSettings):
@@ -56,6 +58,44 @@ class Settings(BaseSettings):
     break_even_utilisation: float = Field(
         0.7, gt=0, le=1, description="GPU utilisation above which owning (reserving) nodes beats renting them on demand."
     )
+
+    # Access (docs/auth.md)
+    auth_enabled: bool = Field(
+        True, description="Require an API token on every request but /healthz, /readyz, /docs, /openapi.json and /ui. Off: every caller is an admin (development only)."
+    )
+    admin_token: SecretStr | None = Field(
+        None, description="Bootstrap admin token (16+ characters). Unset: one is generated at the first start, printed once and written to <data_dir>/admin_token (0600)."
+    )
+    submit_rate_per_s: float = Field(20.0, ge=0, description="Submit requests (single or batch) per second per token; 0: unlimited.")
+    submit_burst: int = Field(100, ge=1, description="Submit requests a token may make at once before the rate applies (then 429 + Retry-After).")
+
+    # Policy: what a job may run (orchestrator/policy.py)
+    policy_allow_pip: bool = Field(True, description="Allow runtime_env.pip at all.")
+    policy_pip_allowlist: list[str] = Field(
+        [], description="Package names runtime_env.pip may install (JSON list); empty: any. When set, URLs and pip options are refused too."
+    )
+    policy_working_dir_roots: list[Path] = Field(
+        [], description="Directories a local working_dir / py_modules must be under (JSON list); empty: local directories are refused, URIs only."
+    )
+    policy_working_dir_uri_schemes: list[str] = Field(
+        ["s3", "gs", "https"], description="URI schemes a remote working_dir / py_modules may use (JSON list)."
+    )
+    policy_reserved_env_prefixes: list[str] = Field(
+        ["RAYLANE_", "RAY_"], description="runtime_env.env_vars names with these prefixes are refused (JSON list)."
+    )
+    policy_max_gpus_per_job: float | None = Field(None, ge=0, description="Most GPUs one job may hold; unset: no limit.")
+    policy_max_cpus_per_job: float | None = Field(None, ge=0, description="Most CPUs one job may hold, driver included; unset: no limit.")
+    policy_max_workers_per_job: int | None = Field(None, ge=1, description="Most workers (or concurrent trials) of one job; unset: no limit.")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            return None  # RAYLANE_ADMIN_TOKEN= (empty, as compose passes an unset variable) means unset
+        # A short or placeholder secret is worse than a generated one: refuse it.
+        if v is not None and len(v.get_secret_value().strip()) < MIN_ADMIN_TOKEN_LEN:
+            raise ValueError(f"RAYLANE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_LEN} characters")
+        return v
 
     @property
     def resolved_database_url(self) -> str:

@@ -5,14 +5,24 @@ Databases: every store and API test runs on SQLite and on the real PostgreSQL at
 template migrated once per run (CREATE DATABASE ... TEMPLATE), all named
 ``raylane_t_<run id>_*`` and dropped at the end. PostgreSQL not reachable is a
 failure, not a skip: CI must test it.
+
+Auth: the in-process ``api`` client runs with auth on, as an admin
+(``ADMIN_TOKEN``, the bootstrap token of every fixture). A real server
+(``ServerProcess``) also knows ``ADMIN_TOKEN`` but runs with auth off unless the
+test's env sets ``RAYLANE_AUTH_ENABLED``, so plain ``httpx`` calls keep working;
+``sp.headers`` carries the token for tests that turn auth on. Submit rate
+limits are off in fixtures (tests/test_auth.py tests them); local working_dirs
+under the repository and the temp directory are allowed.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import json
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +34,9 @@ from tests.helpers import wait_for
 PG_ADMIN_URL = os.environ.get("RAYLANE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 RUN_ID = uuid.uuid4().hex[:8]
 ROOT = Path(__file__).resolve().parent.parent
+ADMIN_TOKEN = "rl_fixture-admin-token-0123456789"  # RAYLANE_ADMIN_TOKEN of every fixture
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+WORKING_DIR_ROOTS = [ROOT, Path(tempfile.gettempdir()).resolve()]
 
 
 def _pg_admin():
@@ -78,7 +91,8 @@ def db_url(request, tmp_path):
 def settings(db_url, tmp_path):
     from orchestrator.settings import Settings
 
-    return Settings(database_url=db_url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False)
+    return Settings(database_url=db_url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False,
+                    admin_token=ADMIN_TOKEN, submit_rate_per_s=0, policy_working_dir_roots=WORKING_DIR_ROOTS)
 
 
 @pytest.fixture
@@ -92,12 +106,13 @@ def cp(settings):
 
 @pytest.fixture
 def api(settings, cp):
-    """An in-process client of the FastAPI app (the e2e tests use a real uvicorn)."""
+    """An in-process client of the FastAPI app, as the bootstrap admin (the e2e
+    tests use a real uvicorn)."""
     from fastapi.testclient import TestClient
 
     from api.app import create_app
 
-    with TestClient(create_app(settings, cp=cp)) as c:
+    with TestClient(create_app(settings, cp=cp), headers=ADMIN_HEADERS) as c:
         yield c
 
 
@@ -113,7 +128,14 @@ class ServerProcess:
     def __init__(self, env: dict[str, str], log_path: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **env, "RAYLANE_PORT": str(self.port), "RAYLANE_HOST": "127.0.0.1"}
+        defaults = {"RAYLANE_ADMIN_TOKEN": ADMIN_TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0",
+                    "RAYLANE_POLICY_WORKING_DIR_ROOTS": json.dumps([str(r) for r in WORKING_DIR_ROOTS])}
+        if "RAYLANE_AUTH_ENABLED" not in env:
+            defaults["RAYLANE_AUTH_ENABLED"] = "false"  # tests that predate auth call it without a token
+        merged = {**os.environ, **defaults, **env, "RAYLANE_PORT": str(self.port), "RAYLANE_HOST": "127.0.0.1"}
+        self.env = {k: v for k, v in merged.items() if v is not None}  # None in env: leave the variable unset
+        self.token = self.env.get("RAYLANE_ADMIN_TOKEN")
+        self.headers = {"Authorization": f"Bearer {self.token}"}
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from api.deps import CP, CallerDep
+from api.deps import CP, CallerDep, ReaderDep
 from orchestrator.resources import Placement
 from orchestrator.specs import JobSpec
 
@@ -34,7 +34,7 @@ class NodeGroupView(BaseModel):
 
 @router.post("/plan", response_model=Placement,
              responses={422: {"description": "The job can never run on this cluster; the message says why"}})
-def plan(spec: JobSpec, cp: CP, caller: CallerDep) -> Placement:
+def plan(spec: JobSpec, cp: CP, caller: ReaderDep) -> Placement:
     """The routing decision for a spec, with its reasons, without storing anything."""
     return cp.plan(spec)
 

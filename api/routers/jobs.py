@@ -7,11 +7,12 @@ from typing import Annotated, Literal
 
 import time
 
-from fastapi import APIRouter, Header, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from api.deps import CP, CallerDep
-from orchestrator.errors import Invalid
+from api.deps import CP, CallerDep, MemberDep
+from api.ratelimit import submit_limit
+from orchestrator.errors import Forbidden, Invalid
 from orchestrator.resources import (
     Attempt, BatchSubmitRequest, Trial, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
 )
@@ -27,24 +28,34 @@ IdemKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, ma
 
 
 def _project(caller, spec_project: str | None) -> str:
-    if caller.project is not None:
-        return caller.project
-    return spec_project or DEFAULT_PROJECT
+    """The project a submitted job belongs to: the spec's, which must be the caller's own."""
+    if spec_project and caller.project is not None and spec_project != caller.project:
+        if caller.is_admin:
+            raise Invalid(f"the spec says project {spec_project} but the request is for project {caller.project}",
+                          field="project")
+        raise Forbidden(f"you may submit only to project {caller.project}, not {spec_project}")
+    return spec_project or caller.project or caller.home_project or DEFAULT_PROJECT
 
 
-@router.post("", status_code=201, response_model=Job,
+@router.post("", status_code=201, response_model=Job, dependencies=[Depends(submit_limit)],
              responses={200: {"model": Job, "description": "Same Idempotency-Key: the job created before"},
-                        409: {"description": "Idempotency-Key reused with a different spec"}})
-def submit_job(spec: JobSpec, cp: CP, caller: CallerDep, response: Response, idempotency_key: IdemKey = None) -> Job:
+                        403: {"description": "Another project's spec, or a policy rule refused it (`rule`)"},
+                        409: {"description": "Idempotency-Key reused with a different spec"},
+                        429: {"description": "Submit rate of this token exceeded; see Retry-After"}})
+def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request, response: Response,
+               idempotency_key: IdemKey = None) -> Job:
     job, created = cp.submit(spec, project=_project(caller, spec.project), actor=caller.name,
                              idempotency_key=idempotency_key)
+    request.state.audit_target = job.id
     if not created:
         response.status_code = status.HTTP_200_OK
     return job
 
 
-@router.post("/batch", status_code=201, response_model=BatchSubmitResponse)
-def submit_batch(body: BatchSubmitRequest, cp: CP, caller: CallerDep) -> BatchSubmitResponse:
+@router.post("/batch", status_code=201, response_model=BatchSubmitResponse, dependencies=[Depends(submit_limit)],
+             responses={403: {"description": "Another project's spec, or a policy rule refused one (`rule`)"},
+                        429: {"description": "Submit rate of this token exceeded; see Retry-After"}})
+def submit_batch(body: BatchSubmitRequest, cp: CP, caller: MemberDep) -> BatchSubmitResponse:
     projects = {_project(caller, s.project) for s in body.jobs}
     if len(projects) != 1:
         raise Invalid("all jobs in a batch must belong to one project", field="jobs")
@@ -110,7 +121,7 @@ def job_trials(job_id: JobId, cp: CP, caller: CallerDep,
 
 @router.post("/{job_id}/cancel", response_model=CancelResponse,
              responses={409: {"description": "The job already finished"}})
-def cancel_job(job_id: JobId, cp: CP, caller: CallerDep) -> CancelResponse:
+def cancel_job(job_id: JobId, cp: CP, caller: MemberDep) -> CancelResponse:
     job, message = cp.cancel(job_id, project=caller.project, actor=caller.name)
     return CancelResponse(job=job, message=message)
 

@@ -160,3 +160,64 @@ trials = Table(
     Column("error", Text, nullable=True),
     Column("updated_at", UTCDateTime(), nullable=False),
 )
+
+# Access (orchestrator.access): projects, API tokens, quotas, the audit trail.
+
+projects = Table(
+    "projects",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("description", Text, nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("created_by", String(128), nullable=False),
+)
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", String(32), primary_key=True),  # public handle ("tok_..."), shown in lists and audit rows
+    # sha256 of the secret: the secret itself is shown once and never stored.
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("name", String(128), nullable=False),  # the user (or robot) it belongs to
+    Column("project", String(64), ForeignKey("projects.name"), nullable=True),  # None: an admin of every project
+    Column("role", String(16), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("expires_at", UTCDateTime(), nullable=True),
+    Column("revoked_at", UTCDateTime(), nullable=True),
+    Column("revoked_by", String(128), nullable=True),
+    Column("last_used_at", UTCDateTime(), nullable=True),
+)
+# GET /v1/tokens?project=
+Index("ix_api_tokens_project", api_tokens.c.project)
+
+quotas = Table(
+    "quotas",
+    metadata,
+    Column("project", String(64), ForeignKey("projects.name", ondelete="CASCADE"), primary_key=True),
+    Column("node_group", String(64), primary_key=True),
+    Column("max_gpus", Float, nullable=True),  # None: no limit on this resource
+    Column("max_cpus", Float, nullable=True),
+    Column("max_concurrent_jobs", Integer, nullable=True),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("updated_by", String(128), nullable=False),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),  # GET /v1/audit pages newest first by id
+    Column("at", UTCDateTime(), nullable=False),
+    Column("actor", String(128), nullable=False),  # token owner's name; "anonymous" without a valid token
+    Column("token_id", String(32), nullable=True),
+    Column("role", String(16), nullable=True),
+    Column("project", String(64), nullable=True),  # the caller's scope; None: every project
+    Column("action", String(128), nullable=False),  # the endpoint's name, e.g. submit_job
+    Column("method", String(8), nullable=False),
+    Column("path", String(512), nullable=False),
+    Column("target", String(512), nullable=True),  # the object acted on (job id, token id, project)
+    Column("status_code", Integer, nullable=False),
+    Column("client", String(128), nullable=True),  # the client's address as the server saw it
+)
+# GET /v1/audit?actor=
+Index("ix_audit_log_actor_id", audit_log.c.actor, audit_log.c.id)

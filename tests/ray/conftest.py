@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, WORKING_DIR_ROOTS
 from tests.helpers import wait_for
 
 
@@ -28,17 +29,18 @@ def ray_settings(tmp_path, ray_cluster):
     migrate.upgrade(url)
     return Settings(database_url=url, data_dir=tmp_path, auto_migrate=False,
                     dashboard_url=ray_cluster.state.dashboard_url, ray_auth_token=ray_cluster.state.token,
-                    reconcile_interval_s=0.5, dispatch_interval_s=0.5)
+                    reconcile_interval_s=0.5, dispatch_interval_s=0.5,
+                    admin_token=ADMIN_TOKEN, submit_rate_per_s=0, policy_working_dir_roots=WORKING_DIR_ROOTS)
 
 
 @pytest.fixture
 def rapi(ray_settings):
-    """The API with dispatcher and reconciler running against the shared cluster."""
+    """The API with dispatcher and reconciler running against the shared cluster, as the admin."""
     from fastapi.testclient import TestClient
 
     from api.app import create_app
 
-    with TestClient(create_app(ray_settings)) as c:
+    with TestClient(create_app(ray_settings), headers=ADMIN_HEADERS) as c:
         yield c
 
 

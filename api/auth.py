@@ -1,0 +1,148 @@
+"""Authentication and the audit trail, for every HTTP request, in one place.
+
+``AuthMiddleware`` runs before routing, so it covers every route, also the ones
+mounted later (static files, a metrics app): a path is public only when listed
+in ``PUBLIC_PATHS`` / ``PUBLIC_PREFIXES``; under ``ADMIN_PREFIXES`` it needs an
+admin token; everywhere else it needs a valid token, and the routers' role
+dependencies (``api.deps``) decide the rest.
+
+It resolves ``Authorization: Bearer <token>`` to a ``Caller`` (one indexed read by
+the token's sha256: a revoked token is refused on its next request) and leaves
+it in the request state. Every mutating request (POST, PUT, PATCH, DELETE), also
+a refused one, writes an audit row: who, which action on what, from where, and
+the status code, committed before the response goes out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import anyio
+
+from orchestrator.access import LOCAL_ADMIN, Caller, Role
+
+log = logging.getLogger(__name__)
+
+# Public: probes, the API's own description, and the UI's static shell (which
+# fetches its data from /v1 with the user's token).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+PUBLIC_PREFIXES = ("/ui",)
+# Admin only, whatever serves them: cluster-wide numbers of every project.
+ADMIN_PREFIXES = ("/metrics",)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+ANONYMOUS = "anonymous"
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or _under(path, PUBLIC_PREFIXES)
+
+
+def is_admin_only(path: str) -> bool:
+    return _under(path, ADMIN_PREFIXES)
+
+
+def _bearer(scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, cred = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and cred.strip():
+                return cred.strip()
+            return None
+    return None
+
+
+class AuthMiddleware:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or is_public(scope["path"]):
+            return await self.app(scope, receive, send)
+        app = scope["app"]
+        cp = app.state.cp
+        if not app.state.settings.auth_enabled:
+            caller: Caller | None = LOCAL_ADMIN
+        else:
+            token = _bearer(scope)
+            caller = await anyio.to_thread.run_sync(cp.access.authenticate, token) if token else None
+        mutating = scope["method"] not in SAFE_METHODS
+        if caller is None:
+            await _reply(send, 401, "missing, unknown, expired or revoked API token: send 'Authorization: Bearer <token>'",
+                         {"www-authenticate": "Bearer"})
+            if mutating:
+                await _audit(cp, scope, None, 401)
+            return
+        if is_admin_only(scope["path"]) and caller.role != Role.ADMIN.value:
+            await _reply(send, 403, "this needs an admin token")
+            if mutating:
+                await _audit(cp, scope, caller, 403)
+            return
+        scope.setdefault("state", {})["caller"] = caller
+        if not mutating:
+            return await self.app(scope, receive, send)
+
+        audited = False
+
+        async def send_and_audit(message):
+            nonlocal audited
+            if message["type"] == "http.response.start" and not audited:
+                audited = True
+                # Before the response leaves: whoever sees the answer finds the row.
+                await _audit(cp, scope, caller, message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_audit)
+        except Exception:
+            if not audited:
+                await _audit(cp, scope, caller, 500)
+            raise
+
+
+async def _reply(send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hdrs += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _action(scope) -> str:
+    route = scope.get("route")
+    name = getattr(route, "name", None)
+    return name or f"{scope['method']} {scope['path']}"[:128]
+
+
+def _target(scope) -> str | None:
+    state = scope.get("state") or {}
+    if state.get("audit_target"):
+        return str(state["audit_target"])[:512]
+    params = scope.get("path_params") or {}
+    if params:
+        return ",".join(f"{k}={v}" for k, v in params.items())[:512]
+    return None
+
+
+async def _audit(cp, scope, caller: Caller | None, status: int) -> None:
+    client = scope.get("client")
+    entry = {
+        "actor": caller.name if caller else ANONYMOUS,
+        "token_id": caller.token_id if caller else None,
+        "role": caller.role if caller else None,
+        "project": caller.project if caller else None,
+        "action": _action(scope),
+        "method": scope["method"][:8],
+        "path": scope["path"][:512],
+        "target": _target(scope),
+        "status_code": status,
+        "client": f"{client[0]}"[:128] if client else None,
+    }
+    try:
+        await anyio.to_thread.run_sync(cp.access.record, entry)
+    except Exception:  # the request happened; losing its audit row must be loud, not fatal
+        log.exception("could not write the audit row for %s %s", scope["method"], scope["path"])

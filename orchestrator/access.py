@@ -1,0 +1,260 @@
+"""Who may do what: roles, callers, API tokens, projects, quotas and the audit trail.
+
+Words used here:
+
+- *token*: a random secret (``rl_`` + 43 URL-safe characters) that a client sends
+  as ``Authorization: Bearer <token>``. The database keeps only its sha256; the
+  secret is shown once, to whoever created it. A token has a public ``id``
+  (``tok_...``) for lists, revocation and audit rows.
+- *caller*: who a request comes from (``Caller``): a name, a project scope and a role.
+- *role*: ``admin`` manages projects, tokens and quotas and sees every project;
+  ``member`` submits and cancels its project's jobs and reads its project;
+  ``viewer`` reads its project.
+- *bootstrap admin*: the token an operator starts with: ``RAYLANE_ADMIN_TOKEN``,
+  or, when that is unset, one generated at the first start (printed once and
+  written to ``<data_dir>/admin_token``, mode 0600).
+
+Scoping is by project everywhere: the API passes ``Caller.project`` to every
+store read and write (None: every project, admins only). An object of another
+project is "not found", the same answer as an object that does not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from enum import Enum
+from pathlib import Path
+
+from pydantic import SecretStr
+from sqlalchemy import text, update
+
+from orchestrator.errors import Invalid, NotFound
+from orchestrator.resources import (
+    AuditEntry, GroupLimits, GroupQuota, NewToken, Project, ProjectQuota, Token, TokenCreate,
+)
+from orchestrator.settings import Settings
+from orchestrator.store import access as store, db, quotas as store_quotas
+from orchestrator.store.tables import api_tokens
+from orchestrator.store.transitions import utcnow
+
+log = logging.getLogger(__name__)
+
+TOKEN_PREFIX = "rl_"
+MAX_TOKEN_LEN = 512  # longer Bearer values are refused before hashing
+ADMIN_TOKEN_FILE = "admin_token"
+FROM_SETTING = "setting RAYLANE_ADMIN_TOKEN"  # created_by of the token that setting makes
+GENERATED = "generated at first start"
+BOOTSTRAP_LOCK_ID = 0x726C5F61646D  # PostgreSQL advisory lock: one replica bootstraps at a time
+
+
+class Role(str, Enum):
+    """What a caller may do (docs/auth.md has the full table)."""
+
+    ADMIN = "admin"  # projects, tokens, quotas, audit; every project's jobs
+    MEMBER = "member"  # submit, cancel and read its project's jobs
+    VIEWER = "viewer"  # read its project's jobs
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling. ``project`` scopes every read and write; None means all
+    projects (an admin who did not narrow the request with ``?project=``)."""
+
+    name: str
+    project: str | None
+    role: str = Role.ADMIN.value
+    token_id: str | None = None
+    home_project: str | None = None  # an admin token's default project for submissions
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == Role.ADMIN.value
+
+    @property
+    def can_write(self) -> bool:
+        return self.role in (Role.ADMIN.value, Role.MEMBER.value)
+
+    def sees(self, project: str) -> bool:
+        return self.project is None or self.project == project
+
+    def narrowed(self, project: str) -> "Caller":
+        return replace(self, project=project)
+
+
+# Auth switched off (development): every caller is this admin, as before auth existed.
+LOCAL_ADMIN = Caller(name="local", project=None, role=Role.ADMIN.value)
+
+
+def new_secret() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_token_id() -> str:
+    return "tok_" + secrets.token_hex(8)
+
+
+def hash_token(secret: str) -> str:
+    # A token is 256 random bits: a plain (unsalted, fast) hash is enough; no
+    # dictionary to slow down. It lets a lookup be one indexed read.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class Access:
+    """The service functions for identities, projects, quotas and the audit
+    trail: what ``api/`` calls. Each opens one unit of work."""
+
+    def __init__(self, settings: Settings, sessions):
+        self.settings = settings
+        self.sessions = sessions
+
+    # Authentication ----------------------------------------------------------
+
+    def authenticate(self, secret: str | None) -> Caller | None:
+        """The caller a Bearer secret belongs to, or None (unknown, revoked or expired)."""
+        if not secret or len(secret) > MAX_TOKEN_LEN:
+            return None
+        with db.transaction(self.sessions) as s:
+            row = store.token_by_hash(s, hash_token(secret), now=utcnow())
+        if row is None:
+            return None
+        admin = row["role"] == Role.ADMIN.value
+        return Caller(name=row["name"], project=None if admin else row["project"], role=row["role"],
+                      token_id=row["id"], home_project=row["project"])
+
+    def bootstrap(self) -> str | None:
+        """Make sure an admin can get in. Returns a newly generated admin secret,
+        which the caller shows once; None when nothing was generated."""
+        configured = self.settings.admin_token
+        if isinstance(configured, SecretStr):
+            configured = configured.get_secret_value()
+        if configured and configured.strip():
+            self._ensure_setting_token(configured.strip())
+            return None
+        if not self.settings.auth_enabled:
+            return None
+        now = utcnow()
+        with db.transaction(self.sessions) as s:
+            self._lock(s)
+            if store.live_admin_exists(s, now=now):
+                return None
+            secret = new_secret()
+            store.insert_token(s, token_id=new_token_id(), token_hash=hash_token(secret), name="admin", project=None,
+                               role=Role.ADMIN.value, actor=GENERATED, expires_at=None)
+        self._write_secret_file(secret)
+        return secret
+
+    def admin_token_path(self) -> Path:
+        return self.settings.data_dir / ADMIN_TOKEN_FILE
+
+    def _ensure_setting_token(self, secret: str) -> None:
+        h = hash_token(secret)
+        with db.transaction(self.sessions) as s:
+            self._lock(s)
+            found = store.token_id_by_hash(s, h)
+            if found is None:
+                store.insert_token(s, token_id=new_token_id(), token_hash=h, name="admin", project=None,
+                                   role=Role.ADMIN.value, actor=FROM_SETTING, expires_at=None)
+            elif found[1]:
+                log.warning("RAYLANE_ADMIN_TOKEN was revoked (token %s); it is refused until the setting changes",
+                            found[0])
+            # A changed setting rotates: the token the old value made stops working.
+            s.execute(update(api_tokens).where(api_tokens.c.created_by == FROM_SETTING, api_tokens.c.token_hash != h,
+                                               api_tokens.c.revoked_at.is_(None))
+                      .values(revoked_at=utcnow(), revoked_by="RAYLANE_ADMIN_TOKEN changed"))
+
+    def _lock(self, session) -> None:
+        # SQLite transactions start with BEGIN IMMEDIATE (store.db): already serialised.
+        if session.bind.dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": BOOTSTRAP_LOCK_ID})
+
+    def _write_secret_file(self, secret: str) -> None:
+        path = self.admin_token_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secret + "\n")
+            os.chmod(path, 0o600)  # O_CREAT's mode applies only to a new file
+        except OSError as e:
+            log.error("could not write the admin token to %s: %s", path, e)
+
+    # Tokens ----------------------------------------------------------------------
+
+    def create_token(self, req: TokenCreate, *, actor: str) -> NewToken:
+        if req.role != Role.ADMIN.value and req.project is None:
+            raise Invalid(f"a {req.role} token needs a project", field="project")
+        expires_at = utcnow() + timedelta(days=req.expires_in_days) if req.expires_in_days else None
+        secret = new_secret()
+        with db.transaction(self.sessions) as s:
+            tok = store.insert_token(s, token_id=new_token_id(), token_hash=hash_token(secret), name=req.name,
+                                     project=req.project, role=req.role, actor=actor, expires_at=expires_at)
+        return NewToken(**tok.model_dump(), token=secret)
+
+    def list_tokens(self, *, project: str | None = None, include_revoked: bool = False) -> list[Token]:
+        with db.transaction(self.sessions) as s:
+            return store.list_tokens(s, project=project, include_revoked=include_revoked)
+
+    def revoke_token(self, token_id: str, *, actor: str) -> Token:
+        with db.transaction(self.sessions) as s:
+            return store.revoke_token(s, token_id, actor=actor)
+
+    # Projects ----------------------------------------------------------------------
+
+    def create_project(self, name: str, *, description: str | None, actor: str) -> Project:
+        with db.transaction(self.sessions) as s:
+            return store.create_project(s, name, description=description, actor=actor)
+
+    def list_projects(self, *, only: str | None = None) -> list[Project]:
+        with db.transaction(self.sessions) as s:
+            return store.list_projects(s, only=only)
+
+    # Quotas ----------------------------------------------------------------------
+
+    def quota(self, project: str) -> ProjectQuota:
+        """The project's limits per node group, with what its active jobs hold now."""
+        with db.transaction(self.sessions) as s:
+            limits = store_quotas.load_limits(s, project=project)
+            used = store_quotas.usage(s, project=project)
+        groups: dict[str, GroupQuota] = {}
+        for (_, g) in sorted(set(limits) | set(used)):
+            lim = limits.get((project, g)) or store_quotas.Limits()
+            u = used.get((project, g)) or store_quotas.Usage()
+            groups[g] = GroupQuota(max_gpus=lim.max_gpus, max_cpus=lim.max_cpus,
+                                   max_concurrent_jobs=lim.max_concurrent_jobs,
+                                   used_gpus=round(u.gpus, 6), used_cpus=round(u.cpus, 6), active_jobs=u.jobs)
+        return ProjectQuota(project=project, node_groups=groups)
+
+    def set_quota(self, project: str, groups: dict[str, GroupLimits], *, actor: str,
+                  known_groups: set[str] | None = None) -> ProjectQuota:
+        if known_groups is not None:
+            unknown = sorted(set(groups) - known_groups)
+            if unknown:
+                raise Invalid(f"no node group {', '.join(unknown)} in the cluster profile "
+                              f"(groups: {', '.join(sorted(known_groups))})", field="node_groups")
+        with db.transaction(self.sessions) as s:
+            store.get_project(s, project)
+            store_quotas.set_limits(s, project, {g: store_quotas.Limits(**lim.model_dump()) for g, lim in groups.items()},
+                                    actor=actor)
+        return self.quota(project)
+
+    # Audit -------------------------------------------------------------------------
+
+    def record(self, entry: dict) -> None:
+        with db.transaction(self.sessions) as s:
+            store.record(s, {**entry, "at": entry.get("at") or utcnow()})
+
+    def audit(self, *, limit: int, cursor: str | None, actor: str | None = None, action: str | None = None,
+              since=None) -> tuple[list[AuditEntry], str | None]:
+        with db.transaction(self.sessions) as s:
+            return store.list_audit(s, limit=limit, cursor=cursor, actor=actor, action=action, since=since)
+
+
+def check_project_visible(caller: Caller, project: str) -> None:
+    """Another project's objects are "not found" to a non-admin, like missing ones."""
+    if not caller.sees(project):
+        raise NotFound(f"project {project} not found", field="project")

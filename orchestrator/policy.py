@@ -1,0 +1,190 @@
+"""Policy: what a job may run on the cluster, checked at submit (and plan) before
+anything is stored or routed. Settings ``RAYLANE_POLICY_*`` set the rules.
+
+A job runs arbitrary code, but only through the doors listed here:
+
+- ``pip``: ``runtime_env.pip`` may be switched off, or limited to an allowlist of
+  package names (then URLs, VCS links and pip options are refused too);
+- ``working_dir``: a local directory is zipped *on the control plane* and shipped
+  to Ray (``backends.ray_jobs``), so it must be an absolute path without ``..``
+  under one of the allowed roots, and never inside the control plane's own state
+  (``data_dir``: the database, the admin token, every project's storage); a URI
+  must use an allowed scheme. ``py_modules`` entries follow the same rules;
+- ``env_vars``: names Raylane or Ray read (``RAYLANE_*``, ``RAY_*``) are refused,
+  so a job cannot override its own job id, project or storage, or Ray's settings;
+- resources: most GPUs, CPUs and workers one job may hold.
+
+A rule that refuses a valid spec raises ``PolicyViolation`` (403); an input that
+is malformed for the rule (a relative path, ``..``) raises ``Invalid`` (422).
+Either names the rule, e.g. ``policy.working_dir.roots``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from orchestrator.errors import Forbidden, Invalid
+from orchestrator.settings import Settings
+from orchestrator.specs import JobKind, JobSpec
+
+# A requirement name as pip sees it (PEP 508), before any version or marker.
+REQ_NAME_RE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*([<>=!~;].*)?$")
+URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+class PolicyViolation(Forbidden):
+    """A valid spec that a policy rule refuses; ``rule`` names the rule."""
+
+    def __init__(self, message: str, *, rule: str, field: str | None = None):
+        super().__init__(f"{message} [{rule}]", field=field)
+        self.rule = rule
+
+
+class PolicyInvalid(Invalid):
+    """A spec field malformed for a policy rule (e.g. '..' in a path)."""
+
+    def __init__(self, message: str, *, rule: str, field: str | None = None):
+        super().__init__(f"{message} [{rule}]", field=field)
+        self.rule = rule
+
+
+def normalise_package(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+@dataclass(frozen=True)
+class JobTotals:
+    workers: int
+    gpus: float
+    cpus: float
+
+
+def totals(spec: JobSpec) -> JobTotals:
+    """What one job holds at most: the same worker count the router uses."""
+    r = spec.resources
+    workers = r.num_workers
+    if spec.kind is JobKind.SWEEP and spec.sweep is not None:
+        workers = min(spec.sweep.max_concurrent_trials or spec.sweep.num_samples, spec.sweep.num_samples)
+    return JobTotals(workers=workers, gpus=workers * r.gpus_per_worker,
+                     cpus=workers * r.cpus_per_worker + r.driver_cpus)
+
+
+def check(spec: JobSpec, settings: Settings, *, where: str = "") -> None:
+    """Raise if a rule refuses the spec. ``where`` prefixes the message (a batch index)."""
+    try:
+        _check_pip(spec, settings)
+        _check_sources(spec, settings)
+        _check_env(spec, settings)
+        _check_resources(spec, settings)
+    except (PolicyViolation, PolicyInvalid) as e:
+        if where:
+            e.message = f"{where}: {e.message}"
+            e.args = (e.message,)
+        raise
+
+
+def _check_pip(spec: JobSpec, settings: Settings) -> None:
+    pkgs = spec.runtime_env.pip
+    if not pkgs:
+        return
+    if not settings.policy_allow_pip:
+        raise PolicyViolation("runtime_env.pip is not allowed on this cluster (RAYLANE_POLICY_ALLOW_PIP=false)",
+                              rule="policy.pip.allowed", field="runtime_env.pip")
+    allowed = {normalise_package(p) for p in settings.policy_pip_allowlist}
+    if not allowed:
+        return
+    for req in pkgs:
+        m = REQ_NAME_RE.match(req.strip())
+        if m is None:
+            # Options (-r, --index-url), URLs and VCS links would bypass the allowlist.
+            raise PolicyViolation(f"pip requirement {req[:120]!r} is not a plain package name; only packages in "
+                                  f"RAYLANE_POLICY_PIP_ALLOWLIST may be installed", rule="policy.pip.allowlist",
+                                  field="runtime_env.pip")
+        if normalise_package(m.group(1)) not in allowed:
+            raise PolicyViolation(f"pip package {m.group(1)!r} is not in RAYLANE_POLICY_PIP_ALLOWLIST",
+                                  rule="policy.pip.allowlist", field="runtime_env.pip")
+
+
+def _check_sources(spec: JobSpec, settings: Settings) -> None:
+    env = spec.runtime_env
+    items = ([("runtime_env.working_dir", env.working_dir)] if env.working_dir else []) + \
+        [("runtime_env.py_modules", m) for m in env.py_modules]
+    for field, value in items:
+        m = URI_RE.match(value)
+        if m:
+            scheme = m.group(1).lower()
+            if scheme not in {s.lower() for s in settings.policy_working_dir_uri_schemes}:
+                raise PolicyViolation(
+                    f"{field} URI scheme {scheme!r} is not allowed (allowed: "
+                    f"{', '.join(settings.policy_working_dir_uri_schemes) or 'none'})",
+                    rule="policy.working_dir.uri_scheme", field=field)
+            continue
+        _check_local_dir(field, value, settings)
+
+
+def _check_local_dir(field: str, value: str, settings: Settings) -> None:
+    pure = PurePosixPath(value)
+    if ".." in pure.parts:
+        raise PolicyInvalid(f"{field} must not contain '..'", rule="policy.working_dir.traversal", field=field)
+    if not pure.is_absolute():
+        raise PolicyInvalid(f"{field} must be an absolute path or a URI, got {value[:200]!r}",
+                            rule="policy.working_dir.absolute", field=field)
+    roots = [Path(r).resolve() for r in settings.policy_working_dir_roots]
+    if not roots:
+        raise PolicyViolation(f"{field}: local directories are not allowed on this server; use a URI "
+                              f"({', '.join(settings.policy_working_dir_uri_schemes)}) or ask an admin to set "
+                              f"RAYLANE_POLICY_WORKING_DIR_ROOTS", rule="policy.working_dir.roots", field=field)
+    # Symlinks resolved: a link inside an allowed root must not lead out of it.
+    real = Path(os.path.realpath(value))
+    if not any(real == r or r in real.parents for r in roots):
+        raise PolicyViolation(f"{field} {value[:200]!r} is not under an allowed root "
+                              f"({', '.join(str(r) for r in roots)})", rule="policy.working_dir.roots", field=field)
+    # Inside the state directory: refused. Above it (a project root holding
+    # .raylane/): allowed, and the dispatcher excludes the state from the upload.
+    state = settings.data_dir.resolve()
+    if real == state or state in real.parents:
+        raise PolicyViolation(f"{field} {value[:200]!r} holds the control plane's own state ({state})",
+                              rule="policy.working_dir.protected", field=field)
+
+
+def _check_env(spec: JobSpec, settings: Settings) -> None:
+    prefixes = [p.upper() for p in settings.policy_reserved_env_prefixes]
+    for name in spec.runtime_env.env_vars:
+        hit = next((p for p in prefixes if name.upper().startswith(p)), None)
+        if hit:
+            raise PolicyViolation(f"runtime_env.env_vars: {name} is reserved ({hit}* variables are set by "
+                                  f"Raylane or read by Ray)", rule="policy.env_vars.reserved",
+                                  field="runtime_env.env_vars")
+
+
+def _check_resources(spec: JobSpec, settings: Settings) -> None:
+    t = totals(spec)
+    for value, cap, label, rule in (
+        (t.gpus, settings.policy_max_gpus_per_job, "GPUs", "policy.resources.max_gpus_per_job"),
+        (t.cpus, settings.policy_max_cpus_per_job, "CPUs", "policy.resources.max_cpus_per_job"),
+        (t.workers, settings.policy_max_workers_per_job, "workers", "policy.resources.max_workers_per_job"),
+    ):
+        if cap is not None and value > cap + 1e-9:
+            raise PolicyViolation(f"the job asks for {value:g} {label}; at most {cap:g} per job are allowed",
+                                  rule=rule, field="resources")
+
+
+def state_excludes(spec: JobSpec, data_dir: Path) -> list[str]:
+    """Ray ``excludes`` patterns keeping the control plane's state directory out of
+    a local working_dir / py_modules upload that contains it (a project root
+    with ``.raylane/`` in it, as with ``make run``)."""
+    state = Path(data_dir).resolve()
+    env = spec.runtime_env
+    out: list[str] = []
+    for value in ([env.working_dir] if env.working_dir else []) + list(env.py_modules):
+        if URI_RE.match(value):
+            continue
+        real = Path(os.path.realpath(value))
+        if real in state.parents:
+            pattern = "/" + state.relative_to(real).as_posix() + "/"
+            if pattern not in out:
+                out.append(pattern)
+    return out

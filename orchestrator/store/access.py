@@ -1,0 +1,144 @@
+"""Projects, API tokens and the audit trail. Functions take a session and leave
+committing to the caller's unit of work, like ``store.jobs``.
+
+A token is stored only as the sha256 of its secret; looking a caller up is one
+indexed read by that hash (``uq_api_tokens_token_hash``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from orchestrator.errors import Conflict, Invalid, NotFound
+from orchestrator.resources import AuditEntry, Project, Token
+from orchestrator.store.jobs import decode_cursor, encode_cursor
+from orchestrator.store.tables import api_tokens, audit_log, projects
+from orchestrator.store.transitions import utcnow
+
+# How stale last_used_at may be: one write per token per minute, not one per request.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+MAX_AUDIT_PAGE = 500
+
+
+# Projects --------------------------------------------------------------------
+
+
+def create_project(session: Session, name: str, *, description: str | None, actor: str) -> Project:
+    row = {"name": name, "description": description, "created_at": utcnow(), "created_by": actor}
+    try:
+        with session.begin_nested():
+            session.execute(insert(projects).values(**row))
+    except IntegrityError:
+        raise Conflict(f"project {name} already exists", field="name") from None
+    return Project(**row)
+
+
+def get_project(session: Session, name: str) -> Project:
+    row = session.execute(select(projects).where(projects.c.name == name)).mappings().first()
+    if row is None:
+        raise NotFound(f"project {name} not found", field="project")
+    return Project(**row)
+
+
+def list_projects(session: Session, *, only: str | None = None) -> list[Project]:
+    q = select(projects).order_by(projects.c.name)
+    if only is not None:
+        q = q.where(projects.c.name == only)
+    return [Project(**r) for r in session.execute(q).mappings()]
+
+
+# Tokens ----------------------------------------------------------------------
+
+
+def _token(row) -> Token:
+    return Token(**{k: row[k] for k in Token.model_fields})
+
+
+def insert_token(session: Session, *, token_id: str, token_hash: str, name: str, project: str | None, role: str,
+                 actor: str, expires_at: datetime | None) -> Token:
+    if project is not None:
+        get_project(session, project)
+    row = {"id": token_id, "token_hash": token_hash, "name": name, "project": project, "role": role,
+           "created_at": utcnow(), "created_by": actor, "expires_at": expires_at}
+    session.execute(insert(api_tokens).values(**row))
+    return _token({**row, "revoked_at": None, "revoked_by": None, "last_used_at": None})
+
+
+def token_by_hash(session: Session, token_hash: str, *, now: datetime) -> dict[str, Any] | None:
+    """The live token with this hash (not revoked, not expired), and mark it used."""
+    row = session.execute(select(api_tokens).where(
+        api_tokens.c.token_hash == token_hash, api_tokens.c.revoked_at.is_(None),
+    )).mappings().first()
+    if row is None or (row["expires_at"] is not None and row["expires_at"] <= now):
+        return None
+    last = row["last_used_at"]
+    if last is None or now - last > LAST_USED_RESOLUTION:
+        session.execute(update(api_tokens).where(api_tokens.c.id == row["id"]).values(last_used_at=now))
+    return dict(row)
+
+
+def list_tokens(session: Session, *, project: str | None = None, include_revoked: bool = False) -> list[Token]:
+    q = select(api_tokens).order_by(api_tokens.c.created_at, api_tokens.c.id)
+    if project is not None:
+        q = q.where(api_tokens.c.project == project)
+    if not include_revoked:
+        q = q.where(api_tokens.c.revoked_at.is_(None))
+    return [_token(r) for r in session.execute(q).mappings()]
+
+
+def revoke_token(session: Session, token_id: str, *, actor: str) -> Token:
+    """Revoke at once: the next request with it is refused. Revoking twice is a no-op."""
+    session.execute(update(api_tokens).where(api_tokens.c.id == token_id, api_tokens.c.revoked_at.is_(None))
+                    .values(revoked_at=utcnow(), revoked_by=actor))
+    row = session.execute(select(api_tokens).where(api_tokens.c.id == token_id)).mappings().first()
+    if row is None:
+        raise NotFound(f"token {token_id} not found", field="token_id")
+    return _token(row)
+
+
+def live_admin_exists(session: Session, *, now: datetime) -> bool:
+    rows = session.execute(select(api_tokens.c.expires_at).where(
+        api_tokens.c.role == "admin", api_tokens.c.revoked_at.is_(None))).all()
+    return any(e is None or e > now for (e,) in rows)
+
+
+def token_id_by_hash(session: Session, token_hash: str) -> tuple[str, bool] | None:
+    row = session.execute(select(api_tokens.c.id, api_tokens.c.revoked_at)
+                          .where(api_tokens.c.token_hash == token_hash)).first()
+    return (row.id, row.revoked_at is not None) if row else None
+
+
+# Audit -----------------------------------------------------------------------
+
+
+def record(session: Session, entry: dict[str, Any]) -> None:
+    session.execute(insert(audit_log).values(**entry))
+
+
+def list_audit(session: Session, *, limit: int = 100, cursor: str | None = None, actor: str | None = None,
+               action: str | None = None, since: datetime | None = None) -> tuple[list[AuditEntry], str | None]:
+    """A page of audit rows, newest first; the cursor is the last id seen."""
+    limit = max(1, min(limit, MAX_AUDIT_PAGE))
+    conds = []
+    if actor:
+        conds.append(audit_log.c.actor == actor)
+    if action:
+        conds.append(audit_log.c.action == action)
+    if since:
+        conds.append(audit_log.c.at >= since)
+    if cursor:
+        try:
+            before = int(decode_cursor(cursor))
+        except ValueError:
+            raise Invalid("cursor is not one this API returned", field="cursor") from None
+        conds.append(audit_log.c.id < before)
+    rows = session.execute(select(audit_log).where(and_(*conds)).order_by(audit_log.c.id.desc())
+                           .limit(limit + 1)).mappings().all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return [AuditEntry(**r) for r in rows], (encode_cursor(str(rows[-1]["id"])) if more and rows else None)
