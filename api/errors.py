@@ -53,6 +53,14 @@ def install(app: FastAPI) -> None:
         body = {"detail": exc.message, **({"rule": rule} if rule else {})}
         return JSONResponse(body, status_code=status, headers=headers)
 
+    from orchestrator.backends.ray_jobs import RayUnavailable
+
+    @app.exception_handler(RayUnavailable)
+    async def _ray_down(request: Request, exc: RayUnavailable):
+        # Ray is the engine, not the source of truth: reads of our own data still
+        # work; only calls that need Ray now get 503, with a hint to retry.
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         return JSONResponse({"detail": [_clean(e) for e in exc.errors()[:50]]}, status_code=422)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 from jobs.base import RunContext, load_callable, report_result
@@ -33,6 +34,11 @@ def main() -> int:
     # Ray 2.60), after which imports from it fail. Importing first also turns a
     # bad entrypoint into a clear error before any cluster resources are taken.
     load_callable(ctx.spec.entrypoint)
+    # ... and leave that directory: even later, Ray may delete it under a
+    # running driver, and anything that resolves a relative path (Tune's
+    # results, os.path.abspath) then fails. Workers get the working_dir from the
+    # job's runtime_env, not from our cwd, so this changes nothing for them.
+    os.chdir(ctx.storage)
     import ray
 
     ray.init(log_to_driver=True)

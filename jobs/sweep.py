@@ -31,12 +31,21 @@ def run(ctx: RunContext) -> dict[str, Any]:
     fn = load_callable(ctx.spec.entrypoint)
 
     def trainable(config):
+        import inspect
+
         import ray
 
+        where = {"node_group": os.environ.get("RAY_NODE_TYPE_NAME"), "node_id": ray.get_runtime_context().get_node_id()}
+        # Three shapes of objective: return one dict (one result); yield dicts (one
+        # per iteration, which lets ASHA stop bad trials early); or report to Tune
+        # itself (tune.report with checkpoints) and return None.
+        if inspect.isgeneratorfunction(fn):
+            for out in fn(config):
+                tune.report({**out, **where})
+            return
         out = fn(config)
         if isinstance(out, dict):
-            tune.report({**out, "node_group": os.environ.get("RAY_NODE_TYPE_NAME"),
-                         "node_id": ray.get_runtime_context().get_node_id()})
+            tune.report({**out, **where})
 
     resources = PlacementGroupFactory([dict(pl.worker_resources)], strategy="PACK",
                                       bundle_label_selector=[pl.label_selector])

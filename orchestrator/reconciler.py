@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -46,8 +47,12 @@ LOG_TAIL_CHARS = 4000
 
 
 def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = False,
-             cancelled: bool = False) -> tuple[FailureCause, str]:
-    """Why an attempt ended badly, from what Ray reports."""
+             cancelled: bool = False, driver_market: str | None = None) -> tuple[FailureCause, str]:
+    """Why an attempt ended badly, from what Ray reports.
+
+    A driver whose node died is PREEMPTED when that node was spot: by its market
+    label, or (Ray's node list drops a dead node's labels) by the market of the
+    group the driver was placed on."""
     if rj is None:
         return FailureCause.LOST, "Ray has no record of this attempt (its head restarted without GCS fault tolerance?)"
     msg = (rj.message or "").strip()
@@ -57,11 +62,14 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
         return FailureCause.TIMEOUT, "ran past timeout_s"
     node = nodes.get(rj.driver_node_id or "")
     if node is not None and node.state == "DEAD" or rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED":
-        if node is not None and (node.market == "SPOT" or (node.death_reason or "").startswith("AUTOSCALER_DRAIN")
-                                 or "preempt" in (node.death_message or "").lower()):
-            return FailureCause.PREEMPTED, f"driver's spot node {node.node_id[:12]} ({node.group}) went away: " \
-                                           f"{node.death_reason or 'node died'}"
-        where = f"node {node.node_id[:12]} ({node.group})" if node else "its node"
+        market = (node.market if node is not None else None) or driver_market
+        drained = node is not None and ((node.death_reason or "").startswith("AUTOSCALER_DRAIN")
+                                        or "preempt" in (node.death_message or "").lower())
+        node_name = f"node {node.node_id[:12]}" if node is not None else "node"
+        if market == "SPOT" or drained:
+            return FailureCause.PREEMPTED, f"driver's spot {node_name} went away: " \
+                                           f"{(node.death_message or node.death_reason) if node else 'node died'}"
+        where = node_name if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
     if rj.error_type == "RUNTIME_ENV_SETUP_FAILURE" or (
             rj.error_type == "JOB_SUPERVISOR_ACTOR_START_FAILURE" and "runtime" in msg.lower()) or \
@@ -72,9 +80,18 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     return FailureCause.APP_ERROR, msg[-LOG_TAIL_CHARS:]
 
 
+_EXC_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Exit|Interrupt)\b.*")
+
+
 def _tail(msg: str, n: int = 3, limit: int = 400) -> str:
-    """The last lines of a message: where a traceback says what went wrong."""
+    """What went wrong, in one line: the exception line of the last traceback in
+    the log if there is one (workers' chatter often follows it), else the last lines."""
     lines = [ln for ln in msg.strip().splitlines() if ln.strip()]
+    tb = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")), default=None)
+    if tb is not None:
+        exc = [ln for ln in lines[tb + 1:] if _EXC_LINE.match(ln)]
+        if exc:
+            return exc[-1][:limit]
     return " | ".join(lines[-n:])[-limit:]
 
 
@@ -134,7 +151,7 @@ class Reconciler(LoopService):
             live = s.execute(
                 select(attempts.c.job_id, attempts.c.number, attempts.c.submission_id, attempts.c.status,
                        attempts.c.cause, jobs.c.status.label("job_status"), jobs.c.spec, jobs.c.started_at,
-                       jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested)
+                       jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested, jobs.c.placement)
                 .join(jobs, jobs.c.id == attempts.c.job_id)
                 .where(attempts.c.status.in_(LIVE_ATTEMPT_STATES), jobs.c.attempts == attempts.c.number)
             ).mappings().all()
@@ -257,7 +274,10 @@ class Reconciler(LoopService):
         if rj is not None and rj.status == "STOPPED" and not cancelled and not timed_out:
             cause, msg = FailureCause.CANCELLED, "stopped in Ray outside Raylane"
         else:
-            cause, msg = classify(rj, nodes, timed_out=timed_out, cancelled=cancelled)
+            driver_market = (r["placement"] or {}).get("driver_market") or (r["placement"] or {}).get("market") \
+                if (r["placement"] or {}).get("driver_label_selector") == (r["placement"] or {}).get("label_selector") \
+                else (r["placement"] or {}).get("driver_market")
+            cause, msg = classify(rj, nodes, timed_out=timed_out, cancelled=cancelled, driver_market=driver_market)
         now = utcnow()
         with db.transaction(self.sessions) as s:
             s.execute(update(attempts).where(attempts.c.submission_id == r["submission_id"]).values(

@@ -27,6 +27,8 @@ class Placement(BaseModel):
     fallback_node_groups: list[str] = Field(default_factory=list, description="Soft fallback, in order")
     driver_resources: dict[str, float] = Field(default_factory=dict)
     driver_label_selector: dict[str, str] = Field(default_factory=dict)
+    driver_market: Literal["SPOT", "ON_DEMAND"] | None = Field(
+        None, description="Market of the driver's group: a dead spot driver node means preemption")
     total: dict[str, float] = Field(default_factory=dict, description="What the whole job holds while it runs")
     reasons: list[str]
 

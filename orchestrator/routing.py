@@ -129,17 +129,16 @@ def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, r
             reasons.append(f"{desc}, tightly coupled: co-locate on one node")
         else:
             reasons.append(f"{desc}: GPU group, not co-located")
-    if spec.placement.market != "auto":
-        market = spec.placement.market
-        reasons.append(f"market {market} asked for explicitly")
-    elif avoid_spot:
+    if avoid_spot:
+        # Wins over an explicit market: repeated reclaims mean spot cannot finish this job.
         market = "ON_DEMAND"
         reasons.append("preempted repeatedly: falling back from spot to on-demand")
+    elif spec.placement.market != "auto":
+        market = spec.placement.market
+        reasons.append(f"market {market} asked for explicitly")
     elif not wants_gpu and spec.kind in SPOT_FIRST_KINDS:
         market = "SPOT"
     else:
-        market = "ON_DEMAND"
-    if avoid_spot:
         market = "ON_DEMAND"
 
     fitting: list[NodeGroup] = []
@@ -224,6 +223,7 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
         fallback_node_groups=[g.name for g in fallbacks],
         driver_resources=driver_resources,
         driver_label_selector={NODE_GROUP_LABEL: driver_group.name},
+        driver_market=driver_group.market,
         total=total,
         reasons=reasons,
     )

@@ -1,0 +1,140 @@
+"""Spot workers vanish: a sweep and a batch job survive the loss of a spot node,
+and repeated preemption moves a job to on-demand nodes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+from tests.ray.conftest import wait_status
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+FUNCS = str(Path(__file__).resolve().parent.parent / "funcs")
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+FIGURES = Path(__file__).resolve().parents[3] / "test-artifacts" / "reliability.jsonl"
+
+
+def record(**fig):
+    FIGURES.parent.mkdir(exist_ok=True)
+    with open(FIGURES, "a") as f:
+        f.write(json.dumps(fig) + "\n")
+
+
+def spot_nodes(cluster):
+    return [n for n in cluster.state.nodes if n.group == "spot-cpu"]
+
+
+def restore_spot(cluster, want: int = 2):
+    while len(spot_nodes(cluster)) < want:
+        cluster.add_node("spot-cpu")
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_sweep_survives_spot_node_loss_and_trials_resume_from_checkpoints(rapi, ray_cluster, tmp_path):
+    log = tmp_path / "trials.jsonl"
+    spec = {"name": "chaos-sweep", "kind": "sweep", "entrypoint": "chaos_funcs:slow_trial",
+            "runtime_env": {"working_dir": FUNCS},
+            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
+                      "search_space": {"x": {"grid": list(range(8))}, "log": {"choice": [str(log)]},
+                                       "iters": {"choice": [8]}, "sleep": {"choice": [0.5]}}}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    try:
+        # Wait until trials are running on spot nodes and have checkpointed a few iterations.
+        wait_for(lambda: len(lines(log)) >= 2, timeout=180, what="trials started")
+        wait_for(lambda: (time.sleep(0.1) or True) and any(
+            f.name for f in tmp_path.iterdir()) and time.time() - lines(log)[0]["t"] > 2.0, timeout=60)
+        victim = spot_nodes(ray_cluster)[0]
+        killed_at = time.time()
+        ray_cluster.kill_node(victim.name)
+        done = wait_status(rapi, job["id"], TERMINAL, timeout=400)
+        assert done["status"] == "SUCCEEDED", rapi.get(f"/v1/jobs/{job['id']}/logs").text[-5000:]
+        assert done["attempts"] == 1  # the driver (on on-demand) survived: only trials were retried
+        trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
+        assert len(trials) == 8 and all(t["status"] == "TERMINATED" for t in trials)
+        assert all(t["metrics"]["iter"] == 8 for t in trials)
+        restarts = [x for x in lines(log) if x["start"] > 0]
+        assert restarts, "no trial resumed from a checkpoint"
+        first_resume = min(x["t"] for x in restarts)
+        record(test="sweep_spot_loss", recovery_s=round(first_resume - killed_at, 1),
+               resumed_trials=len(restarts), min_resume_iter=min(x["start"] for x in restarts))
+    finally:
+        restore_spot(ray_cluster)
+
+
+def test_batch_inference_survives_spot_node_loss(rapi, ray_cluster, tmp_path):
+    from examples.make_data import make
+
+    src, out = tmp_path / "in.parquet", tmp_path / "out"
+    make(str(src), n=20000)
+    spec = {"name": "chaos-batch", "kind": "batch_inference", "entrypoint": "examples.predict:Linear",
+            "resources": {"num_workers": 2, "cpus_per_worker": 1},
+            "batch": {"input_uri": str(src), "output_uri": str(out), "batch_size": 50}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    try:
+        wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
+        time.sleep(3)  # chaos at a point in time: the actor pool is up and mapping
+        killed_at = time.time()
+        ray_cluster.kill_node(spot_nodes(ray_cluster)[0].name)
+        done = wait_status(rapi, job["id"], TERMINAL, timeout=400)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        assert done["result"]["rows_in"] == done["result"]["rows_out"] == 20000
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(str(out)).to_pandas()
+        assert sorted(table["id"]) == list(range(20000))
+        record(test="batch_spot_loss", job_done_after_kill_s=round(time.time() - killed_at, 1),
+               attempts=done["attempts"])
+    finally:
+        restore_spot(ray_cluster)
+
+
+def test_repeated_preemption_moves_job_to_on_demand(rapi, ray_cluster, tmp_path):
+    release = tmp_path / "release"
+    spec = {"name": "preempted", "kind": "command", "entrypoint": f"{sys.executable} {FUNCS}/gate.py {release}",
+            "resources": {"cpus_per_worker": 0.5}, "placement": {"market": "SPOT"},
+            "retry": {"backoff_s": 0.5, "spot_fallback_after": 2}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    assert job["placement"]["node_group"] == "spot-cpu"
+    try:
+        detect = []
+        for n in (1, 2):
+            j = wait_status(rapi, job["id"], {"RUNNING"}, timeout=180)
+            assert j["attempts"] == n
+            att = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]
+            wait_for(lambda: rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]["driver_node_id"], timeout=30)
+            att = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]
+            node = next(x for x in ray_cluster.state.nodes if x.ports.get("node_id") == att["driver_node_id"])
+            assert node.group == "spot-cpu"
+            t = time.time()
+            ray_cluster.kill_node(node.name)
+            wait_for(lambda: rapi.get(f"/v1/jobs/{job['id']}").json()["attempts"] == n + 1 or
+                     rapi.get(f"/v1/jobs/{job['id']}").json()["status"] == "RETRYING", timeout=180)
+            detect.append(time.time() - t)
+            if n == 1:
+                restore_spot(ray_cluster, 1)
+        try:
+            j = wait_status(rapi, job["id"], {"RUNNING"}, timeout=180)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; attempts: {rapi.get(f'/v1/jobs/{job[chr(105)+chr(100)]}/attempts').json()}")
+        atts = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()
+        assert [a["cause"] for a in atts[:2]] == ["PREEMPTED", "PREEMPTED"]
+        assert j["preemptions"] == 2 and j["placement"]["node_group"] == "cpu"
+        assert any("spot to on-demand" in r for r in j["placement"]["reasons"])
+        wait_for(lambda: rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]["driver_node_id"], timeout=30)
+        last = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]
+        node = next(x for x in ray_cluster.state.nodes if x.ports.get("node_id") == last["driver_node_id"])
+        assert node.group == "cpu" and last["node_group"] == "cpu"
+        release.touch()
+        assert wait_status(rapi, job["id"], TERMINAL)["status"] == "SUCCEEDED"
+        record(test="repeated_preemption", detection_s=[round(d, 1) for d in detect])
+    finally:
+        release.touch()
+        restore_spot(ray_cluster)

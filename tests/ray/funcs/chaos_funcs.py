@@ -1,0 +1,26 @@
+"""Trials that checkpoint every iteration and log where each (re)start began."""
+
+import json
+import os
+import tempfile
+import time
+
+from ray import tune
+from ray.tune import Checkpoint
+
+
+def slow_trial(config):
+    log = config["log"]
+    start = 0
+    ck = tune.get_checkpoint()
+    if ck is not None:
+        with ck.as_directory() as d:
+            start = json.load(open(os.path.join(d, "state.json")))["iter"]
+    with open(log, "a") as f:
+        f.write(json.dumps({"x": config["x"], "start": start, "t": time.time(),
+                            "group": os.environ.get("RAY_NODE_TYPE_NAME")}) + "\n")
+    for i in range(start, config["iters"]):
+        time.sleep(config["sleep"])
+        with tempfile.TemporaryDirectory() as d:
+            json.dump({"iter": i + 1}, open(os.path.join(d, "state.json"), "w"))
+            tune.report({"score": config["x"] * 10 + i, "iter": i + 1}, checkpoint=Checkpoint.from_directory(d))
