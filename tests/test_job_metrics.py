@@ -1,0 +1,56 @@
+"""jobs/metrics.py: the Ray custom metrics a job's driver records (tagged with the
+job), counted live and topped up to the result's totals; never failing a job."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from jobs import metrics
+
+
+def ctx(kind="sweep"):
+    return SimpleNamespace(job_id="01jobid", project="research", spec=SimpleNamespace(kind=SimpleNamespace(value=kind)),
+                           placement=SimpleNamespace(node_group="spot-cpu"), attempt=2)
+
+
+def test_counts_live_then_tops_up_to_the_result():
+    m = metrics.JobMetrics.start(ctx())
+    assert metrics.current() is m
+    assert m.tags == {"raylane_job_id": "01jobid", "project": "research", "kind": "sweep", "node_group": "spot-cpu",
+                      "attempt": "2"}
+    m.trial_done()
+    m.trial_done(2)
+    m.finish({"num_trials": 5, "rows_out": 1000})
+    assert m.trials_counted == 5  # 3 live + 2 at the end, never counted twice
+    assert m.rows_counted == 1000
+    m.finish({"num_trials": 5})  # a second finish adds nothing
+    assert m.trials_counted == 5
+
+
+def test_metrics_that_cannot_be_created_do_not_fail_the_job(monkeypatch):
+    import ray.util.metrics
+
+    def broken(*a, **k):
+        raise RuntimeError("no metrics agent")
+
+    monkeypatch.setattr(ray.util.metrics, "Gauge", broken)
+    m = metrics.JobMetrics.start(ctx("batch_inference"))
+    m.rows_done(10)
+    m.finish({"rows_out": 10})
+    assert m.rows_counted == 0
+
+
+def test_flush_wait_is_bounded(monkeypatch):
+    slept = []
+    monkeypatch.setattr(metrics.time, "sleep", slept.append)
+    monkeypatch.setenv("RAYLANE_METRICS_FLUSH_S", "3600")
+    metrics.JobMetrics.start(ctx()).finish({})
+    assert slept == [metrics.MAX_FLUSH_S]
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    yield
+    metrics._current = None
