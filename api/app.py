@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from typing import Any
 from pathlib import Path
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 from fastapi.staticfiles import StaticFiles
 
 from api import errors, observability
@@ -19,6 +21,25 @@ from orchestrator.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 UI_DIR = Path(__file__).parent / "ui"  # the web page at /ui: static files, no build step
+
+
+class ErrorBody(BaseModel):
+    detail: Any
+
+
+# Every /v1 route can answer these; documenting them keeps the OpenAPI document
+# honest (tests/test_fuzz.py checks each response against it).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Malformed body (not UTF-8, nested too deeply)"},
+    401: {"model": ErrorBody, "content": {"application/json": {}}, "description": "No or bad API token"},
+    403: {"model": ErrorBody, "content": {"application/json": {}}, "description": "The caller's role or a policy rule forbids it"},
+    404: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Unknown, or in another project"},
+    409: {"model": ErrorBody, "content": {"application/json": {}}, "description": "The object's state forbids it"},
+    413: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Body larger than RAYLANE_MAX_BODY_BYTES"},
+    422: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Invalid input; `detail` names each field"},
+    429: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Submit rate limit; see Retry-After"},
+    503: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Ray is unreachable; see Retry-After"},
+}
 
 
 def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = None) -> FastAPI:
@@ -66,10 +87,10 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     # body is read), inside observability's request ids (a 401 has one too).
     app.add_middleware(AuthMiddleware)
     app.include_router(health.router)
-    app.include_router(jobs.router)
-    app.include_router(cluster.router)
-    app.include_router(costs.router)
-    app.include_router(access.router)
+    app.include_router(jobs.router, responses=ERROR_RESPONSES)
+    app.include_router(cluster.router, responses=ERROR_RESPONSES)
+    app.include_router(costs.router, responses=ERROR_RESPONSES)
+    app.include_router(access.router, responses=ERROR_RESPONSES)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
     return app

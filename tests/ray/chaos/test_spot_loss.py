@@ -44,14 +44,19 @@ def test_sweep_survives_spot_node_loss_and_trials_resume_from_checkpoints(rapi, 
             "runtime_env": {"working_dir": FUNCS},
             "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
                       "search_space": {"x": {"grid": list(range(8))}, "log": {"choice": [str(log)]},
-                                       "iters": {"choice": [8]}, "sleep": {"choice": [0.5]}}}}
+                                       "iters": {"choice": [16]}, "sleep": {"choice": [0.5]}}}}
     job = rapi.post("/v1/jobs", json=spec).json()
     try:
-        # Wait until trials are running on spot nodes and have checkpointed a few iterations.
-        wait_for(lambda: len(lines(log)) >= 2, timeout=180, what="trials started")
-        wait_for(lambda: (time.sleep(0.1) or True) and any(
-            f.name for f in tmp_path.iterdir()) and time.time() - lines(log)[0]["t"] > 2.0, timeout=60)
-        victim = spot_nodes(ray_cluster)[0]
+        # Kill the node of a trial that is running and has checkpointed a few iterations.
+        def running_trial():
+            ls = lines(log)
+            done = {x["x"] for x in ls if x.get("done")}
+            old = [x for x in ls if "start" in x and x["x"] not in done and time.time() - x["t"] > 4.0]
+            return old[0] if old else None
+
+        trial = wait_for(running_trial, timeout=240, what="a trial with checkpoints")
+        victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == trial["node"])
+        assert victim.group == "spot-cpu"
         killed_at = time.time()
         ray_cluster.kill_node(victim.name)
         done = wait_status(rapi, job["id"], TERMINAL, timeout=400)
@@ -59,9 +64,9 @@ def test_sweep_survives_spot_node_loss_and_trials_resume_from_checkpoints(rapi, 
         assert done["attempts"] == 1  # the driver (on on-demand) survived: only trials were retried
         trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
         assert len(trials) == 8 and all(t["status"] == "TERMINATED" for t in trials)
-        assert all(t["metrics"]["iter"] == 8 for t in trials)
-        restarts = [x for x in lines(log) if x["start"] > 0]
-        assert restarts, "no trial resumed from a checkpoint"
+        assert all(t["metrics"]["iter"] == 16 for t in trials)
+        restarts = [x for x in lines(log) if x.get("start", 0) > 0]
+        assert restarts, f"no trial resumed from a checkpoint: killed {trial}; log: {lines(log)}"
         first_resume = min(x["t"] for x in restarts)
         record(test="sweep_spot_loss", recovery_s=round(first_resume - killed_at, 1),
                resumed_trials=len(restarts), min_resume_iter=min(x["start"] for x in restarts))

@@ -16,11 +16,16 @@ def slow_trial(config):
     if ck is not None:
         with ck.as_directory() as d:
             start = json.load(open(os.path.join(d, "state.json")))["iter"]
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
     with open(log, "a") as f:
-        f.write(json.dumps({"x": config["x"], "start": start, "t": time.time(),
+        f.write(json.dumps({"x": config["x"], "start": start, "t": time.time(), "node": node,
                             "group": os.environ.get("RAY_NODE_TYPE_NAME")}) + "\n")
     for i in range(start, config["iters"]):
         time.sleep(config["sleep"])
         with tempfile.TemporaryDirectory() as d:
             json.dump({"iter": i + 1}, open(os.path.join(d, "state.json"), "w"))
             tune.report({"score": config["x"] * 10 + i, "iter": i + 1}, checkpoint=Checkpoint.from_directory(d))
+    with open(log, "a") as f:
+        f.write(json.dumps({"x": config["x"], "done": True, "t": time.time()}) + "\n")
