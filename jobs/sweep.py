@@ -15,6 +15,7 @@ from ray import tune
 from ray.tune import PlacementGroupFactory
 
 from jobs.base import RunContext, load_callable
+from jobs.metrics import trial_callback
 
 
 def _domain(d) -> Any:
@@ -65,7 +66,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             tune_config=tune.TuneConfig(metric=sw.metric, mode=sw.mode, num_samples=sw.num_samples,
                                         max_concurrent_trials=pl.num_workers, scheduler=scheduler,
                                         reuse_actors=True),
-            run_config=tune.RunConfig(storage_path=path, name=name, verbose=0,
+            run_config=tune.RunConfig(storage_path=path, name=name, verbose=0, callbacks=[trial_callback()],
                                       failure_config=tune.FailureConfig(max_failures=sw.max_trial_failures)),
         )
     results = tuner.fit()

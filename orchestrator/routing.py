@@ -192,7 +192,16 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
     per_worker = _per_worker(spec)
     workers = r.num_workers
     if spec.kind is JobKind.SWEEP and spec.sweep is not None:
-        workers = min(spec.sweep.max_concurrent_trials or spec.sweep.num_samples, spec.sweep.num_samples)
+        if spec.sweep.max_concurrent_trials:
+            workers = min(spec.sweep.max_concurrent_trials, spec.sweep.num_samples)
+        else:
+            # No cap given: as many trials at once as the group can hold now (or at
+            # its largest), so Tune does not queue hundreds of trial actors.
+            live = cluster.get(group.name) if cluster else None
+            cpus = live.total.get("CPU", 0) if live and live.alive_nodes else group.cpus * group.max_nodes
+            slots = int(cpus // r.cpus_per_worker) if r.cpus_per_worker else spec.sweep.num_samples
+            workers = max(1, min(spec.sweep.num_samples, slots))
+            reasons.append(f"{workers} trials at a time: what group {group.name} holds")
     total = {k: v * workers for k, v in per_worker.items()}
     driver_group = group
     if group.is_spot and spec.kind is not JobKind.COMMAND:

@@ -1,0 +1,109 @@
+"""A 200-trial sweep of short trials through Raylane against the same sweep with
+Tune used directly, on the same local cluster, in the same run:
+  - Tune's defaults (what a user writes first),
+  - Tune as a Ray expert would set it for short trials (reuse_actors, a concurrency
+    cap, trials placed on the spot group),
+  - Raylane with the spec of examples/lr-sweep.yaml at 200 samples (no tuning knobs).
+Each is submitted as a Ray job and timed from submit to SUCCEEDED.
+
+    python bench/sweep_vs_tune.py [--samples 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import free_port  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=200)
+    args = ap.parse_args()
+    from ray.job_submission import JobSubmissionClient
+
+    from orchestrator.localcluster import LocalCluster
+    from orchestrator.profile import default_profile
+    from orchestrator.specs import JobSpec
+
+    work = Path(tempfile.mkdtemp(prefix="raylane-sweep-bench-"))
+    cluster = LocalCluster(default_profile(), work / "cluster")
+    state = cluster.up()
+    port = free_port()
+    env = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_LOG_LEVEL": "WARNING",
+           "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
+           "RAYLANE_AUTH_ENABLED": "false"}
+    server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
+                              stdout=open(work / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def ready():
+            try:
+                return httpx.get(url + "/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, timeout=120, what="raylane")
+        ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
+
+        def direct(mode: str) -> dict:
+            t = time.perf_counter()
+            sid = ray.submit_job(
+                entrypoint=f"python {ROOT}/bench/tune_direct.py --mode {mode} --samples {args.samples} "
+                           f"--storage {work}/tune-{mode}-{uuid.uuid4().hex[:6]}",
+                entrypoint_num_cpus=0.1, entrypoint_label_selector={"ray.io/node-group": "cpu"})
+            while str(ray.get_job_status(sid)).split(".")[-1] not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                time.sleep(0.2)
+            wall = time.perf_counter() - t
+            logs = ray.get_job_logs(sid)
+            line = [x for x in logs.splitlines() if x.startswith("BENCH ")]
+            assert line, logs[-3000:]
+            return {**json.loads(line[-1][6:]), "wall_s": wall}
+
+        def raylane() -> dict:
+            spec = JobSpec.from_file(ROOT / "examples" / "lr-sweep.yaml").model_dump(mode="json", exclude_none=True)
+            spec["sweep"]["num_samples"] = args.samples
+            spec["sweep"]["scheduler"] = "fifo"  # the same algorithm as the direct runs
+            spec["sweep"].pop("max_concurrent_trials", None)  # no knobs: Raylane's defaults
+            t = time.perf_counter()
+            job = httpx.post(url + "/v1/jobs", json=spec).json()
+            while True:
+                j = httpx.get(url + f"/v1/jobs/{job['id']}").json()
+                if j["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    break
+                time.sleep(0.2)
+            assert j["status"] == "SUCCEEDED", j["status_reason"]
+            return {"wall_s": time.perf_counter() - t, "trials": j["result"]["num_trials"],
+                    "best_loss": j["result"]["best"]["metrics"]["loss"]}
+
+        expert = direct("expert")
+        ours = raylane()
+        default = direct("default")
+        out = {"samples": args.samples, "tune_default_s": default["wall_s"], "tune_expert_s": expert["wall_s"],
+               "raylane_s": ours["wall_s"], "ratio_vs_default": ours["wall_s"] / default["wall_s"],
+               "ratio_vs_expert": ours["wall_s"] / expert["wall_s"], "detail": [default, expert, ours]}
+        print(json.dumps(out, indent=2))
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+        cluster.down()
+
+
+if __name__ == "__main__":
+    main()

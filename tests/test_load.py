@@ -1,0 +1,57 @@
+"""Load: 10,000 submissions from 50 concurrent clients against a real server on
+PostgreSQL, each retried on timeout with its Idempotency-Key: exactly 10,000
+jobs are stored, none twice."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.conftest import fresh_pg_database
+
+pytestmark = pytest.mark.slow
+
+CLIENTS = 50
+TOTAL = 10_000
+TIMEOUT_S = 2.0  # short on purpose: under load some submits time out and are retried
+MAX_TRIES = 20  # per submission; bounded so a broken server fails the test instead of hanging it
+
+
+def test_ten_thousand_submits_with_retries_store_exactly_ten_thousand(server_factory, pg_template, tmp_path):
+    url = fresh_pg_database(pg_template)
+    srv = server_factory({"RAYLANE_DATABASE_URL": url, "RAYLANE_DATA_DIR": str(tmp_path),
+                          "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_LOG_LEVEL": "WARNING"}).start()
+    retries = 0
+    keys = [f"load-{uuid.uuid4()}" for _ in range(TOTAL)]
+
+    async def client(chunk: list[str]):
+        nonlocal retries
+        async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT_S) as c:
+            for i, key in enumerate(chunk):
+                spec = {"name": f"load-{i}", "kind": "command", "entrypoint": "true"}
+                for attempt in range(MAX_TRIES):
+                    try:
+                        r = await c.post("/v1/jobs", json=spec, headers={"Idempotency-Key": key})
+                        assert r.status_code in (200, 201), r.text
+                        break
+                    except httpx.TimeoutException:
+                        retries += 1
+                else:
+                    raise AssertionError(f"{key}: no answer after {MAX_TRIES} tries")
+
+    async def main():
+        per = TOTAL // CLIENTS
+        await asyncio.gather(*(client(keys[i * per:(i + 1) * per]) for i in range(CLIENTS)))
+
+    asyncio.run(main())
+    eng = create_engine(url.replace("postgresql+psycopg", "postgresql+psycopg"))
+    with eng.connect() as conn:
+        n = conn.execute(text("SELECT count(*) FROM jobs")).scalar()
+        distinct = conn.execute(text("SELECT count(DISTINCT idempotency_key) FROM jobs")).scalar()
+    eng.dispose()
+    print(f"stored {n} jobs for {TOTAL} submissions ({retries} retried after a timeout)")
+    assert n == distinct == TOTAL
