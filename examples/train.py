@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 
 
 def main(ctx):
     steps = int(ctx.args.get("steps", 200))
+    step_sleep = float(ctx.args.get("step_sleep", 0))  # stretch a step, to watch (or interrupt) a run
     rng = np.random.default_rng(ctx.rank)
     true_w = np.array([2.0, -3.0, 0.5])
     x = rng.normal(size=(512, 3))
@@ -25,6 +27,8 @@ def main(ctx):
         w, start = np.array(state["w"]), state["step"]
     losses = []
     for step in range(start, steps):
+        if step_sleep:
+            time.sleep(step_sleep)
         pred = x @ w
         grad = 2 * x.T @ (pred - y) / len(y)
         w -= 0.05 * grad

@@ -1,0 +1,84 @@
+"""An attempt stopped mid-run (its driver's node lost) is re-dispatched and
+resumes from the job's checkpoint: training from its latest checkpoint, a sweep
+by restoring its Tune experiment (finished trials are not run again)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+from tests.ray.chaos.test_spot_loss import lines, record
+from tests.ray.conftest import wait_status
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+FUNCS = str(Path(__file__).resolve().parent.parent / "funcs")
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def driver_node(rapi, ray_cluster, job_id):
+    att = wait_for(lambda: rapi.get(f"/v1/jobs/{job_id}/attempts").json()[-1]["driver_node_id"] and
+                   rapi.get(f"/v1/jobs/{job_id}/attempts").json()[-1], timeout=60)
+    return next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == att["driver_node_id"])
+
+
+def test_training_attempt_resumes_from_checkpoint(rapi, ray_cluster, ray_settings):
+    spec = {"name": "resume-train", "kind": "training", "entrypoint": "examples.train:main",
+            "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1},
+            "args": {"steps": 400, "step_sleep": 0.05}, "retry": {"backoff_s": 0.5}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    storage = Path(ray_settings.data_dir) / "storage" / "default" / job["id"] / "checkpoints"
+    try:
+        wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
+        wait_for(lambda: len(glob.glob(str(storage / "checkpoint_*"))) >= 2, timeout=120, what="checkpoints")
+        node = driver_node(rapi, ray_cluster, job["id"])
+        assert node.group == "gpu"
+        ray_cluster.kill_node(node.name)
+        ray_cluster.add_node("gpu")
+        done = wait_status(rapi, job["id"], TERMINAL, timeout=300)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        atts = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()
+        assert [a["cause"] for a in atts] == ["NODE_LOST", None]
+        ret = done["result"]["workers"][0]["return"]
+        assert ret["resumed_from"] >= 100 and ret["steps_run"] == 400 - ret["resumed_from"]
+        record(test="training_resume", resumed_from_step=ret["resumed_from"], steps_repeated_saved=ret["resumed_from"])
+    finally:
+        if not any(n.group == "gpu" for n in ray_cluster.state.nodes):
+            ray_cluster.add_node("gpu")
+
+
+def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, tmp_path):
+    log = tmp_path / "trials.jsonl"
+    spec = {"name": "resume-sweep", "kind": "sweep", "entrypoint": "chaos_funcs:slow_trial",
+            "runtime_env": {"working_dir": FUNCS}, "retry": {"backoff_s": 0.5},
+            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
+                      "search_space": {"x": {"grid": list(range(12))}, "log": {"choice": [str(log)]},
+                                       "iters": {"choice": [8]}, "sleep": {"choice": [0.25]}}}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    try:
+        wait_for(lambda: len([x for x in lines(log) if x.get("done")]) >= 4, timeout=300, what="4 trials done")
+        node = driver_node(rapi, ray_cluster, job["id"])
+        assert node.group == "cpu"  # the sweep's driver sits on on-demand
+        done_before = {x["x"] for x in lines(log) if x.get("done")}
+        ray_cluster.kill_node(node.name)
+        ray_cluster.add_node("cpu")
+        done = wait_status(rapi, job["id"], TERMINAL, timeout=400)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        assert done["attempts"] == 2
+        trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
+        assert len(trials) == 12 and all(t["status"] == "TERMINATED" for t in trials)
+        finishes: dict[int, int] = {}
+        for x in lines(log):
+            if x.get("done"):
+                finishes[x["x"]] = finishes.get(x["x"], 0) + 1
+        # Trials that finished in attempt 1 were restored, not run again.
+        assert all(finishes[x] == 1 for x in done_before), finishes
+        starts = len([x for x in lines(log) if "start" in x])
+        record(test="sweep_resume", trials_done_before_loss=len(done_before), trial_starts=starts, trials=12)
+    finally:
+        if not any(n.group == "cpu" for n in ray_cluster.state.nodes):
+            ray_cluster.add_node("cpu")
