@@ -3,6 +3,7 @@ report its result. Imports ``orchestrator.specs``/``resources`` only, never the 
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import os
@@ -28,6 +29,10 @@ class RunContext:
 
     @classmethod
     def from_env(cls) -> "RunContext":
+        if "RAYLANE_JOB_B64" in os.environ:
+            # The dispatcher passes the runner's inputs on the driver's command line
+            # (see orchestrator.dispatcher.submit); make them plain env vars here.
+            os.environ.update(json.loads(base64.b64decode(os.environ.pop("RAYLANE_JOB_B64"))))
         storage = Path(os.environ["RAYLANE_STORAGE"])
         storage.mkdir(parents=True, exist_ok=True)
         return cls(job_id=os.environ["RAYLANE_JOB_ID"], attempt=int(os.environ["RAYLANE_ATTEMPT"]),

@@ -23,6 +23,7 @@ the same id, Ray answers "already exists", and we adopt it: one Ray job, not two
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -254,7 +255,17 @@ class Dispatcher(LoopService):
         metadata = {"raylane_job_id": c.job_id, "raylane_project": c.project, "raylane_kind": spec.kind.value,
                     "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name}
         env = runner_env(c.job_id, c.attempt, c.project, spec, pl, self.storage_root)
-        runtime_env: dict[str, Any] = {"env_vars": {**spec.runtime_env.env_vars, **env}}
+        if spec.kind is JobKind.COMMAND:
+            runtime_env: dict[str, Any] = {"env_vars": {**spec.runtime_env.env_vars, **env}}
+            entrypoint = spec.entrypoint
+        else:
+            # The runner's inputs go to the driver alone, on its command line, not
+            # into runtime_env: env vars there would give every worker of the job a
+            # runtime env of its own, so Ray could not hand trials its prestarted
+            # workers (a 200-trial sweep of short trials paid seconds for it).
+            runtime_env = {"env_vars": dict(spec.runtime_env.env_vars)} if spec.runtime_env.env_vars else {}
+            blob = base64.b64encode(json.dumps(env).encode()).decode()
+            entrypoint = f"RAYLANE_JOB_B64={blob} python -m jobs.run"
         if spec.runtime_env.working_dir:
             runtime_env["working_dir"] = spec.runtime_env.working_dir
         if spec.runtime_env.pip:
@@ -264,7 +275,6 @@ class Dispatcher(LoopService):
         excludes = state_excludes(spec, self.settings.data_dir)
         if excludes:
             runtime_env["excludes"] = excludes  # never ship the control plane's own state
-        entrypoint = spec.entrypoint if spec.kind is JobKind.COMMAND else "python -m jobs.run"
         drv = pl.driver_resources
         try:
             self.backend.submit(submission_id=sid, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata,
