@@ -236,6 +236,9 @@ class LocalCluster:
             # KubeRay sets these; Ray turns them into ray.io/node-group and ray.io/market-type labels.
             "RAY_NODE_TYPE_NAME": group.name,
             "RAY_NODE_MARKET_TYPE": group.market,
+            # Export metrics every 2 s instead of 10 s, so a short job's Raylane
+            # metrics (jobs/metrics.py) reach the node's Prometheus endpoint.
+            "RAY_metrics_report_interval_ms": os.environ.get("RAY_metrics_report_interval_ms", "2000"),
             # Drivers run `python ...` from PATH: make it this environment's Python.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
