@@ -43,8 +43,22 @@ def run(ctx: RunContext) -> dict[str, Any]:
     )
     out_fmt = b.format or infer_format(b.output_uri)
     out = out.materialize()
+    # The attempt owns its output: a retried attempt (after a preemption) must not
+    # add its files next to a failed attempt's, or rows would be written twice.
+    _clear(b.output_uri)
     rows_out = out.count()
     getattr(out, WRITERS[out_fmt])(b.output_uri)
     return {"rows_in": rows_in, "rows_out": rows_out, "output_uri": b.output_uri, "format": out_fmt,
             "concurrency": concurrency, "node_group": pl.node_group,
             "driver_node_group": os.environ.get("RAY_NODE_TYPE_NAME")}
+
+
+def _clear(uri: str) -> None:
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir_contents(path, missing_dir_ok=True)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)

@@ -80,7 +80,20 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
         return FailureCause.RUNTIME_ENV, msg[-LOG_TAIL_CHARS:]
     if rj.driver_exit_code in (137, -9) or "OutOfMemoryError" in msg or "out of memory" in msg.lower():
         return FailureCause.OOM, msg[-LOG_TAIL_CHARS:]
+    # The driver lived, but the job died of a worker whose node died (a framework
+    # that did not recover from it, e.g. a Ray Data actor lost before it started):
+    # the cluster's fault, not the code's.
+    m = _NODE_DIED.search(msg)
+    if m:
+        dead = nodes.get(m.group(1))
+        if dead is not None and dead.market == "SPOT":
+            return FailureCause.PREEMPTED, f"a worker's spot node {m.group(1)[:12]} went away: {_tail(msg)}"
+        return FailureCause.NODE_LOST, f"a worker's node {m.group(1)[:12]} died: {_tail(msg)}"
     return FailureCause.APP_ERROR, msg[-LOG_TAIL_CHARS:]
+
+
+# Ray's words when an actor or task is lost with its node.
+_NODE_DIED = re.compile(r"because its node has died\. Node Id: ([0-9a-f]{56})")
 
 
 _EXC_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Exit|Interrupt)\b.*")

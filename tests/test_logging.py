@@ -38,6 +38,7 @@ def test_json_lines_carry_request_job_and_attempt():
     stream, _, saved = _capture("json")
     try:
         log = logging.getLogger("raylane.test")
+        logcontext.bind_job(None)  # a loop's run_once called directly by an earlier test may have bound one
         log.info("before any context")
         token = logcontext.request_id.set("req-1")
         with logcontext.job_context("job-1", 2):

@@ -90,6 +90,7 @@ class RayJobsBackend:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.dashboard_url, headers=headers, timeout=HTTP_TIMEOUT_S)
         self._sdk = None  # Ray's JobSubmissionClient, only for uploading local directories
+        self._labels: dict[str, dict[str, str]] = {}  # node id -> group/market labels seen while alive
 
     def close(self) -> None:
         self.http.close()
@@ -192,8 +193,16 @@ class RayJobsBackend:
         for n in r.json()["data"]["summary"]:
             rl = n.get("raylet", {})
             death = rl.get("deathInfo") or {}
+            labels = dict(rl.get("labels") or {})
+            nid = rl.get("nodeId")
+            # Ray's list drops a dead node's labels; remember them while it is alive,
+            # so a dead node can still be told spot (preempted) from on-demand.
+            if labels.get(NODE_GROUP_LABEL):
+                self._labels[nid] = {k: labels[k] for k in (NODE_GROUP_LABEL, MARKET_LABEL) if k in labels}
+            elif nid in self._labels:
+                labels.update(self._labels[nid])
             out.append(RayNode(
-                node_id=rl.get("nodeId"), state=rl.get("state", "DEAD"), labels=rl.get("labels") or {},
+                node_id=nid, state=rl.get("state", "DEAD"), labels=labels,
                 resources_total=rl.get("resourcesTotal") or {}, is_head=bool(rl.get("isHeadNode")),
                 death_reason=death.get("reason"), death_message=death.get("reasonMessage"),
                 draining=bool(rl.get("isDraining") or rl.get("drainingDeadlineTimestampMs")),

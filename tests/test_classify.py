@@ -1,0 +1,44 @@
+"""Failure classification from what Ray reports (no cluster needed)."""
+
+from __future__ import annotations
+
+from orchestrator.backends.ray_jobs import RayJob, RayNode
+from orchestrator.reconciler import _tail, classify
+from orchestrator.states import FailureCause
+
+NID = "f035050c9f16273808ca3ef01e9871cae75a7e3e50337d23b147c710"
+
+
+def job(msg: str, error_type="JOB_ENTRYPOINT_COMMAND_ERROR", exit_code=1, driver="aa" * 28) -> RayJob:
+    return RayJob("raylane-x-1", "FAILED", msg, error_type, 1, 2, driver, exit_code, {})
+
+
+def node(nid: str, market: str | None, state="DEAD") -> RayNode:
+    labels = {"ray.io/market-type": market, "ray.io/node-group": "g"} if market else {}
+    return RayNode(nid, state, labels, {}, False, "UNEXPECTED_TERMINATION", "missed heartbeats", False)
+
+
+def test_worker_lost_with_a_spot_node_is_a_preemption():
+    msg = f"Traceback\nThe actor died because its node has died. Node Id: {NID}\n\tthe actor's node was terminated"
+    assert classify(job(msg), {NID: node(NID, "SPOT")})[0] is FailureCause.PREEMPTED
+    assert classify(job(msg), {NID: node(NID, "ON_DEMAND")})[0] is FailureCause.NODE_LOST
+
+
+def test_driver_node_death_uses_the_placement_market_when_labels_are_gone():
+    d = "bb" * 28
+    rj = job("", error_type="JOB_SUPERVISOR_ACTOR_DIED", exit_code=None, driver=d)
+    assert classify(rj, {d: node(d, None)}, driver_market="SPOT")[0] is FailureCause.PREEMPTED
+    assert classify(rj, {d: node(d, None)}, driver_market="ON_DEMAND")[0] is FailureCause.NODE_LOST
+
+
+def test_other_causes():
+    assert classify(None, {})[0] is FailureCause.LOST
+    assert classify(job("x", exit_code=137), {})[0] is FailureCause.OOM
+    assert classify(job("boom", error_type="RUNTIME_ENV_SETUP_FAILURE"), {})[0] is FailureCause.RUNTIME_ENV
+    assert classify(job("ValueError: bad"), {})[0] is FailureCause.APP_ERROR
+    assert classify(job("x"), {}, timed_out=True)[0] is FailureCause.TIMEOUT
+
+
+def test_reason_quotes_the_exception_not_the_chatter_after_it():
+    log = "start\nTraceback (most recent call last):\n  File x\nValueError: lr must be > 0\n(trainable pid=1) chatter\n"
+    assert _tail(log) == "ValueError: lr must be > 0"
