@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,8 +29,7 @@ TOKEN = "rl_bench-admin-token-0123456789"  # auth on, as in production
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import free_port  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from bench import _server  # noqa: E402
 
 POLL_S = 0.02
 ENTRYPOINT = "true"
@@ -80,23 +77,11 @@ def main() -> None:
     cluster = LocalCluster(default_profile(), work / "cluster")
     state = cluster.up()
     head_pgid = next(n.pid for n in state.nodes if n.group == "head")
-    port = free_port()
-    env = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_LOG_LEVEL": "WARNING",
-           "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
-           "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL", "RAYLANE_MAX_CONCURRENT_DRIVERS": "1000",
-           "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"}
-    server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
-                              stdout=open(work / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    def ready() -> bool:
-        assert server.poll() is None, (work / "server.log").read_text()[-2000:]
-        try:
-            return httpx.get(url + "/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(ready, timeout=60, what="raylane")
+        server, url = _server.start_server(work, {
+            "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
+            "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL", "RAYLANE_MAX_CONCURRENT_DRIVERS": "1000",
+            "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
     except BaseException:
         cluster.down()
         raise
@@ -163,8 +148,7 @@ def main() -> None:
         }
         print(json.dumps(out, indent=2))
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
+        _server.stop_server(server)
         cluster.down()
 
 

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,8 +48,7 @@ def main() -> int:
     from examples.torch_train import _Ctx, main as train
     from orchestrator.localcluster import LocalCluster
     from orchestrator.profile import Profile, default_profile
-    from tests.conftest import free_port
-    from tests.helpers import wait_for
+    from bench import _server
 
     ctx = _Ctx()
     ctx.args = {"steps": args.steps}
@@ -65,22 +61,14 @@ def main() -> int:
     (work / "profile.yaml").write_text(json.dumps(prof.model_dump(mode="json")))
     cluster = LocalCluster(Profile.load(work / "profile.yaml"), work / "cluster")
     state = cluster.up()
-    port = free_port()
-    env = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_AUTH_ENABLED": "false",
-           "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
-           "RAYLANE_PROFILE": str(work / "profile.yaml")}
-    server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
-                              stdout=open(work / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        url = f"http://127.0.0.1:{port}"
-
-        def ready():
-            try:
-                return httpx.get(url + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, timeout=120, what="raylane")
+        server, url = _server.start_server(work, {
+            "RAYLANE_AUTH_ENABLED": "false", "RAYLANE_DASHBOARD_URL": state.dashboard_url,
+            "RAYLANE_RAY_AUTH_TOKEN": state.token, "RAYLANE_PROFILE": str(work / "profile.yaml")})
+    except BaseException:
+        cluster.down()
+        raise
+    try:
         spec = {"name": "gpu-check", "kind": "training", "entrypoint": "examples.torch_train:main",
                 "resources": {"num_workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 1},
                 "args": {"steps": args.steps}}
@@ -103,8 +91,7 @@ def main() -> int:
         assert via["device"].startswith("cuda"), "torch did not use the GPU through Raylane"
         return 0
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
+        _server.stop_server(server)
         cluster.down()
 
 

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,8 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import free_port  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from bench import _server  # noqa: E402
 
 SPEC = {"name": "bench", "kind": "command", "entrypoint": "true", "labels": {"bench": "1"}}
 # Auth stays on (its token lookup is part of every request's cost); the rate limit is off.
@@ -39,23 +37,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def start_server(db_url: str, data_dir: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "RAYLANE_DATABASE_URL": db_url, "RAYLANE_DATA_DIR": data_dir, "RAYLANE_PORT": str(port),
-           "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_LOG_LEVEL": "WARNING", "RAYLANE_ADMIN_TOKEN": TOKEN,
-           "RAYLANE_SUBMIT_RATE_PER_S": "0"}
-    log = open(Path(data_dir) / "server.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready():
-        try:
-            return httpx.get(url + "/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(ready, timeout=60, what="server")
-    return proc, url
+    return _server.start_server(Path(data_dir), {
+        "RAYLANE_DATABASE_URL": db_url, "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_ADMIN_TOKEN": TOKEN,
+        "RAYLANE_SUBMIT_RATE_PER_S": "0"}, timeout=60)
 
 
 async def singles(url: str, seconds: float, concurrency: int) -> tuple[int, float, list[float]]:
@@ -135,8 +119,7 @@ def run(label: str, db_url: str, args) -> dict:
                 "single_p99_ms": lat[int(len(lat) * 0.99)] * 1000, "batch_jobs_per_s": bn / bdt,
                 "single_n": n, "batch_n": bn}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        _server.stop_server(proc)
 
 
 def main() -> None:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,8 +24,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import free_port  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from bench import _server  # noqa: E402
 
 
 def main() -> None:
@@ -44,22 +40,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="raylane-sweep-bench-"))
     cluster = LocalCluster(default_profile(), work / "cluster")
     state = cluster.up()
-    port = free_port()
-    env = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_LOG_LEVEL": "WARNING",
-           "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
-           "RAYLANE_AUTH_ENABLED": "false"}
-    server = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=env, cwd=ROOT,
-                              stdout=open(work / "server.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        url = f"http://127.0.0.1:{port}"
-
-        def ready():
-            try:
-                return httpx.get(url + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, timeout=120, what="raylane")
+        server, url = _server.start_server(work, {
+            "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
+            "RAYLANE_AUTH_ENABLED": "false"})
+    except BaseException:
+        cluster.down()
+        raise
+    try:
         ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
 
         def direct(mode: str) -> dict:
@@ -100,8 +88,7 @@ def main() -> None:
                "ratio_vs_expert": ours["wall_s"] / expert["wall_s"], "detail": [default, expert, ours]}
         print(json.dumps(out, indent=2))
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
+        _server.stop_server(server)
         cluster.down()
 
 
