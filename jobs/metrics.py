@@ -16,17 +16,25 @@ exported. Runners therefore count as they go (``trial_done`` from a Tune
 callback, ``rows_done`` per batch); ``finish`` tops the counters up to the
 result's totals, and waits ``RAYLANE_METRICS_FLUSH_S`` seconds (default 0: no
 wait) for one more export when a job's last numbers matter more than its exit time.
+
+Ray 2.60 exports a gauge only in the interval it was set in, and the node's agent
+drops a gauge series it has not heard of for two intervals (checked on this
+version: a gauge set once shows for one scrape, then vanishes). A job's
+``raylane_job_running`` is therefore set again every second by a daemon thread
+for as long as the job runs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
 TAG_KEYS = ("raylane_job_id", "project", "kind", "node_group", "attempt")
 MAX_FLUSH_S = 30.0  # a driver never lingers longer than this for its metrics
+HEARTBEAT_S = 1.0  # below Ray's smallest export interval (1 s), so no export misses the gauge
 
 log = logging.getLogger(__name__)
 _current: "JobMetrics | None" = None
@@ -43,6 +51,17 @@ class JobMetrics:
         self.rows = Counter("raylane_rows_done", "Output rows of a Raylane batch-inference job.", tag_keys=TAG_KEYS)
         self.trials_counted = 0
         self.rows_counted = 0
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def _heartbeat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.running.set(1, tags=self.tags)
+            except Exception as e:  # pragma: no cover - metrics must never fail the job
+                log.warning("raylane: job metrics heartbeat stopped: %s", e)
+                return
+            self._stop.wait(HEARTBEAT_S)
 
     @classmethod
     def start(cls, ctx) -> "JobMetrics":
@@ -51,6 +70,8 @@ class JobMetrics:
         try:
             m = cls(ctx.job_id, ctx.project, ctx.spec.kind.value, ctx.placement.node_group, ctx.attempt)
             m.running.set(1, tags=m.tags)
+            m._beat = threading.Thread(target=m._heartbeat, name="raylane-metrics", daemon=True)
+            m._beat.start()
         except Exception as e:  # metrics must never fail the job
             log.warning("raylane: job metrics unavailable: %s", e)
             m = _Off()
@@ -75,6 +96,9 @@ class JobMetrics:
         rows = result.get("rows_out")
         if isinstance(rows, int):
             self.rows_done(rows - self.rows_counted)
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=5)  # so no late heartbeat sets 1 after the 0 below
         self.running.set(0, tags=self.tags)
         try:
             flush = min(float(os.environ.get("RAYLANE_METRICS_FLUSH_S", "0")), MAX_FLUSH_S)
@@ -110,12 +134,20 @@ def trial_callback():
     from ray import tune
 
     class TrialProgress(tune.Callback):
+        # Tune pickles its callbacks with the experiment state, and this local
+        # class is pickled by value: look the job's metrics up through the module
+        # (pickled by reference), never through a global captured here, which
+        # would drag the heartbeat's thread lock into the pickle.
         def on_trial_complete(self, iteration, trials, trial, **info):
-            if _current is not None:
-                _current.trial_done()
+            from jobs import metrics
+
+            if (m := metrics.current()) is not None:
+                m.trial_done()
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            if _current is not None:
-                _current.trial_done()
+            from jobs import metrics
+
+            if (m := metrics.current()) is not None:
+                m.trial_done()
 
     return TrialProgress()

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from jobs import metrics
+from tests.helpers import wait_for
 
 
 def ctx(kind="sweep"):
@@ -54,3 +55,27 @@ def test_flush_wait_is_bounded(monkeypatch):
 def _reset():
     yield
     metrics._current = None
+
+
+def test_running_gauge_is_set_again_while_the_job_runs_and_stops_after(monkeypatch):
+    """Ray exports a gauge only in an interval it was set in: the heartbeat re-sets it."""
+    monkeypatch.setattr(metrics, "HEARTBEAT_S", 0.01)
+    m = metrics.JobMetrics.start(ctx())
+    sets = []
+    monkeypatch.setattr(m.running, "set", lambda v, tags: sets.append(v))
+    wait_for(lambda: sets.count(1) >= 3, timeout=10, what="three heartbeats")
+    m.finish({})
+    assert sets[-1] == 0  # the heartbeat has stopped before the final 0 ...
+    assert not m._beat.is_alive()  # ... and sets nothing after it
+
+
+def test_tune_callback_pickles_while_a_job_runs():
+    """Tune pickles callbacks with its experiment state; the job's metrics (a thread
+    lock in the heartbeat) must not be dragged along."""
+    from ray import cloudpickle
+
+    m = metrics.JobMetrics.start(ctx())
+    cb = cloudpickle.loads(cloudpickle.dumps(metrics.trial_callback()))
+    cb.on_trial_complete(0, [], None)
+    assert m.trials_counted == 1
+    m.finish({})
