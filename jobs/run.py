@@ -41,7 +41,10 @@ def main() -> int:
     os.chdir(ctx.storage)
     import ray
 
-    ray.init(log_to_driver=True)
+    # Where several Ray nodes share a host (the local cluster), the node names its
+    # own address: without it Ray attaches a driver to the head's raylet, wherever
+    # its job supervisor runs. On a real cluster it is unset and Ray decides.
+    ray.init(log_to_driver=True, _node_ip_address=os.environ.get("RAYLANE_NODE_IP") or None)
     progress = JobMetrics.start(ctx)  # Ray custom metrics tagged with the job (jobs/metrics.py)
     result = runner.run(ctx)
     progress.finish(result or {})

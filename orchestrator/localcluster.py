@@ -8,6 +8,20 @@ every Ray process on the machine. Every node gets explicit free ports (Redis has
 authentication stays on: the token lives in the cluster's own directory and is
 handed to nodes, drivers and the Jobs API client.
 
+Each node has an address of its own on the loopback network (the head
+127.0.0.1, workers 127.0.0.2, 127.0.0.3, ...), as separate hosts would, and its
+processes see it in ``RAYLANE_NODE_IP``. A driver on a shared host otherwise
+registers with the head's raylet whatever node its job supervisor runs on (Ray
+prefers the head among local raylets), and then lives and dies with the head;
+Raylane's runner (``jobs/run.py``) passes ``RAYLANE_NODE_IP`` to ``ray.init`` so
+its driver belongs to its own node, as on a real cluster.
+
+The head can be killed and started again on the same ports (``restart_head``),
+in both of Ray's modes: without GCS fault tolerance the new head starts an empty
+cluster, so the worker nodes are replaced too (KubeRay restarts their pods);
+with ``gcs_ft_redis`` the head keeps its state in Redis under a key namespace of
+the cluster's own, and worker nodes, actors and running jobs carry on.
+
 State (pids, ports, addresses) is kept in ``<dir>/state.json`` so ``raylane cluster
 down|status`` works from another process.
 """
@@ -50,6 +64,7 @@ class NodeProc:
     pid: int
     ports: dict[str, int]
     log_path: str
+    ip: str = "127.0.0.1"
 
     @property
     def name(self) -> str:
@@ -64,6 +79,10 @@ class ClusterState:
     token_path: str
     temp_dir: str
     nodes: list[NodeProc] = field(default_factory=list)
+    head_ports: dict[str, int] = field(default_factory=dict)
+    next_ip: int = 2  # the last octet of the next worker's loopback address
+    redis_address: str | None = None  # GCS fault tolerance: the Redis the head keeps its state in
+    storage_namespace: str | None = None  # ... and the key namespace of this cluster there
 
     def save(self) -> None:
         Path(self.dir, "state.json").write_text(json.dumps(asdict(self), indent=2))
@@ -99,9 +118,12 @@ def _alive(pid: int) -> bool:
 class LocalCluster:
     """Start, inspect and stop the local cluster of a profile."""
 
-    def __init__(self, profile: Profile, dir: str | Path):
+    def __init__(self, profile: Profile, dir: str | Path, *, gcs_ft_redis: str | None = None):
+        """``gcs_ft_redis`` (``host:port``) turns on Ray's GCS fault tolerance: the
+        head keeps the cluster's state there, under a namespace of its own."""
         self.profile = profile
         self.dir = Path(dir).resolve()
+        self.gcs_ft_redis = gcs_ft_redis
         self.state: ClusterState | None = ClusterState.load(self.dir)
 
     # Public ----------------------------------------------------------------
@@ -120,10 +142,10 @@ class LocalCluster:
         self.state = ClusterState(
             dir=str(self.dir), gcs_address=f"127.0.0.1:{gcs_port}", dashboard_url=f"http://127.0.0.1:{dash_port}",
             token_path=str(token_path), temp_dir=temp_dir,
+            redis_address=self.gcs_ft_redis,
+            storage_namespace=f"raylane-{secrets.token_hex(6)}" if self.gcs_ft_redis else None,
         )
-        head = self.profile.head
-        self._start_node(head, 0, head_ports={"port": gcs_port, "dashboard-port": dash_port})
-        self._wait_dashboard()
+        self._start_head()
         for group in self.profile.workers:
             for i in range(group.local_nodes):
                 self.add_node(group.name, i)
@@ -141,6 +163,29 @@ class LocalCluster:
         node = self._start_node(group, index)
         self._wait_registered(before, node)
         return node
+
+    def kill_head(self) -> NodeProc:
+        """SIGKILL the head's processes (GCS, dashboard and Jobs API, head raylet)."""
+        assert self.state is not None
+        return self.kill_node(self._head_node().name)
+
+    def restart_head(self) -> None:
+        """Kill the head and start it again on the same addresses.
+
+        With GCS fault tolerance, the new head reads the cluster back from Redis and
+        the worker nodes reconnect. Without it the new head knows nothing, and a
+        worker node cannot join it (its raylet belongs to the old cluster): the
+        workers are replaced by fresh nodes of the same groups, as KubeRay does."""
+        assert self.state is not None
+        head = next((n for n in self.state.nodes if n.group == self.profile.head.name), None)
+        if head is not None:
+            self.kill_node(head.name)
+        workers = [] if self.state.redis_address else list(self.state.nodes)
+        for n in workers:
+            self.kill_node(n.name)
+        self._start_head()
+        for n in sorted(workers, key=lambda n: (n.group, n.index)):
+            self.add_node(n.group, n.index)
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> NodeProc:
         """Kill one node's whole process group (raylet, workers, agents): a spot reclaim."""
@@ -174,8 +219,21 @@ class LocalCluster:
                 except ProcessLookupError:
                     pass
         subprocess.run(["rm", "-rf", self.state.temp_dir], check=False)
+        if self.state.redis_address and self.state.storage_namespace:
+            self._drop_redis_namespace()
         Path(self.dir, "state.json").unlink(missing_ok=True)
         self.state = None
+
+    def _drop_redis_namespace(self) -> None:
+        """Delete this cluster's keys from the shared Redis (only its own namespace)."""
+        from ray._private.gcs_utils import cleanup_redis_storage
+
+        host, port = self.state.redis_address.rsplit(":", 1)
+        try:
+            cleanup_redis_storage(host=host, port=int(port), password="", use_ssl=False,
+                                  storage_namespace=self.state.storage_namespace)
+        except Exception as e:  # pragma: no cover - leave the keys rather than fail a shutdown
+            log.warning("could not delete Redis namespace %s: %s", self.state.storage_namespace, e)
 
     def is_up(self) -> bool:
         if not self.state:
@@ -201,6 +259,24 @@ class LocalCluster:
 
     # Internals -------------------------------------------------------------
 
+    def _head_node(self) -> NodeProc:
+        return next(n for n in self.state.nodes if n.group == self.profile.head.name)
+
+    def _start_head(self) -> None:
+        """Start the head on the cluster's GCS and dashboard ports (the first time,
+        or again after it was killed)."""
+        assert self.state is not None
+        if not self.state.head_ports:
+            self.state.head_ports = {"port": int(self.state.gcs_address.rsplit(":", 1)[1]),
+                                     "dashboard-port": int(self.state.dashboard_url.rsplit(":", 1)[1]),
+                                     "ray-client-server-port": free_port()}
+        # `ray start --head` refuses to start where its temp dir names a cluster
+        # whose GCS address some local raylet still uses (a worker of the killed
+        # head, waiting for it to come back): that is exactly a restart.
+        Path(self.state.temp_dir, "ray_current_cluster").unlink(missing_ok=True)
+        self._start_node(self.profile.head, 0, head_ports=self.state.head_ports)
+        self._wait_dashboard()
+
     def _ray_bin(self) -> str:
         return str(Path(sys.executable).with_name("ray"))
 
@@ -220,12 +296,14 @@ class LocalCluster:
                 f"--memory={int(group.memory_gb * GiB)}", "--object-store-memory=" + str(200 * 1024**2),
                 "--disable-usage-stats"]
         if head_ports is not None:
+            ip = "127.0.0.1"
             ports.update(head_ports)
-            ports["ray-client-server-port"] = free_port()
-            args += ["--head", "--node-ip-address=127.0.0.1", "--include-dashboard=true",
+            args += ["--head", f"--node-ip-address={ip}", "--include-dashboard=true",
                      "--dashboard-host=127.0.0.1"]
         else:
-            args += [f"--address={self.state.gcs_address}", "--node-ip-address=127.0.0.1"]
+            ip = f"127.0.0.{self.state.next_ip}"
+            self.state.next_ip += 1
+            args += [f"--address={self.state.gcs_address}", f"--node-ip-address={ip}"]
         args += [f"--{k}={v}" for k, v in ports.items()]
         if group.accelerator:
             # What Ray itself advertises on a node it detects the accelerator on.
@@ -242,12 +320,20 @@ class LocalCluster:
             # Drivers run `python ...` from PATH: make it this environment's Python.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
-        env.pop("RAY_ADDRESS", None) if head_ports is not None else None
+        if head_ports is None:
+            env["RAYLANE_NODE_IP"] = ip  # see the module's doc: drivers attach to their own node
+        else:
+            # (Ray advertises the head at the host's address, not 127.0.0.1: its
+            # drivers find it unaided.)
+            env.pop("RAY_ADDRESS", None)
+            if self.state.redis_address:
+                env["RAY_REDIS_ADDRESS"] = self.state.redis_address
+                env["RAY_external_storage_namespace"] = self.state.storage_namespace
         log_path = self.dir / f"node-{group.name}-{index}.log"
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(args, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
                                     cwd=str(self.dir))
-        node = NodeProc(group=group.name, index=index, pid=proc.pid, ports=ports, log_path=str(log_path))
+        node = NodeProc(group=group.name, index=index, pid=proc.pid, ports=ports, log_path=str(log_path), ip=ip)
         self.state.nodes.append(node)
         self.state.save()
         return node
@@ -262,11 +348,11 @@ class LocalCluster:
                         return
                 except httpx.HTTPError:
                     pass
-            head = self.state.nodes[0]
+            head = self._head_node()
             if not _alive(head.pid):
                 raise RuntimeError(f"Ray head exited; see {head.log_path}:\n{Path(head.log_path).read_text()[-3000:]}")
             time.sleep(0.25)
-        raise TimeoutError(f"Ray head did not come up in {NODE_START_TIMEOUT_S}s; see {self.state.nodes[0].log_path}")
+        raise TimeoutError(f"Ray head did not come up in {NODE_START_TIMEOUT_S}s; see {self._head_node().log_path}")
 
     def _alive_node_ids(self) -> set[str]:
         return {n["raylet"]["nodeId"] for n in self.nodes() if n["raylet"].get("state") == "ALIVE"}

@@ -3,10 +3,9 @@ tagged with the job, so the Prometheus that Ray's Grafana reads shows them.
 
 Prometheus finds Ray's endpoints through the service-discovery file Ray writes
 (``<temp_dir>/prom_metrics_service_discovery.json``, one target per node and
-agent); this test scrapes exactly those targets, as Prometheus would. On the
-local cluster every node shares 127.0.0.1, and a driver started on a worker
-node registers with the head's raylet, so its series are exported by the
-head's endpoint: which target carries them is Ray's business, not the test's.
+agent); this test scrapes exactly those targets, as Prometheus would. Which
+target carries a job's series (the driver's node's) is Ray's business, not the
+test's.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ def scrape_ray(cluster) -> list[str]:
     assert targets, sd
     lines: list[str] = []
     for t in targets:
-        port = t.rsplit(":", 1)[1]
         try:
-            lines += [ln for ln in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines()
+            lines += [ln for ln in httpx.get(f"http://{t}/metrics", timeout=10).text.splitlines()
                       if not ln.startswith("#")]
         except httpx.HTTPError:
             pass  # a target that is starting or gone; Prometheus would skip it too
