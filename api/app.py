@@ -56,7 +56,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             from orchestrator.backends.ray_jobs import read_token
             from orchestrator.profile import Profile
 
-            plane.attach_ray(settings.dashboard_url, read_token(settings.ray_auth_token), Profile.load(settings.profile))
+            plane.attach_ray(settings.dashboard_url, read_token(settings.ray_auth_token), Profile.load(settings.profile),
+                             ray_address=settings.ray_address)
             if settings.loops_enabled:
                 plane.start_loops()
         hooks = getattr(app.state, "startup_hooks", [])

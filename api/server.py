@@ -32,6 +32,7 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
         cluster = LocalCluster(Profile.load(settings.profile), settings.data_dir / "cluster")
         state = cluster.up()
         settings.dashboard_url = state.dashboard_url
+        settings.ray_address = state.gcs_address
         settings.ray_auth_token = state.token
     app.state.startup_hooks.append(lambda cp: _announce(base, cp))
     try:

@@ -827,6 +827,75 @@ def cluster_status(output: Output = _OUTPUT) -> None:
         raise typer.Exit(EXIT_FAILED)
 
 
+def _running_cluster():
+    cluster = _local_cluster()
+    if not cluster.is_up():
+        raise _fail("no local cluster is running (`raylane cluster up`)", EXIT_FAILED)
+    return cluster
+
+
+def _node_name(cluster, name: str) -> str:
+    names = [n.name for n in cluster.state.nodes]
+    if name not in names:
+        raise _fail(f"no node {name!r} in the local cluster; its nodes: {', '.join(names)}", EXIT_USAGE)
+    if name == f"{cluster.profile.head.name}-0":
+        raise _fail("that is the head node: use `raylane cluster restart-head`", EXIT_USAGE)
+    return name
+
+
+@cluster_app.command("drain")
+def cluster_drain(
+    node: str = typer.Argument(..., help="Node name from `raylane cluster status`, e.g. spot-cpu-0."),
+    deadline_s: int = typer.Option(120, "--deadline-s", min=1, help="Seconds until the node is gone."),
+    message: str = typer.Option("spot termination notice", "--message", help="Ray's drain reason message."),
+) -> None:
+    """Send a node Ray's preemption notice (`ray drain-node`), as a spot-termination
+    watcher would: Ray and Raylane stop placing work there and Raylane asks the
+    jobs on it to checkpoint. The node leaves when idle (or `kill` it)."""
+    cluster = _running_cluster()
+    name = _node_name(cluster, node)
+    try:
+        cluster.drain_node(name, message=message, deadline_s=deadline_s)
+    except RuntimeError as e:
+        raise _fail(str(e), EXIT_FAILED) from None
+    _console().print(f"Node {name} is draining (deadline {deadline_s}s).")
+
+
+@cluster_app.command("kill")
+def cluster_kill(node: str = typer.Argument(..., help="Node name from `raylane cluster status`.")) -> None:
+    """SIGKILL one worker node's processes: a spot reclaim without notice."""
+    cluster = _running_cluster()
+    name = _node_name(cluster, node)
+    cluster.kill_node(name)
+    _console().print(f"Node {name} killed; `raylane cluster add {name.rsplit('-', 1)[0]}` replaces it.")
+
+
+@cluster_app.command("add")
+def cluster_add(group: str = typer.Argument(..., help="Node group of the profile, e.g. spot-cpu.")) -> None:
+    """Start one more node of a group (e.g. to replace a killed spot node)."""
+    cluster = _running_cluster()
+    try:
+        node = cluster.add_node(group)
+    except ValueError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
+    except (RuntimeError, TimeoutError) as e:
+        raise _fail(str(e), EXIT_FAILED) from None
+    _console().print(f"Node {node.name} is up.")
+
+
+@cluster_app.command("restart-head")
+def cluster_restart_head() -> None:
+    """Kill the head and start it again on the same ports. Without GCS fault
+    tolerance Ray forgets everything: the worker nodes are replaced and running
+    attempts come back as LOST, retried by Raylane."""
+    cluster = _running_cluster()
+    try:
+        cluster.restart_head()
+    except (RuntimeError, TimeoutError) as e:
+        raise _fail(str(e), EXIT_FAILED) from None
+    _console().print("Head restarted.")
+
+
 def main() -> None:
     try:
         app()

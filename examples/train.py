@@ -16,6 +16,7 @@ import numpy as np
 def main(ctx):
     steps = int(ctx.args.get("steps", 200))
     step_sleep = float(ctx.args.get("step_sleep", 0))  # stretch a step, to watch (or interrupt) a run
+    checkpoint_every = int(ctx.args.get("checkpoint_every", 50))
     rng = np.random.default_rng(ctx.rank)
     true_w = np.array([2.0, -3.0, 0.5])
     x = rng.normal(size=(512, 3))
@@ -34,7 +35,9 @@ def main(ctx):
         w -= 0.05 * grad
         loss = float(np.mean((pred - y) ** 2))
         losses.append(loss)
-        if ctx.rank == 0 and (step + 1) % 50 == 0:
+        # Every `checkpoint_every` steps, and at once when Raylane asks (a node of
+        # this job is draining: a spot preemption notice).
+        if ctx.rank == 0 and ((step + 1) % checkpoint_every == 0 or ctx.checkpoint_requested()):
             d = ctx.checkpoint_dir / f"checkpoint_{step + 1:06d}"
             d.mkdir(parents=True, exist_ok=True)
             (d / "state.json").write_text(json.dumps({"w": w.tolist(), "step": step + 1}))

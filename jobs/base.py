@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +28,10 @@ class RunContext:
     placement: Placement
     storage: Path  # survives attempts: checkpoints and experiment state live here
 
+    @property
+    def submission_id(self) -> str:
+        return f"raylane-{self.job_id}-{self.attempt}"  # orchestrator.ids.submission_id
+
     @classmethod
     def from_env(cls) -> "RunContext":
         if "RAYLANE_JOB_B64" in os.environ:
@@ -39,6 +44,45 @@ class RunContext:
                    project=os.environ.get("RAYLANE_PROJECT", "default"),
                    spec=JobSpec.model_validate_json(os.environ["RAYLANE_SPEC"]),
                    placement=Placement.model_validate_json(os.environ["RAYLANE_PLACEMENT"]), storage=storage)
+
+
+class CheckpointSignal:
+    """Raylane's request that an attempt checkpoint now, because a node it runs on
+    is draining (a spot preemption notice). The control plane leaves it in Ray's
+    key-value store (``orchestrator.backends.ray_gcs``); any process of the job
+    can ask.
+
+    ``requested()`` is True once per process after the request; cheap to call
+    every step (it reads the store at most once a second). Outside a Ray job it is
+    always False."""
+
+    CHECK_EVERY_S = 1.0
+
+    def __init__(self, submission_id: str):
+        self.submission_id = submission_id
+        self._seen = False
+        self._checked_at = 0.0
+
+    def requested(self) -> bool:
+        if self._seen:
+            return False
+        now = time.monotonic()
+        if now - self._checked_at < self.CHECK_EVERY_S:
+            return False
+        self._checked_at = now
+        try:
+            from ray.experimental import internal_kv
+
+            if not internal_kv._internal_kv_initialized():
+                return False
+            value = internal_kv._internal_kv_get(f"checkpoint/{self.submission_id}", namespace="raylane")
+        except Exception:  # never fail a step over a message
+            return False
+        if value:
+            self._seen = True
+            print(f"raylane: checkpoint requested: {value.decode(errors='replace')}", flush=True)
+            return True
+        return False
 
 
 def load_callable(path: str) -> Callable[..., Any]:

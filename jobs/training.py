@@ -18,7 +18,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.base import RunContext, load_callable
+from jobs.base import CheckpointSignal, RunContext, load_callable
 
 GANG_TIMEOUT_S = 600  # admission already checked capacity; this bounds a lost race
 
@@ -26,12 +26,19 @@ GANG_TIMEOUT_S = 600  # admission already checked capacity; this bounds a lost r
 class TrainContext:
     """What the user's function receives."""
 
-    def __init__(self, rank: int, world_size: int, checkpoint_dir: str, args: dict[str, Any]):
+    def __init__(self, rank: int, world_size: int, checkpoint_dir: str, args: dict[str, Any],
+                 submission_id: str = ""):
         self.rank = rank
         self.world_size = world_size
         self.checkpoint_dir = Path(checkpoint_dir)
         self.args = args
         self.metrics: list[dict[str, Any]] = []
+        self._signal = CheckpointSignal(submission_id)
+
+    def checkpoint_requested(self) -> bool:
+        """True (once) when Raylane asks for a checkpoint now: a node of this job is
+        draining and will be gone soon. Check it every step; save when it is True."""
+        return self._signal.requested()
 
     def report(self, **metrics: Any) -> None:
         self.metrics.append(metrics)
@@ -45,9 +52,10 @@ class TrainContext:
 
 @ray.remote
 class Worker:
-    def run(self, entrypoint: str, rank: int, world_size: int, checkpoint_dir: str, args: dict[str, Any]):
+    def run(self, entrypoint: str, rank: int, world_size: int, checkpoint_dir: str, args: dict[str, Any],
+            submission_id: str = ""):
         fn = load_callable(entrypoint)
-        ctx = TrainContext(rank, world_size, checkpoint_dir, args)
+        ctx = TrainContext(rank, world_size, checkpoint_dir, args, submission_id)
         out = fn(ctx)
         return {
             "rank": rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
@@ -72,7 +80,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             ).remote()
             for i in range(pl.num_workers)
         ]
-        outs = ray.get([w.run.remote(ctx.spec.entrypoint, i, pl.num_workers, str(ckpt), ctx.spec.args)
+        outs = ray.get([w.run.remote(ctx.spec.entrypoint, i, pl.num_workers, str(ckpt), ctx.spec.args,
+                                     ctx.submission_id)
                         for i, w in enumerate(workers)])
         return {"workers": outs, "checkpoint_dir": str(ckpt)}
     finally:

@@ -10,7 +10,11 @@ Per pass:
   with that node's market label (a dead spot node is a preemption);
 - the retry policy decides: another attempt after backoff, or FAILED;
 - CANCELLING jobs get their Ray job stopped until Ray confirms;
-- jobs past ``timeout_s`` are stopped and end FAILED with cause TIMEOUT.
+- jobs past ``timeout_s`` are stopped and end FAILED with cause TIMEOUT;
+- a node Ray is draining (its drain API: a spot preemption notice) gets its
+  running attempts asked to checkpoint now (``_drains``): those whose driver or
+  actors are on it. The event says so; the dispatcher already leaves the node's
+  capacity out of admission.
 
 On start-up the control plane runs one pass before dispatching anything new
 (re-attach before new work, like Ray's own job manager).
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +41,7 @@ from orchestrator.states import INFRASTRUCTURE_CAUSES, FailureCause, JobStatus
 from orchestrator.store import db
 from orchestrator.store.jobs import save_trials, set_result
 from orchestrator.store.tables import attempts, jobs, results
-from orchestrator.store.transitions import transition, utcnow
+from orchestrator.store.transitions import record_event, transition, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ RESULT_MARKER = "RAYLANE_RESULT "
 FAST_POLL_S = 0.05
 LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
 LOG_TAIL_CHARS = 4000
+DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
 
 
 def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = False,
@@ -66,11 +72,12 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     node = nodes.get(rj.driver_node_id or "")
     if node is not None and node.state == "DEAD" or rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED":
         market = (node.market if node is not None else None) or driver_market
-        drained = node is not None and ((node.death_reason or "").startswith("AUTOSCALER_DRAIN")
+        drained = node is not None and (node.drained or (node.death_reason or "").startswith("AUTOSCALER_DRAIN")
                                         or "preempt" in (node.death_message or "").lower())
         node_name = f"node {node.node_id[:12]}" if node is not None else "node"
         if market == "SPOT" or drained:
-            return FailureCause.PREEMPTED, f"driver's spot {node_name} went away: " \
+            what = "drained" if drained and market != "SPOT" else "spot"
+            return FailureCause.PREEMPTED, f"driver's {what} {node_name} went away: " \
                                            f"{(node.death_message or node.death_reason) if node else 'node died'}"
         where = node_name if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
@@ -86,7 +93,7 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     m = _NODE_DIED.search(msg)
     if m:
         dead = nodes.get(m.group(1))
-        if dead is not None and dead.market == "SPOT":
+        if dead is not None and (dead.market == "SPOT" or dead.drained):
             return FailureCause.PREEMPTED, f"a worker's spot node {m.group(1)[:12]} went away: {_tail(msg)}"
         return FailureCause.NODE_LOST, f"a worker's node {m.group(1)[:12]} died: {_tail(msg)}"
     return FailureCause.APP_ERROR, msg[-LOG_TAIL_CHARS:]
@@ -156,6 +163,8 @@ class Reconciler(LoopService):
         self.sessions = sessions
         self.backend = backend
         self._live = 0
+        self._drain_checked_at = 0.0
+        self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
 
     def next_wait(self) -> float:
         # Poll Ray quickly while attempts are young or live: completion is noticed
@@ -192,6 +201,10 @@ class Reconciler(LoopService):
         except RayUnavailable as e:
             log.warning("reconciler: %s", e)
             return
+        try:
+            self._drains(live, ray_jobs)
+        except Exception:
+            log.exception("reconciler: checking draining nodes failed; next pass tries again")
         now = utcnow()
         for r in live:
             logcontext.bind_job(r["job_id"], r["number"])  # every log line about this attempt names it
@@ -226,6 +239,41 @@ class Reconciler(LoopService):
                 return
             except Exception:
                 log.exception("reconciling %s failed; next pass tries again", r["submission_id"])
+
+    # Draining nodes ------------------------------------------------------------
+
+    def _drains(self, live, ray_jobs: dict[str, RayJob | None]) -> None:
+        """Ask the running attempts on draining nodes to checkpoint, once each."""
+        gcs = self.backend.gcs
+        if gcs is None or time.monotonic() - self._drain_checked_at < DRAIN_CHECK_S:
+            return
+        self._drain_checked_at = time.monotonic()
+        live_sids = {r["submission_id"] for r in live}
+        self._asked = {(sid, node) for sid, node in self._asked if sid in live_sids}
+        draining = self.backend.draining()
+        if not draining:
+            return
+        running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == "RUNNING"]
+        by_ray_job = {rj.ray_job_id: r for r, rj in running if rj.ray_job_id}
+        labels = {n.node_id: n for n in self.backend.nodes()}
+        for node_id in sorted(draining):
+            affected = {r["submission_id"]: r for r, rj in running if rj.driver_node_id == node_id}
+            for ray_job in self.backend.actor_jobs_on(node_id) & by_ray_job.keys():
+                affected.setdefault(by_ray_job[ray_job]["submission_id"], by_ray_job[ray_job])
+            node = labels.get(node_id)
+            where = f"node {node_id[:12]}" + (f" ({node.group}, {(node.market or '').lower()})" if node else "")
+            for sid, r in affected.items():
+                if (sid, node_id) in self._asked:
+                    continue
+                # Another replica (or this one before a restart) may have asked already.
+                if gcs.checkpoint_request(sid) is None:
+                    gcs.request_checkpoint(sid, node_id=node_id, reason=f"{where} is draining")
+                    with db.transaction(self.sessions) as s:
+                        record_event(s, r["job_id"], status=JobStatus(r["job_status"]), actor="reconciler",
+                                     attempt=r["number"],
+                                     reason=f"{where} is draining: asked attempt {r['number']} to checkpoint now")
+                    log.info("%s is draining: asked %s to checkpoint", where, sid)
+                self._asked.add((sid, node_id))
 
     # Outcomes ----------------------------------------------------------------
 

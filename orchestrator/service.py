@@ -135,8 +135,13 @@ class ControlPlane:
 
     # Ray ---------------------------------------------------------------------
 
-    def attach_ray(self, dashboard_url: str, token: str | None, profile) -> None:
-        """Wire routing, the dispatcher and the reconciler to a Ray cluster."""
+    def attach_ray(self, dashboard_url: str, token: str | None, profile, *, ray_address: str | None = None) -> None:
+        """Wire routing, the dispatcher and the reconciler to a Ray cluster.
+
+        ``ray_address`` (the GCS, host:port) adds what only the GCS knows: which
+        nodes are draining (excluded from admission; their jobs are asked to
+        checkpoint). Without it Raylane sees a drained node only when it dies."""
+        from orchestrator.backends.ray_gcs import RayGcs
         from orchestrator.backends.ray_jobs import RayJobsBackend
         from orchestrator.dispatcher import Dispatcher
         from orchestrator.reconciler import Reconciler
@@ -144,7 +149,7 @@ class ControlPlane:
 
         self.profile = profile
         self.dashboard_url = dashboard_url
-        self.backend = RayJobsBackend(dashboard_url, token)
+        self.backend = RayJobsBackend(dashboard_url, token, gcs=RayGcs(ray_address, token) if ray_address else None)
         self.router = lambda spec: route(spec, profile, self.cluster_view())
         self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work)
         self.reconciler = Reconciler(self.settings, self.sessions, self.backend)

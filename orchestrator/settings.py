@@ -41,7 +41,8 @@ class Settings(BaseSettings):
     )
 
     # Ray
-    ray_address: str | None = Field(None, description="GCS address of an existing Ray cluster (host:port).")
+    ray_address: str | None = Field(None, description="GCS address of an existing Ray cluster (host:port): "
+                                    "lets Raylane see draining nodes and ask their jobs to checkpoint.")
     dashboard_url: str | None = Field(None, description="Ray dashboard / Jobs API URL of an existing cluster.")
     ray_auth_token: str | None = Field(None, description="Ray token-auth token; unset: read ~/.ray/auth_token when present.")
     profile: Path | None = Field(None, description="Cluster profile YAML. Unset: the shipped local profile.")

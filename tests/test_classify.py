@@ -42,3 +42,19 @@ def test_other_causes():
 def test_reason_quotes_the_exception_not_the_chatter_after_it():
     log = "start\nTraceback (most recent call last):\n  File x\nValueError: lr must be > 0\n(trainable pid=1) chatter\n"
     assert _tail(log) == "ValueError: lr must be > 0"
+
+
+def test_an_on_demand_node_that_was_draining_when_it_died_was_preempted():
+    """Ray's drain API warned of it (a preemption notice); a node killed after the
+    notice often dies with plain missed heartbeats, so what Raylane saw counts."""
+    import dataclasses
+
+    d = "cc" * 28
+    rj = job("", error_type="JOB_SUPERVISOR_ACTOR_DIED", exit_code=None, driver=d)
+    warned = dataclasses.replace(node(d, "ON_DEMAND"), drained=True)
+    cause, msg = classify(rj, {d: warned})
+    assert cause is FailureCause.PREEMPTED and "drained node" in msg
+    assert classify(rj, {d: node(d, "ON_DEMAND")})[0] is FailureCause.NODE_LOST
+    msg = f"The actor died because its node has died. Node Id: {NID}\n"
+    assert classify(job(msg), {NID: dataclasses.replace(node(NID, "ON_DEMAND"), drained=True)})[0] \
+        is FailureCause.PREEMPTED

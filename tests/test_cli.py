@@ -425,6 +425,28 @@ def test_local_cluster_up_then_jobs_run_then_down(server_factory, tmp_path):
             sys.path.remove(str(mod_dir))
             sys.modules.pop("sdk_e2e_fn", None)
         srv.stop()
+
+        # Chaos by hand: a preemption notice, a replacement, a reclaim, a head restart.
+        def ray_state(name):
+            view = json.loads(rl("cluster", "status", "-o", "json", url=None, **local).stdout)
+            return next((n["ray_state"] for n in view["nodes"] if n["name"] == name), "gone")
+
+        r = rl("cluster", "drain", "nope-0", url=None, **local)
+        assert r.returncode == 2 and "no node 'nope-0'" in r.stderr and "cpu-0" in r.stderr, r.stderr
+        r = rl("cluster", "drain", "cpu-0", "--deadline-s", "60", url=None, timeout=120, **local)
+        assert r.returncode == 0 and "cpu-0 is draining" in r.stdout, r.stdout + r.stderr
+        wait_for(lambda: ray_state("cpu-0") == "DEAD", timeout=60, what="the idle drained node leaving")
+        r = rl("cluster", "add", "cpu", url=None, timeout=300, **local)
+        assert r.returncode == 0 and "Node cpu-1 is up" in r.stdout, r.stdout + r.stderr
+        assert ray_state("cpu-1") == "ALIVE"
+        r = rl("cluster", "kill", "cpu-1", url=None, **local)
+        assert r.returncode == 0 and ray_state("cpu-1") == "gone"
+        r = rl("cluster", "restart-head", url=None, timeout=300, **local)
+        assert r.returncode == 0 and "Head restarted" in r.stdout, r.stdout + r.stderr
+        view = json.loads(rl("cluster", "status", "-o", "json", url=None, **local).stdout)
+        assert view["up"] and view["dashboard_url"] == state["dashboard_url"]  # same addresses
+        assert {n["group"] for n in view["nodes"]} == {"head", "cpu"}
+        assert {n["ray_state"] for n in view["nodes"]} == {"ALIVE"}, view["nodes"]
     finally:
         r = rl("cluster", "down", url=None, timeout=120, **local)
     assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr

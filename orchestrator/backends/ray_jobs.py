@@ -42,13 +42,15 @@ class RayJob:
     driver_node_id: str | None
     driver_exit_code: int | None
     metadata: dict[str, str]
+    ray_job_id: str | None = None  # Ray's own job id (hex), once the driver started
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "RayJob":
         return cls(submission_id=d.get("submission_id") or d.get("job_id"), status=d["status"],
                    message=d.get("message"), error_type=d.get("error_type"), start_time=d.get("start_time"),
                    end_time=d.get("end_time"), driver_node_id=d.get("driver_node_id"),
-                   driver_exit_code=d.get("driver_exit_code"), metadata=d.get("metadata") or {})
+                   driver_exit_code=d.get("driver_exit_code"), metadata=d.get("metadata") or {},
+                   ray_job_id=d.get("job_id"))
 
 
 @dataclass
@@ -61,6 +63,7 @@ class RayNode:
     death_reason: str | None
     death_message: str | None
     draining: bool
+    drained: bool = False  # seen draining while alive: its death is the preemption it was warned of
 
     @property
     def group(self) -> str | None:
@@ -85,15 +88,19 @@ def read_token(explicit: str | None = None) -> str | None:
 
 
 class RayJobsBackend:
-    def __init__(self, dashboard_url: str, token: str | None = None):
+    def __init__(self, dashboard_url: str, token: str | None = None, *, gcs=None):
         self.dashboard_url = dashboard_url.rstrip("/")
+        self.gcs = gcs  # orchestrator.backends.ray_gcs.RayGcs: draining nodes, checkpoint requests
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.dashboard_url, headers=headers, timeout=HTTP_TIMEOUT_S)
         self._sdk = None  # Ray's JobSubmissionClient, only for uploading local directories
         self._labels: dict[str, dict[str, str]] = {}  # node id -> group/market labels seen while alive
+        self._drained: set[str] = set()  # node ids seen draining (a killed node's death info forgets it)
 
     def close(self) -> None:
         self.http.close()
+        if self.gcs is not None:
+            self.gcs.close()
 
     def _req(self, method: str, path: str, **kw) -> httpx.Response:
         try:
@@ -185,10 +192,36 @@ class RayJobsBackend:
         r.raise_for_status()
         return r.json()
 
+    def draining(self) -> set[str]:
+        """Ids of alive nodes Ray is draining; empty without a GCS connection or when
+        the GCS cannot be asked (the dashboard never shows a drain)."""
+        if self.gcs is None:
+            return set()
+        from orchestrator.backends.ray_gcs import GcsUnavailable
+
+        try:
+            draining = set(self.gcs.draining_nodes())
+        except GcsUnavailable as e:
+            log.warning("draining nodes unknown: %s", e)
+            return set()
+        self._drained |= draining
+        return draining
+
+    def actor_jobs_on(self, node_id: str) -> set[str]:
+        """Ray job ids (hex) with alive actors on a node (Ray's state API)."""
+        r = self._req("GET", "/api/v0/actors", params=[
+            ("filter_keys", "node_id"), ("filter_predicates", "="), ("filter_values", node_id),
+            ("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "ALIVE"),
+            ("limit", "10000"), ("detail", "false")])
+        if r.status_code != 200:
+            raise RayUnavailable(f"Ray state API answered {r.status_code} for actors on {node_id}")
+        return {a["job_id"] for a in r.json()["data"]["result"]["result"] if a.get("job_id")}
+
     def nodes(self) -> list[RayNode]:
         r = self._req("GET", "/nodes?view=summary")
         if r.status_code != 200:
             raise RayUnavailable(f"Ray dashboard answered {r.status_code} for nodes")
+        draining = self.draining()
         out = []
         for n in r.json()["data"]["summary"]:
             rl = n.get("raylet", {})
@@ -205,7 +238,7 @@ class RayJobsBackend:
                 node_id=nid, state=rl.get("state", "DEAD"), labels=labels,
                 resources_total=rl.get("resourcesTotal") or {}, is_head=bool(rl.get("isHeadNode")),
                 death_reason=death.get("reason"), death_message=death.get("reasonMessage"),
-                draining=bool(rl.get("isDraining") or rl.get("drainingDeadlineTimestampMs")),
+                draining=nid in draining, drained=nid in self._drained,
             ))
         return out
 

@@ -29,6 +29,7 @@ def ray_settings(tmp_path, ray_cluster):
     migrate.upgrade(url)
     return Settings(database_url=url, data_dir=tmp_path, auto_migrate=False,
                     dashboard_url=ray_cluster.state.dashboard_url, ray_auth_token=ray_cluster.state.token,
+                    ray_address=ray_cluster.state.gcs_address,
                     reconcile_interval_s=0.5, dispatch_interval_s=0.5,
                     admin_token=ADMIN_TOKEN, submit_rate_per_s=0, policy_working_dir_roots=WORKING_DIR_ROOTS)
 

@@ -76,6 +76,7 @@ def head_api(head_cluster, tmp_path):
     migrate.upgrade(url)
     settings = Settings(database_url=url, data_dir=tmp_path, auto_migrate=False, profile=profile_path,
                         dashboard_url=cluster.state.dashboard_url, ray_auth_token=cluster.state.token,
+                        ray_address=cluster.state.gcs_address,
                         reconcile_interval_s=0.5, dispatch_interval_s=0.5, admin_token=ADMIN_TOKEN,
                         submit_rate_per_s=0, policy_working_dir_roots=WORKING_DIR_ROOTS)
     with TestClient(create_app(settings), headers=ADMIN_HEADERS) as c:

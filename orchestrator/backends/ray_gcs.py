@@ -1,0 +1,90 @@
+"""What only Ray's GCS knows, over its gRPC API: which nodes are draining, and a
+place to leave jobs a message (Ray's internal key-value store).
+
+Ray's dashboard caches its node list and never shows a drain: a node that Ray's
+drain API (``ray drain-node``, a spot-termination watcher, KubeRay) marked for
+preemption looks ALIVE and ACTIVE there until it dies. The GCS's own node table
+has it as DRAINING (``state_snapshot``), so this asks the GCS, with the cluster's
+token in the ``authorization`` metadata exactly as Ray's own clients send it.
+
+Raylane tells a job to checkpoint by writing ``checkpoint/<submission id>`` in the
+``raylane`` namespace of that store; the job's runner (``jobs.base.RunContext.
+checkpoint_requested``) reads it from inside the cluster. Both sides go through
+Ray's own store, so the message survives whatever the control plane does next.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import grpc
+from ray.core.generated import gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+KV_NAMESPACE = b"raylane"
+RPC_TIMEOUT_S = 5.0
+
+
+def checkpoint_key(submission_id: str) -> bytes:
+    return f"checkpoint/{submission_id}".encode()
+
+
+class GcsUnavailable(Exception):
+    """The GCS could not be reached (or refused the call)."""
+
+
+@dataclass(frozen=True)
+class DrainingNode:
+    node_id: str
+    labels: dict[str, str]
+
+
+class RayGcs:
+    def __init__(self, address: str, token: str | None = None):
+        self.address = address
+        self._channel = grpc.insecure_channel(address)
+        self._nodes = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(self._channel)
+        self._kv = gcs_service_pb2_grpc.InternalKVGcsServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, fn, request):
+        try:
+            reply = fn(request, timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise GcsUnavailable(f"Ray GCS at {self.address}: {e.code().name}: {e.details()}") from e
+        status = getattr(reply, "status", None)
+        if status is not None and status.code != 0:
+            raise GcsUnavailable(f"Ray GCS at {self.address} answered {status.code}: {status.message}")
+        return reply
+
+    def draining_nodes(self) -> dict[str, DrainingNode]:
+        """Alive nodes that Ray is draining (about to be preempted or removed)."""
+        reply = self._call(self._nodes.GetAllNodeInfo, gcs_service_pb2.GetAllNodeInfoRequest(
+            state_filter=gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE))
+        out = {}
+        for n in reply.node_info_list:
+            if n.state_snapshot.state == gcs_pb2.NodeSnapshot.State.DRAINING:
+                nid = n.node_id.hex()
+                out[nid] = DrainingNode(node_id=nid, labels=dict(n.labels))
+        return out
+
+    def request_checkpoint(self, submission_id: str, *, node_id: str, reason: str) -> None:
+        """Leave the attempt a message: checkpoint now, your node is going away."""
+        value = json.dumps({"node_id": node_id, "reason": reason}).encode()
+        self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(
+            key=checkpoint_key(submission_id), value=value, overwrite=True, namespace=KV_NAMESPACE))
+
+    def checkpoint_request(self, submission_id: str) -> dict | None:
+        try:
+            reply = self._kv.InternalKVGet(gcs_service_pb2.InternalKVGetRequest(
+                key=checkpoint_key(submission_id), namespace=KV_NAMESPACE), timeout=RPC_TIMEOUT_S,
+                metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise GcsUnavailable(f"Ray GCS at {self.address}: {e.code().name}: {e.details()}") from e
+        return json.loads(reply.value) if reply.value else None  # no key: a NotFound status, no value

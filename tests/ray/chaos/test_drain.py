@@ -1,0 +1,82 @@
+"""Graceful drain: Ray's drain API marks a node as going away (the notice a
+spot-termination watcher or KubeRay sends before a preemption). Raylane stops
+admitting work onto it, asks the jobs running there to checkpoint now, and when
+the node is gone the next attempt resumes from that checkpoint."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+from tests.ray.chaos.test_spot_loss import record
+from tests.ray.conftest import wait_status
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def group_state(rapi, name):
+    return next(g for g in rapi.get("/v1/node-groups").json() if g["name"] == name)
+
+
+def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi, ray_cluster, ray_settings):
+    # Periodic checkpoints off: any checkpoint is the one the drain asked for.
+    spec = {"name": "drain-train", "kind": "training", "entrypoint": "examples.train:main",
+            "resources": {"num_workers": 1, "cpus_per_worker": 1},
+            "args": {"steps": 500, "step_sleep": 0.05, "checkpoint_every": 100000}, "retry": {"backoff_s": 0.5}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    group = job["placement"]["node_group"]
+    storage = Path(ray_settings.data_dir) / "storage" / "default" / job["id"] / "checkpoints"
+    victim = None
+    try:
+        wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
+        att = wait_for(lambda: rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]["driver_node_id"] and
+                       rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1], timeout=60)
+        victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == att["driver_node_id"])
+        assert victim.group == group
+        assert group_state(rapi, group)["draining_nodes"] == 0
+
+        notice_at = time.monotonic()
+        ray_cluster.drain_node(victim.name, deadline_s=300)
+
+        # Raylane sees the drain (the dashboard does not show it; the GCS does) ...
+        wait_for(lambda: group_state(rapi, group)["draining_nodes"] == 1, timeout=30, what="the drain in node-groups")
+        # ... asks the job to checkpoint, and says so in the job's events ...
+        ev = wait_for(lambda: [e for e in rapi.get(f"/v1/jobs/{job['id']}/events").json()
+                               if "is draining: asked attempt 1 to checkpoint" in (e["reason"] or "")],
+                      timeout=30, what="the checkpoint request event")
+        assert victim.ports["node_id"][:12] in ev[0]["reason"] and ev[0]["attempt"] == 1
+        # ... and the job saves one at once, off its own schedule.
+        ckpt = wait_for(lambda: sorted(storage.glob("checkpoint_*")), timeout=30, what="the drain checkpoint")
+        asked_to_saved_s = time.monotonic() - notice_at
+        drain_step = int(ckpt[-1].name.split("_")[1])
+        assert 0 < drain_step < 500
+
+        # Nothing new is admitted onto the draining node: a second job of the same
+        # shape waits, saying for what.
+        second = rapi.post("/v1/jobs", json={**spec, "name": "drain-second", "args": {"steps": 5}}).json()
+        if second["placement"]["node_group"] == group:
+            waiting = wait_for(lambda: (j := rapi.get(f"/v1/jobs/{second['id']}").json())["status"] == "PENDING"
+                               and "waiting" in (j["status_reason"] or "") and j, timeout=30,
+                               what="the second job waiting")
+            assert group in waiting["status_reason"]
+
+        # The node goes (the preemption itself); a fresh one replaces it.
+        ray_cluster.kill_node(victim.name)
+        ray_cluster.add_node(group)
+        done = wait_status(rapi, job["id"], TERMINAL, timeout=300)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        atts = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()
+        # The node went as it was warned it would: a preemption, whatever its market.
+        assert len(atts) == 2 and atts[0]["cause"] == "PREEMPTED", atts
+        ret = done["result"]["workers"][0]["return"]
+        assert ret["resumed_from"] == drain_step and ret["steps_run"] == 500 - drain_step, ret
+        assert wait_status(rapi, second["id"], TERMINAL, timeout=300)["status"] == "SUCCEEDED"
+        record(test="drain_checkpoint", notice_to_checkpoint_s=round(asked_to_saved_s, 1), resumed_from_step=drain_step,
+               first_attempt_cause=atts[0]["cause"])
+    finally:
+        if not any(n.group == group for n in ray_cluster.state.nodes):
+            ray_cluster.add_node(group)
