@@ -145,10 +145,16 @@ class LocalCluster:
             redis_address=self.gcs_ft_redis,
             storage_namespace=f"raylane-{secrets.token_hex(6)}" if self.gcs_ft_redis else None,
         )
-        self._start_head()
-        for group in self.profile.workers:
-            for i in range(group.local_nodes):
-                self.add_node(group.name, i)
+        try:
+            self._start_head()
+            for group in self.profile.workers:
+                for i in range(group.local_nodes):
+                    self.add_node(group.name, i)
+        except BaseException:
+            # A node that did not come up must not leave the others running
+            # (a leaked cluster eats a small machine's CPU for the rest of the day).
+            self.down()
+            raise
         return self.state
 
     def add_node(self, group_name: str, index: int | None = None) -> NodeProc:
