@@ -1,5 +1,9 @@
 """One local multi-node Ray cluster for all Ray tests of a run (starting one
-takes ~25 s on 2 cores), and a control plane with its loops attached to it."""
+takes ~25 s on 2 cores), and a control plane with its loops attached to it.
+
+The cluster lives as long as this package's tests (``tests/ray`` and
+``tests/ray/chaos``), not the whole session: an idle 5-node cluster costs about
+half a core, which the rest of the suite needs on a 2-core machine."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, WORKING_DIR_ROOTS
 from tests.helpers import wait_for
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster(tmp_path_factory):
     from orchestrator.localcluster import LocalCluster
     from orchestrator.profile import default_profile
