@@ -107,6 +107,13 @@ class ClusterState:
 
 def _alive(pid: int) -> bool:
     try:
+        # A node this process started and killed is a zombie until reaped, and a
+        # zombie answers kill(0): reap it first, or `down` waits out its grace.
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child (another process started the cluster)
+    try:
         os.kill(pid, 0)
         return True
     except ProcessLookupError:

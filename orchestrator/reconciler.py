@@ -70,7 +70,12 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     if timed_out:
         return FailureCause.TIMEOUT, "ran past timeout_s"
     node = nodes.get(rj.driver_node_id or "")
-    if node is not None and node.state == "DEAD" or rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED":
+    # The job supervisor gone with its node: Ray says "died", or, when the named
+    # actor is already gone by the time its job manager looks (often seconds
+    # before the node itself is declared dead), "failed to get job supervisor".
+    supervisor_lost = rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED" or (
+        rj.error_type == "JOB_SUPERVISOR_ACTOR_START_FAILURE" and "failed to get job supervisor" in msg)
+    if node is not None and node.state == "DEAD" or supervisor_lost:
         market = (node.market if node is not None else None) or driver_market
         drained = node is not None and (node.drained or (node.death_reason or "").startswith("AUTOSCALER_DRAIN")
                                         or "preempt" in (node.death_message or "").lower())
@@ -78,7 +83,7 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
         if market == "SPOT" or drained:
             what = "drained" if drained and market != "SPOT" else "spot"
             return FailureCause.PREEMPTED, f"driver's {what} {node_name} went away: " \
-                                           f"{(node.death_message or node.death_reason) if node else 'node died'}"
+                                           f"{(node.death_message or node.death_reason or msg) if node else msg or 'node died'}"
         where = node_name if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
     if rj.error_type == "RUNTIME_ENV_SETUP_FAILURE" or (

@@ -141,7 +141,6 @@ class ControlPlane:
         ``ray_address`` (the GCS, host:port) adds what only the GCS knows: which
         nodes are draining (excluded from admission; their jobs are asked to
         checkpoint). Without it Raylane sees a drained node only when it dies."""
-        from orchestrator.backends.ray_gcs import RayGcs
         from orchestrator.backends.ray_jobs import RayJobsBackend
         from orchestrator.dispatcher import Dispatcher
         from orchestrator.reconciler import Reconciler
@@ -149,7 +148,12 @@ class ControlPlane:
 
         self.profile = profile
         self.dashboard_url = dashboard_url
-        self.backend = RayJobsBackend(dashboard_url, token, gcs=RayGcs(ray_address, token) if ray_address else None)
+        gcs = None
+        if ray_address:
+            from orchestrator.backends.ray_gcs import RayGcs  # imports Ray's protobufs: ~0.5 s, only when used
+
+            gcs = RayGcs(ray_address, token)
+        self.backend = RayJobsBackend(dashboard_url, token, gcs=gcs)
         self.router = lambda spec: route(spec, profile, self.cluster_view())
         self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work)
         self.reconciler = Reconciler(self.settings, self.sessions, self.backend)

@@ -153,7 +153,8 @@ class ServerProcess:
             except httpx.HTTPError:
                 return False
 
-        wait_for(ready, timeout=timeout, what="server ready")
+        # Poll often: chaos tests restart servers dozens of times and wait for each.
+        wait_for(ready, timeout=timeout, what="server ready", max_interval=0.1)
         return self
 
     def kill(self, sig=9) -> None:

@@ -6,7 +6,8 @@ import time
 from typing import Any, Callable
 
 
-def wait_for(cond: Callable[[], Any], *, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
+def wait_for(cond: Callable[[], Any], *, timeout: float = 30, interval: float = 0.05, what: str = "condition",
+             max_interval: float = 1.0) -> Any:
     """Poll ``cond`` until it returns a truthy value; return that value.
 
     Assertion errors inside ``cond`` count as "not yet" until the deadline, then
@@ -27,4 +28,4 @@ def wait_for(cond: Callable[[], Any], *, timeout: float = 30, interval: float = 
                 raise last_exc
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-        interval = min(interval * 1.5, 1.0)
+        interval = min(interval * 1.5, max_interval)

@@ -58,3 +58,19 @@ def test_an_on_demand_node_that_was_draining_when_it_died_was_preempted():
     msg = f"The actor died because its node has died. Node Id: {NID}\n"
     assert classify(job(msg), {NID: dataclasses.replace(node(NID, "ON_DEMAND"), drained=True)})[0] \
         is FailureCause.PREEMPTED
+
+
+def test_a_supervisor_gone_before_its_node_is_declared_dead_is_the_nodes_fault():
+    """Ray's job manager may find the supervisor actor gone ("failed to get job
+    supervisor", a START_FAILURE) seconds before the GCS marks the node dead."""
+    import dataclasses
+
+    d = "dd" * 28
+    rj = job("Unexpected error occurred: failed to get job supervisor.",
+             error_type="JOB_SUPERVISOR_ACTOR_START_FAILURE", exit_code=None, driver=d)
+    alive = node(d, "ON_DEMAND", state="ALIVE")
+    assert classify(rj, {d: alive})[0] is FailureCause.NODE_LOST
+    assert classify(rj, {d: dataclasses.replace(alive, drained=True)})[0] is FailureCause.PREEMPTED
+    assert classify(rj, {d: node(d, "SPOT", state="ALIVE")})[0] is FailureCause.PREEMPTED
+    setup_failed = job("runtime env setup failed", error_type="JOB_SUPERVISOR_ACTOR_START_FAILURE")
+    assert classify(setup_failed, {})[0] is FailureCause.RUNTIME_ENV

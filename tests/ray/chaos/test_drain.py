@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.ray_jobs import RayJobsBackend
 from tests.helpers import wait_for
 from tests.ray.chaos.test_spot_loss import record
 from tests.ray.conftest import wait_status
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+STEPS = 700
 
 
 def group_state(rapi, name):
@@ -26,7 +28,7 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
     # Periodic checkpoints off: any checkpoint is the one the drain asked for.
     spec = {"name": "drain-train", "kind": "training", "entrypoint": "examples.train:main",
             "resources": {"num_workers": 1, "cpus_per_worker": 1},
-            "args": {"steps": 500, "step_sleep": 0.05, "checkpoint_every": 100000}, "retry": {"backoff_s": 0.5}}
+            "args": {"steps": STEPS, "step_sleep": 0.05, "checkpoint_every": 100000}, "retry": {"backoff_s": 0.5}}
     job = rapi.post("/v1/jobs", json=spec).json()
     group = job["placement"]["node_group"]
     storage = Path(ray_settings.data_dir) / "storage" / "default" / job["id"] / "checkpoints"
@@ -38,6 +40,14 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
         victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == att["driver_node_id"])
         assert victim.group == group
         assert group_state(rapi, group)["draining_nodes"] == 0
+        # Drain only once the training actor runs there (a drained node takes no new actor).
+        ray = RayJobsBackend(ray_cluster.state.dashboard_url, ray_cluster.state.token)
+        try:
+            wait_for(lambda: (rj := ray.get(att["submission_id"])) and rj.ray_job_id and
+                     rj.ray_job_id in ray.actor_jobs_on(victim.ports["node_id"]), timeout=60,
+                     what="the training actor on the node")
+        finally:
+            ray.close()
 
         notice_at = time.monotonic()
         ray_cluster.drain_node(victim.name, deadline_s=300)
@@ -53,7 +63,7 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
         ckpt = wait_for(lambda: sorted(storage.glob("checkpoint_*")), timeout=30, what="the drain checkpoint")
         asked_to_saved_s = time.monotonic() - notice_at
         drain_step = int(ckpt[-1].name.split("_")[1])
-        assert 0 < drain_step < 500
+        assert 0 < drain_step < STEPS
 
         # Nothing new is admitted onto the draining node: a second job of the same
         # shape waits, saying for what.
@@ -73,7 +83,7 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
         # The node went as it was warned it would: a preemption, whatever its market.
         assert len(atts) == 2 and atts[0]["cause"] == "PREEMPTED", atts
         ret = done["result"]["workers"][0]["return"]
-        assert ret["resumed_from"] == drain_step and ret["steps_run"] == 500 - drain_step, ret
+        assert ret["resumed_from"] == drain_step and ret["steps_run"] == STEPS - drain_step, ret
         assert wait_status(rapi, second["id"], TERMINAL, timeout=300)["status"] == "SUCCEEDED"
         record(test="drain_checkpoint", notice_to_checkpoint_s=round(asked_to_saved_s, 1), resumed_from_step=drain_step,
                first_attempt_cause=atts[0]["cause"])
