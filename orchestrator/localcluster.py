@@ -65,6 +65,7 @@ class NodeProc:
     ports: dict[str, int]
     log_path: str
     ip: str = "127.0.0.1"
+    draining: bool = False  # told to drain (``drain_node``): Ray places nothing new there
 
     @property
     def name(self) -> str:
@@ -213,6 +214,25 @@ class LocalCluster:
             env={**os.environ, **self.state.env()}, capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
             raise RuntimeError(f"ray drain-node {name} failed: {out.stderr[-2000:]}")
+        node.draining = True
+        self.state.save()
+
+    def restore(self) -> list[str]:
+        """Bring the worker groups back to the profile's shape: kill nodes that are
+        draining, forget nodes whose process is gone, and start fresh nodes until
+        each group has its ``local_nodes`` again (what an autoscaler or KubeRay does
+        after a preemption). Returns the names of the nodes started; a cluster in
+        shape is left alone. Shared test clusters call it after each test, so one
+        test's chaos cannot starve the next."""
+        assert self.state is not None
+        for n in list(self.state.nodes):
+            if n.group != self.profile.head.name and (n.draining or not _alive(n.pid)):
+                self.kill_node(n.name)
+        started = []
+        for group in self.profile.workers:
+            while sum(n.group == group.name for n in self.state.nodes) < group.local_nodes:
+                started.append(self.add_node(group.name).name)
+        return started
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> NodeProc:
         """Kill one node's whole process group (raylet, workers, agents): a spot reclaim."""

@@ -24,6 +24,18 @@ def ray_cluster(tmp_path_factory):
     cluster.down()
 
 
+@pytest.fixture(autouse=True)
+def _restore_shared_cluster(request):
+    """After a test that used the shared cluster, put back what its chaos took
+    away (a killed or drained node), so a failed chaos test cannot leave the
+    next tests waiting for a node group that no longer has a node."""
+    yield
+    if "ray_cluster" in request.fixturenames:
+        cluster = request.getfixturevalue("ray_cluster")
+        if cluster.state is not None:
+            cluster.restore()
+
+
 @pytest.fixture
 def ray_settings(tmp_path, ray_cluster):
     from orchestrator.settings import Settings

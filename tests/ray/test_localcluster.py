@@ -43,3 +43,22 @@ def test_a_node_that_does_not_come_up_takes_the_started_ones_down(tmp_path, monk
         return True
 
     wait_for(gone, timeout=30, what="every process of the failed cluster gone")
+
+
+def test_restore_replaces_drained_and_dead_nodes(ray_cluster):
+    """What the shared test cluster runs after every test: a drained node and a
+    killed one are replaced by fresh, registered nodes of the same groups."""
+    from orchestrator import localcluster
+
+    drained = next(n for n in ray_cluster.state.nodes if n.group == "spot-cpu")
+    killed = next(n for n in ray_cluster.state.nodes if n.group == "spot-cpu" and n.name != drained.name)
+    ray_cluster.drain_node(drained.name, deadline_s=60)
+    os.killpg(killed.pid, 9)  # behind the cluster's back, as a spot reclaim would
+    wait_for(lambda: not localcluster._alive(killed.pid), timeout=30, what="the killed node's process gone")
+    assert len(ray_cluster.restore()) == 2
+    assert ray_cluster.restore() == []  # in shape: left alone
+    spot = [n for n in ray_cluster.state.nodes if n.group == "spot-cpu"]
+    assert len(spot) == 2 and not {drained.pid, killed.pid} & {n.pid for n in spot}
+    alive = {n["raylet"]["nodeId"] for n in ray_cluster.nodes() if n["raylet"].get("state") == "ALIVE"}
+    assert {n.ports["node_id"] for n in spot} <= alive
+    assert drained.ports["node_id"] not in alive

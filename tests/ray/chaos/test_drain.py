@@ -69,10 +69,11 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
         # shape waits, saying for what.
         second = rapi.post("/v1/jobs", json={**spec, "name": "drain-second", "args": {"steps": 5}}).json()
         if second["placement"]["node_group"] == group:
+            # (Its first reason, "waiting for admission", comes before any admission pass.)
             waiting = wait_for(lambda: (j := rapi.get(f"/v1/jobs/{second['id']}").json())["status"] == "PENDING"
-                               and "waiting" in (j["status_reason"] or "") and j, timeout=30,
-                               what="the second job waiting")
-            assert group in waiting["status_reason"]
+                               and f"in group {group}" in (j["status_reason"] or "") and j, timeout=30,
+                               what="the second job waiting for its group")
+            assert "waiting for" in waiting["status_reason"], waiting["status_reason"]
 
         # The node goes (the preemption itself); a fresh one replaces it.
         ray_cluster.kill_node(victim.name)
@@ -88,5 +89,4 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
         record(test="drain_checkpoint", notice_to_checkpoint_s=round(asked_to_saved_s, 1), resumed_from_step=drain_step,
                first_attempt_cause=atts[0]["cause"])
     finally:
-        if not any(n.group == group for n in ray_cluster.state.nodes):
-            ray_cluster.add_node(group)
+        ray_cluster.restore()  # the drained node, if the test stopped before killing it
