@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from orchestrator import ids
 from orchestrator.resources import Placement
 from orchestrator.specs import JobSpec
 
@@ -30,7 +31,7 @@ class RunContext:
 
     @property
     def submission_id(self) -> str:
-        return f"raylane-{self.job_id}-{self.attempt}"  # orchestrator.ids.submission_id
+        return ids.submission_id(self.job_id, self.attempt)
 
     @classmethod
     def from_env(cls) -> "RunContext":
@@ -75,7 +76,7 @@ class CheckpointSignal:
 
             if not internal_kv._internal_kv_initialized():
                 return False
-            value = internal_kv._internal_kv_get(f"checkpoint/{self.submission_id}", namespace="raylane")
+            value = internal_kv._internal_kv_get(ids.checkpoint_key(self.submission_id), namespace=ids.KV_NAMESPACE)
         except Exception:  # never fail a step over a message
             return False
         if value:

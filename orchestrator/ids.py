@@ -33,6 +33,17 @@ def submission_id(job_id: str, attempt: int) -> str:
     return f"raylane-{job_id}-{attempt}"
 
 
+# Raylane's messages to running jobs in Ray's internal key-value store: the control
+# plane writes (``orchestrator.backends.ray_gcs``), the job's runner reads
+# (``jobs.base.CheckpointSignal``).
+KV_NAMESPACE = "raylane"
+
+
+def checkpoint_key(submission_id: str) -> str:
+    """Where the control plane asks an attempt to checkpoint now (its node is draining)."""
+    return f"checkpoint/{submission_id}"
+
+
 def parse_submission_id(sid: str) -> tuple[str, int] | None:
     if not sid.startswith("raylane-"):
         return None

@@ -260,7 +260,7 @@ class Reconciler(LoopService):
             return
         running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == "RUNNING"]
         by_ray_job = {rj.ray_job_id: r for r, rj in running if rj.ray_job_id}
-        labels = {n.node_id: n for n in self.backend.nodes()}
+        labels = {n.node_id: n for n in self.backend.nodes(draining=draining)}
         for node_id in sorted(draining):
             affected = {r["submission_id"]: r for r, rj in running if rj.driver_node_id == node_id}
             for ray_job in self.backend.actor_jobs_on(node_id) & by_ray_job.keys():

@@ -22,14 +22,16 @@ from dataclasses import dataclass
 import grpc
 from ray.core.generated import gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
 
+from orchestrator import ids
+
 log = logging.getLogger(__name__)
 
-KV_NAMESPACE = b"raylane"
+KV_NAMESPACE = ids.KV_NAMESPACE.encode()
 RPC_TIMEOUT_S = 5.0
 
 
 def checkpoint_key(submission_id: str) -> bytes:
-    return f"checkpoint/{submission_id}".encode()
+    return ids.checkpoint_key(submission_id).encode()
 
 
 class GcsUnavailable(Exception):

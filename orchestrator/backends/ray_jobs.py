@@ -217,13 +217,24 @@ class RayJobsBackend:
             raise RayUnavailable(f"Ray state API answered {r.status_code} for actors on {node_id}")
         return {a["job_id"] for a in r.json()["data"]["result"]["result"] if a.get("job_id")}
 
-    def nodes(self) -> list[RayNode]:
+    def nodes(self, draining: set[str] | None = None) -> list[RayNode]:
+        """Ray's nodes, alive and dead. ``draining``: the draining node ids if the
+        caller has just asked the GCS (saves asking it again)."""
         r = self._req("GET", "/nodes?view=summary")
         if r.status_code != 200:
             raise RayUnavailable(f"Ray dashboard answered {r.status_code} for nodes")
-        draining = self.draining()
+        if draining is None:
+            draining = self.draining()
+        else:
+            self._drained |= draining
+        summary = r.json()["data"]["summary"]
+        # What is remembered of nodes lives as long as Ray lists them (it keeps a
+        # bounded number of dead ones).
+        listed = {(n.get("raylet") or {}).get("nodeId") for n in summary}
+        self._drained &= listed
+        self._labels = {k: v for k, v in self._labels.items() if k in listed}
         out = []
-        for n in r.json()["data"]["summary"]:
+        for n in summary:
             rl = n.get("raylet", {})
             death = rl.get("deathInfo") or {}
             labels = dict(rl.get("labels") or {})
