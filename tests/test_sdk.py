@@ -242,7 +242,7 @@ def test_logs_text_and_follow_until_the_job_ends(client, tag):
     assert list(client.logs(job.id, follow=True)) == []  # an ended job's stream ends at once
 
 
-def test_trials_plan_node_groups_health_cluster(client, tag, tmp_path):
+def test_trials_plan_node_groups_health_cluster(server, client, tag, tmp_path):
     sweep = client.submit(sweep_spec(tag))
     assert client.trials(sweep.id) == []  # a sweep stores its trials when it ends
     assert client.trials(sweep.id, sort_by="loss", mode="max") == []
@@ -260,9 +260,10 @@ def test_trials_plan_node_groups_health_cluster(client, tag, tmp_path):
 
     h = client.health()
     assert h.ok and h.status == "ok"
-    # The server's Ray is down: /v1/cluster says so as a 503 (after the SDK's bounded retries).
-    with pytest.raises(ServerError) as e:
-        client.cluster()
+    # The server's Ray is down: /v1/cluster says so as a 503 (after the SDK's bounded
+    # retries; one here, each waits the server's Retry-After of 5 s).
+    with Client(server.url, token=ADMIN_TOKEN, max_attempts=2) as c, pytest.raises(ServerError) as e:
+        c.cluster()
     assert e.value.status_code == 503 and "unreachable" in str(e.value)
 
 
@@ -585,8 +586,9 @@ def test_async_client_covers_the_api(server, tag):
             assert fn_job.spec.entrypoint == "tests.test_sdk:plain"
             with pytest.raises(NotFound):
                 await c.get_job("doesnotexist1")
+        async with AsyncClient(server.url, token=ADMIN_TOKEN, max_attempts=2) as c:
             with pytest.raises(ServerError):
-                await c.cluster()
+                await c.cluster()  # Ray is down: 503 after one retry (5 s, the server's Retry-After)
         async with AsyncClient(f"http://127.0.0.1:{free_port()}", max_attempts=2) as dead:
             with pytest.raises(ConnectionFailed):
                 await dead.health()
