@@ -86,6 +86,26 @@ class CheckpointSignal:
         return False
 
 
+_signal: CheckpointSignal | None = None  # this process's, set by the runner around the user's code
+
+
+def watch_checkpoint_requests(submission_id: str) -> CheckpointSignal:
+    """Runners call this before the user's code runs in a process (a training
+    worker, a sweep trial), so ``checkpoint_requested()`` answers for that attempt."""
+    global _signal
+    _signal = CheckpointSignal(submission_id)
+    return _signal
+
+
+def checkpoint_requested() -> bool:
+    """True, once, when Raylane asks this attempt to checkpoint now because a node
+    it runs on is draining (a spot preemption notice). For a sweep's trial function
+    (``from jobs.base import checkpoint_requested``; report a checkpoint to Tune
+    when it is True) and anything else running inside a Raylane job; a training
+    function has the same as ``ctx.checkpoint_requested()``. False outside a job."""
+    return _signal.requested() if _signal is not None else False
+
+
 def load_callable(path: str) -> Callable[..., Any]:
     module, _, attr = path.partition(":")
     try:

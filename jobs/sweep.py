@@ -4,6 +4,8 @@ Expert defaults, so a user gets them without being an expert: ``reuse_actors``
 for short trials, trials placed by label selector on the (spot) group with SPREAD,
 ``FailureConfig`` so trials lost with a node are retried from their checkpoints,
 and the experiment stored under the job's storage so a new attempt restores it.
+A trial function can save a checkpoint when its node is about to be drained:
+``jobs.base.checkpoint_requested()`` turns True once per trial after the request.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from ray import tune
 from ray.tune import PlacementGroupFactory
 
-from jobs.base import RunContext, load_callable
+from jobs.base import RunContext, load_callable, watch_checkpoint_requests
 from jobs.metrics import trial_callback
 
 
@@ -30,12 +32,15 @@ def run(ctx: RunContext) -> dict[str, Any]:
     sw = ctx.spec.sweep
     pl = ctx.placement
     fn = load_callable(ctx.spec.entrypoint)
+    submission_id = ctx.submission_id
 
     def trainable(config):
         import inspect
 
         import ray
 
+        # Each trial sees a drain's checkpoint request once (jobs.base.checkpoint_requested).
+        watch_checkpoint_requests(submission_id)
         where = {"node_group": os.environ.get("RAY_NODE_TYPE_NAME"), "node_id": ray.get_runtime_context().get_node_id()}
         # Three shapes of objective: return one dict (one result); yield dicts (one
         # per iteration, which lets ASHA stop bad trials early); or report to Tune

@@ -18,7 +18,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.base import CheckpointSignal, RunContext, load_callable
+from jobs.base import RunContext, load_callable, watch_checkpoint_requests
 
 GANG_TIMEOUT_S = 600  # admission already checked capacity; this bounds a lost race
 
@@ -33,7 +33,7 @@ class TrainContext:
         self.checkpoint_dir = Path(checkpoint_dir)
         self.args = args
         self.metrics: list[dict[str, Any]] = []
-        self._signal = CheckpointSignal(submission_id)
+        self._signal = watch_checkpoint_requests(submission_id)
 
     def checkpoint_requested(self) -> bool:
         """True (once) when Raylane asks for a checkpoint now: a node of this job is

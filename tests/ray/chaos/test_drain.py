@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.backends.ray_jobs import RayJobsBackend
 from tests.helpers import wait_for
-from tests.ray.chaos.test_spot_loss import record
+from tests.ray.chaos.test_spot_loss import FUNCS, lines, record
 from tests.ray.conftest import wait_status
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -90,3 +90,54 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
                first_attempt_cause=atts[0]["cause"])
     finally:
         ray_cluster.restore()  # the drained node, if the test stopped before killing it
+
+
+def test_drained_spot_node_trials_checkpoint_when_asked_and_resume_there(rapi, ray_cluster, tmp_path):
+    """A sweep's trials checkpoint only when Raylane asks (``jobs.base.
+    checkpoint_requested``): the trials on a drained spot node save when told,
+    and after the node goes Tune resumes them from exactly those checkpoints, in
+    the same attempt."""
+    log = tmp_path / "trials.jsonl"
+    spec = {"name": "drain-sweep", "kind": "sweep", "entrypoint": "chaos_funcs:drain_trial",
+            "runtime_env": {"working_dir": FUNCS},
+            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
+                      "search_space": {"x": {"grid": list(range(4))}, "log": {"choice": [str(log)]},
+                                       "iters": {"choice": [60]}, "sleep": {"choice": [0.25]}}}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    try:
+        def running_trial():
+            ls = lines(log)
+            done = {x["x"] for x in ls if x.get("done")}
+            old = [x for x in ls if "start" in x and x["x"] not in done and time.time() - x["t"] > 2.0]
+            return old[0] if old else None
+
+        trial = wait_for(running_trial, timeout=240, what="a trial running for 2 s")
+        victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == trial["node"])
+        assert victim.group == "spot-cpu"
+        ray_cluster.drain_node(victim.name, deadline_s=300)
+        wait_for(lambda: [e for e in rapi.get(f"/v1/jobs/{job['id']}/events").json()
+                          if "is draining: asked attempt 1 to checkpoint" in (e["reason"] or "")],
+                 timeout=30, what="the checkpoint request event")
+        # Every trial still running on the node saves a checkpoint when told.
+        def saved_on_victim():
+            ls = lines(log)
+            done = {x["x"] for x in ls if x.get("done")}
+            on_victim = {x["x"] for x in ls if "start" in x and x["node"] == trial["node"]} - done
+            saved = {x["x"]: x["ckpt"] for x in ls if "ckpt" in x and x["node"] == trial["node"]}
+            return on_victim and on_victim <= saved.keys() and saved
+
+        saved = wait_for(saved_on_victim, timeout=30, what="the trials on the drained node checkpointing")
+        done_before_kill = {x["x"] for x in lines(log) if x.get("done")}
+        ray_cluster.kill_node(victim.name)
+        ray_cluster.add_node("spot-cpu")
+        done = wait_status(rapi, job["id"], TERMINAL, timeout=300)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        assert done["attempts"] == 1  # the driver (on on-demand) never moved; only trials did
+        ls = lines(log)
+        resumed = {x: [y["start"] for y in ls if y.get("x") == x and y.get("start", 0) > 0]
+                   for x in saved if x not in done_before_kill}
+        assert resumed and all(starts == [saved[x]] for x, starts in resumed.items()), (saved, resumed, ls)
+        assert {x["x"] for x in ls if x.get("done")} == set(range(4))
+        record(test="drain_sweep", trials_checkpointed=len(saved), resumed_from=sorted(saved[x] for x in resumed))
+    finally:
+        ray_cluster.restore()
