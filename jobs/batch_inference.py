@@ -10,11 +10,13 @@ called with a batch (a dict of numpy arrays) and returning a batch.
 from __future__ import annotations
 
 import os
+import traceback
 from typing import Any
 
 import ray
 
 from jobs.base import RunContext, load_callable
+from orchestrator import ids
 
 READERS = {"parquet": "read_parquet", "jsonl": "read_json", "csv": "read_csv"}
 WRITERS = {"parquet": "write_parquet", "jsonl": "write_json", "csv": "write_csv"}
@@ -28,29 +30,67 @@ def infer_format(uri: str) -> str:
     return "parquet"
 
 
+# A spot node can vanish while Ray Data is still starting a predictor actor on
+# it; Ray Data's default (0) then fails the whole run. Replace up to this many
+# actors that die in a row while starting; a predictor whose constructor always
+# fails still fails the job, after as many tries.
+ACTOR_INIT_DEATHS = 3
+NODE_LOSS_RERUNS = 3  # runs of the dataset again after a node died under it, in one attempt
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     b = ctx.spec.batch
     pl = ctx.placement
+    data_ctx = ray.data.DataContext.get_current()
+    if "RAY_DATA_MAX_CONSECUTIVE_ACTOR_INIT_DEATHS" not in os.environ:  # the user's own setting wins
+        data_ctx.max_consecutive_actor_init_deaths = max(data_ctx.max_consecutive_actor_init_deaths,
+                                                         ACTOR_INIT_DEATHS)
     fmt = b.format or infer_format(b.input_uri)
-    ds = getattr(ray.data, READERS[fmt])(b.input_uri)
-    rows_in = ds.count()
+    out_fmt = b.format or infer_format(b.output_uri)
     predictor = load_callable(ctx.spec.entrypoint)
     concurrency = b.concurrency or pl.num_workers
-    out = ds.map_batches(
-        predictor, batch_size=b.batch_size, concurrency=concurrency,
-        num_cpus=pl.worker_resources.get("CPU", 1), num_gpus=pl.worker_resources.get("GPU", 0) or None,
-        label_selector=pl.label_selector, fn_constructor_kwargs=ctx.spec.args.get("predictor_kwargs") or None,
-    )
-    out_fmt = b.format or infer_format(b.output_uri)
-    out = out.materialize()
-    # The attempt owns its output: a retried attempt (after a preemption) must not
-    # add its files next to a failed attempt's, or rows would be written twice.
-    _clear(b.output_uri)
-    rows_out = out.count()
-    getattr(out, WRITERS[out_fmt])(b.output_uri)
+
+    def once() -> tuple[int, int]:
+        ds = getattr(ray.data, READERS[fmt])(b.input_uri)
+        rows_in = ds.count()
+        out = ds.map_batches(
+            predictor, batch_size=b.batch_size, concurrency=concurrency,
+            num_cpus=pl.worker_resources.get("CPU", 1), num_gpus=pl.worker_resources.get("GPU", 0) or None,
+            label_selector=pl.label_selector, fn_constructor_kwargs=ctx.spec.args.get("predictor_kwargs") or None,
+        ).materialize()
+        # The run owns its output: a run again (here, or in a retried attempt after
+        # a preemption) must not add its files next to an earlier run's, or rows
+        # would be written twice.
+        _clear(b.output_uri)
+        rows_out = out.count()
+        getattr(out, WRITERS[out_fmt])(b.output_uri)
+        return rows_in, rows_out
+
+    for run_no in range(1, NODE_LOSS_RERUNS + 2):
+        try:
+            rows_in, rows_out = once()
+            break
+        except Exception as e:
+            node = _dead_node_in(e)
+            if node is None or run_no > NODE_LOSS_RERUNS:
+                raise
+            # Ray Data recovers from most node losses by itself, but not from all
+            # (an internal actor such as the Parquet footer reader lost with its
+            # node fails the run): run the dataset again in this attempt rather
+            # than hand Raylane a failed attempt and start a new driver.
+            print(f"raylane: node {node[:12]} died under the dataset ({type(e).__name__}); "
+                  f"running it again ({run_no} of {NODE_LOSS_RERUNS})", flush=True)
     return {"rows_in": rows_in, "rows_out": rows_out, "output_uri": b.output_uri, "format": out_fmt,
             "concurrency": concurrency, "node_group": pl.node_group,
-            "driver_node_group": os.environ.get("RAY_NODE_TYPE_NAME")}
+            "driver_node_group": os.environ.get("RAY_NODE_TYPE_NAME"), "runs": run_no}
+
+
+def _dead_node_in(exc: BaseException) -> str | None:
+    """The id of a node that died under this exception, if Ray's own words in it
+    name one that is no longer alive (a code bug is never run again)."""
+    text = "".join(traceback.format_exception(exc))
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return next((nid for nid in ids.RAY_NODE_DIED.findall(text) if nid not in alive), None)
 
 
 def _clear(uri: str) -> None:

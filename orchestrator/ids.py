@@ -8,6 +8,7 @@ index scan on the primary key, and a page is stable under concurrent inserts.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -42,6 +43,10 @@ KV_NAMESPACE = "raylane"
 def checkpoint_key(submission_id: str) -> str:
     """Where the control plane asks an attempt to checkpoint now (its node is draining)."""
     return f"checkpoint/{submission_id}"
+
+
+# Ray's words when an actor or task is lost with its node, naming the node.
+RAY_NODE_DIED = re.compile(r"because its node has died\. Node Id: ([0-9a-f]{56})")
 
 
 def parse_submission_id(sid: str) -> tuple[str, int] | None:

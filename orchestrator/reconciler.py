@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from orchestrator import logcontext
+from orchestrator import ids, logcontext
 from orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
 from orchestrator.dispatcher import MAX_INFRA_RETRIES
 from orchestrator.loops import LoopService
@@ -104,8 +104,7 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     return FailureCause.APP_ERROR, msg[-LOG_TAIL_CHARS:]
 
 
-# Ray's words when an actor or task is lost with its node.
-_NODE_DIED = re.compile(r"because its node has died\. Node Id: ([0-9a-f]{56})")
+_NODE_DIED = ids.RAY_NODE_DIED
 
 
 _EXC_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Exit|Interrupt)\b.*")

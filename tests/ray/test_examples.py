@@ -70,6 +70,25 @@ def test_batch_inference_example_one_output_row_per_input_row(rapi, tmp_path):
     assert (abs(table["y"] - (3 * table["x"] + 1)) < 1e-9).all()
 
 
+def test_batch_predictor_that_never_loads_fails_the_job_with_its_error(rapi, tmp_path):
+    """Ray Data replaces a few predictor actors that die while starting (a spot
+    node lost mid-start); a constructor that always fails still ends the job,
+    once, as the code's fault, with its own error."""
+    from examples.make_data import make
+
+    src = tmp_path / "in.parquet"
+    make(str(src), n=100)
+    funcs = str(Path(__file__).resolve().parent / "funcs")
+    job = rapi.post("/v1/jobs", json={
+        "name": "broken-batch", "kind": "batch_inference", "entrypoint": "funcs:BrokenPredictor",
+        "runtime_env": {"working_dir": funcs},
+        "batch": {"input_uri": str(src), "output_uri": str(tmp_path / "out"), "batch_size": 50}}).json()
+    done = wait_status(rapi, job["id"], TERMINAL, timeout=300)
+    assert done["status"] == "FAILED" and done["attempts"] == 1
+    (att,) = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()
+    assert att["cause"] == "APP_ERROR" and "model weights not found" in att["message"], att
+
+
 def test_service_example_answers_and_cancel_tears_it_down(rapi, ray_cluster):
     job = submit_example(rapi, "service.yaml")
     assert job["placement"]["node_group"] == "spot-cpu"

@@ -17,3 +17,13 @@ def forever(ctx):
 
     while True:
         time.sleep(0.2)
+
+
+class BrokenPredictor:
+    """A batch predictor whose model never loads."""
+
+    def __init__(self):
+        raise RuntimeError("model weights not found at /models/missing")
+
+    def __call__(self, batch):  # pragma: no cover - never constructed
+        return batch
