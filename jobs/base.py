@@ -53,20 +53,18 @@ class CheckpointSignal:
     key-value store (``orchestrator.backends.ray_gcs``); any process of the job
     can ask.
 
-    ``requested()`` is True once per process after the request; cheap to call
-    every step (it reads the store at most once a second). Outside a Ray job it is
-    always False."""
+    ``requested()`` is True once per request (the message changes with each new
+    draining node of the attempt); cheap to call every step (it reads the store
+    at most once a second). Outside a Ray job it is always False."""
 
     CHECK_EVERY_S = 1.0
 
     def __init__(self, submission_id: str):
         self.submission_id = submission_id
-        self._seen = False
+        self._seen: bytes | None = None  # the last request acted on
         self._checked_at = 0.0
 
     def requested(self) -> bool:
-        if self._seen:
-            return False
         now = time.monotonic()
         if now - self._checked_at < self.CHECK_EVERY_S:
             return False
@@ -79,8 +77,8 @@ class CheckpointSignal:
             value = internal_kv._internal_kv_get(ids.checkpoint_key(self.submission_id), namespace=ids.KV_NAMESPACE)
         except Exception:  # never fail a step over a message
             return False
-        if value:
-            self._seen = True
+        if value and value != self._seen:
+            self._seen = value
             print(f"raylane: checkpoint requested: {value.decode(errors='replace')}", flush=True)
             return True
         return False
@@ -98,8 +96,8 @@ def watch_checkpoint_requests(submission_id: str) -> CheckpointSignal:
 
 
 def checkpoint_requested() -> bool:
-    """True, once, when Raylane asks this attempt to checkpoint now because a node
-    it runs on is draining (a spot preemption notice). For a sweep's trial function
+    """True, once per request, when Raylane asks this attempt to checkpoint now
+    because a node it runs on is draining (a spot preemption notice). For a sweep's trial function
     (``from jobs.base import checkpoint_requested``; report a checkpoint to Tune
     when it is True) and anything else running inside a Raylane job; a training
     function has the same as ``ctx.checkpoint_requested()``. False outside a job."""

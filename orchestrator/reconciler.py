@@ -53,6 +53,7 @@ FAST_POLL_S = 0.05
 LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
 LOG_TAIL_CHARS = 4000
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
+CHECKPOINTING_KINDS = ("training", "sweep")  # asked to checkpoint when a node of theirs drains
 
 
 def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = False,
@@ -247,17 +248,23 @@ class Reconciler(LoopService):
     # Draining nodes ------------------------------------------------------------
 
     def _drains(self, live, ray_jobs: dict[str, RayJob | None]) -> None:
-        """Ask the running attempts on draining nodes to checkpoint, once each."""
+        """Ask the running attempts on draining nodes to checkpoint, once per
+        attempt and node (each new draining node is a new request)."""
         gcs = self.backend.gcs
         if gcs is None or time.monotonic() - self._drain_checked_at < DRAIN_CHECK_S:
             return
         self._drain_checked_at = time.monotonic()
         live_sids = {r["submission_id"] for r in live}
+        for sid in {sid for sid, _ in self._asked} - live_sids:
+            gcs.forget_checkpoint_request(sid)  # the attempt ended
         self._asked = {(sid, node) for sid, node in self._asked if sid in live_sids}
         draining = self.backend.draining()
         if not draining:
             return
-        running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == "RUNNING"]
+        # Training functions and sweep trials can act on the request; a batch run
+        # rewrites its output, a command or a service has no checkpoint to save.
+        running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == "RUNNING"
+                   and r["spec"].get("kind") in CHECKPOINTING_KINDS]
         by_ray_job = {rj.ray_job_id: r for r, rj in running if rj.ray_job_id}
         labels = {n.node_id: n for n in self.backend.nodes(draining=draining)}
         for node_id in sorted(draining):
@@ -270,8 +277,9 @@ class Reconciler(LoopService):
                 if (sid, node_id) in self._asked:
                     continue
                 # Another replica (or this one before a restart) may have asked already.
-                if gcs.checkpoint_request(sid) is None:
-                    gcs.request_checkpoint(sid, node_id=node_id, reason=f"{where} is draining")
+                told = (gcs.checkpoint_request(sid) or {}).get("nodes") or []
+                if node_id not in told:
+                    gcs.request_checkpoint(sid, nodes=[*told, node_id], reason=f"{where} is draining")
                     with db.transaction(self.sessions) as s:
                         record_event(s, r["job_id"], status=JobStatus(r["job_status"]), actor="reconciler",
                                      attempt=r["number"],

@@ -66,6 +66,8 @@ class ControlPlane:
         return True, "ok"
 
     def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()  # its HTTP client and GCS channel
         self.engine.dispose()
 
     # Jobs ------------------------------------------------------------------

@@ -44,6 +44,9 @@ class FakeRay:
     def cluster_view(self):
         return {g.name: GroupState(alive_nodes=1, total={"CPU": g.cpus, "GPU": g.gpus}) for g in self.profile.groups}
 
+    def close(self):
+        pass
+
     def nodes(self):
         return [RayNode(node_id=f"n-{g.name}", state="ALIVE", labels={"ray.io/node-group": g.name},
                         resources_total={"CPU": g.cpus}, is_head=g.role == "head", death_reason=None,

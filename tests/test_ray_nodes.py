@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 
+from orchestrator.backends import ray_jobs
 from orchestrator.backends.ray_jobs import RayJobsBackend
 
 
@@ -20,6 +21,10 @@ class FakeGcs:
 
     def draining_nodes(self):
         self.calls += 1
+        if self.draining is None:
+            from orchestrator.backends.ray_gcs import GcsUnavailable
+
+            raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE: connection refused")
         return {n: None for n in self.draining}
 
     def close(self):
@@ -30,6 +35,7 @@ def test_drained_and_labels_outlive_a_node_until_ray_forgets_it():
     listed = []
     gcs = FakeGcs()
     backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
+    backend.draining_ttl_s = 0  # every listing asks the GCS afresh here
     backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
         lambda req: httpx.Response(200, json={"data": {"summary": list(listed)}})))
     spot = {"ray.io/node-group": "spot-cpu", "ray.io/market-type": "spot"}
@@ -55,3 +61,24 @@ def test_drained_and_labels_outlive_a_node_until_ray_forgets_it():
     gcs.draining = {"b"}
     (b,) = backend.nodes(draining=backend.draining())
     assert b.draining and gcs.calls == calls + 1
+
+
+def test_one_gcs_answer_serves_every_caller_for_a_second_and_an_unreachable_gcs_is_left_alone(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(ray_jobs.time, "monotonic", lambda: now[0])
+    gcs = FakeGcs()
+    backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
+    gcs.draining = {"a"}
+    assert backend.draining() == {"a"} and backend.draining() == {"a"} and gcs.calls == 1
+    now[0] += ray_jobs.DRAINING_TTL_S
+    gcs.draining = set()
+    assert backend.draining() == set() and gcs.calls == 2
+
+    gcs.draining = None  # the GCS cannot be reached: no drain known, and no call until the backoff ends
+    now[0] += ray_jobs.DRAINING_TTL_S
+    assert backend.draining() == set() and gcs.calls == 3
+    now[0] += ray_jobs.GCS_BACKOFF_S - 0.1
+    assert backend.draining() == set() and gcs.calls == 3
+    now[0] += 0.1
+    gcs.draining = {"b"}
+    assert backend.draining() == {"b"} and gcs.calls == 4

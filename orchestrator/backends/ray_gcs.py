@@ -76,11 +76,18 @@ class RayGcs:
                 out[nid] = DrainingNode(node_id=nid, labels=dict(n.labels))
         return out
 
-    def request_checkpoint(self, submission_id: str, *, node_id: str, reason: str) -> None:
-        """Leave the attempt a message: checkpoint now, your node is going away."""
-        value = json.dumps({"node_id": node_id, "reason": reason}).encode()
+    def request_checkpoint(self, submission_id: str, *, nodes: list[str], reason: str) -> None:
+        """Leave the attempt a message: checkpoint now, a node of yours is going
+        away. ``nodes``: every draining node the attempt was told about so far; a
+        changed message is a new request (``jobs.base.CheckpointSignal``)."""
+        value = json.dumps({"nodes": nodes, "reason": reason}).encode()
         self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(
             key=checkpoint_key(submission_id), value=value, overwrite=True, namespace=KV_NAMESPACE))
+
+    def forget_checkpoint_request(self, submission_id: str) -> None:
+        """The attempt ended: its message goes (it would outlive it in Ray's store)."""
+        self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
+            key=checkpoint_key(submission_id), namespace=KV_NAMESPACE))
 
     def checkpoint_request(self, submission_id: str) -> dict | None:
         try:

@@ -9,6 +9,8 @@ token stays on the server side.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from orchestrator.routing import ClusterView, GroupState
 log = logging.getLogger(__name__)
 
 HTTP_TIMEOUT_S = 10.0  # one dashboard call; the loops retry on their next pass
+DRAINING_TTL_S = 1.0  # one GCS answer about draining nodes serves every caller this long
+GCS_BACKOFF_S = 10.0  # after the GCS could not be asked
 
 
 class RayUnavailable(Exception):
@@ -96,6 +100,9 @@ class RayJobsBackend:
         self._sdk = None  # Ray's JobSubmissionClient, only for uploading local directories
         self._labels: dict[str, dict[str, str]] = {}  # node id -> group/market labels seen while alive
         self._drained: set[str] = set()  # node ids seen draining (a killed node's death info forgets it)
+        self._lock = threading.Lock()  # guards _labels, _drained and _draining_cache
+        self._draining_cache: tuple[float, set[str]] = (0.0, set())  # (valid until, draining node ids)
+        self.draining_ttl_s = DRAINING_TTL_S
 
     def close(self) -> None:
         self.http.close()
@@ -194,18 +201,28 @@ class RayJobsBackend:
 
     def draining(self) -> set[str]:
         """Ids of alive nodes Ray is draining; empty without a GCS connection or when
-        the GCS cannot be asked (the dashboard never shows a drain)."""
+        the GCS cannot be asked (the dashboard never shows a drain). One answer
+        serves every caller for ``draining_ttl_s``; an unreachable GCS is asked
+        again only after ``GCS_BACKOFF_S``, so a wrong address costs a warning, not
+        a 5 s stall on every node listing."""
         if self.gcs is None:
             return set()
         from orchestrator.backends.ray_gcs import GcsUnavailable
 
+        now = time.monotonic()
+        with self._lock:
+            until, cached = self._draining_cache
+            if now < until:
+                return set(cached)
         try:
-            draining = set(self.gcs.draining_nodes())
+            draining, until = set(self.gcs.draining_nodes()), now + self.draining_ttl_s
         except GcsUnavailable as e:
-            log.warning("draining nodes unknown: %s", e)
-            return set()
-        self._drained |= draining
-        return draining
+            log.warning("draining nodes unknown (asking again in %.0f s): %s", GCS_BACKOFF_S, e)
+            draining, until = set(), now + GCS_BACKOFF_S
+        with self._lock:
+            self._draining_cache = (until, draining)
+            self._drained |= draining
+        return set(draining)
 
     def actor_jobs_on(self, node_id: str) -> set[str]:
         """Ray job ids (hex) with alive actors on a node (Ray's state API)."""
@@ -225,13 +242,16 @@ class RayJobsBackend:
             raise RayUnavailable(f"Ray dashboard answered {r.status_code} for nodes")
         if draining is None:
             draining = self.draining()
-        else:
-            self._drained |= draining
         summary = r.json()["data"]["summary"]
         # What is remembered of nodes lives as long as Ray lists them (it keeps a
-        # bounded number of dead ones).
+        # bounded number of dead ones). The dispatcher, the reconciler and API
+        # requests list nodes from their own threads.
         listed = {(n.get("raylet") or {}).get("nodeId") for n in summary}
-        self._drained &= listed
+        with self._lock:
+            return self._parse_nodes(summary, listed, draining)
+
+    def _parse_nodes(self, summary: list[dict], listed: set[str], draining: set[str]) -> list[RayNode]:
+        self._drained = (self._drained | draining) & listed
         self._labels = {k: v for k, v in self._labels.items() if k in listed}
         out = []
         for n in summary:

@@ -68,12 +68,12 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
         # Nothing new is admitted onto the draining node: a second job of the same
         # shape waits, saying for what.
         second = rapi.post("/v1/jobs", json={**spec, "name": "drain-second", "args": {"steps": 5}}).json()
-        if second["placement"]["node_group"] == group:
-            # (Its first reason, "waiting for admission", comes before any admission pass.)
-            waiting = wait_for(lambda: (j := rapi.get(f"/v1/jobs/{second['id']}").json())["status"] == "PENDING"
-                               and f"in group {group}" in (j["status_reason"] or "") and j, timeout=30,
-                               what="the second job waiting for its group")
-            assert "waiting for" in waiting["status_reason"], waiting["status_reason"]
+        assert second["placement"]["node_group"] == group
+        # (Its first reason, "waiting for admission", comes before any admission pass.)
+        waiting = wait_for(lambda: (j := rapi.get(f"/v1/jobs/{second['id']}").json())["status"] == "PENDING"
+                           and f"in group {group}" in (j["status_reason"] or "") and j, timeout=30,
+                           what="the second job waiting for its group")
+        assert "waiting for" in waiting["status_reason"], waiting["status_reason"]
 
         # The node goes (the preemption itself); a fresh one replaces it.
         ray_cluster.kill_node(victim.name)
