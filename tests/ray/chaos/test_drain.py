@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.backends.ray_jobs import RayJobsBackend
 from tests.helpers import wait_for
-from tests.ray.chaos.test_spot_loss import FUNCS, lines, record
+from tests.ray.chaos.test_spot_loss import lines, record, running_trial, trial_sweep
 from tests.ray.conftest import wait_status
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -98,20 +98,10 @@ def test_drained_spot_node_trials_checkpoint_when_asked_and_resume_there(rapi, r
     and after the node goes Tune resumes them from exactly those checkpoints, in
     the same attempt."""
     log = tmp_path / "trials.jsonl"
-    spec = {"name": "drain-sweep", "kind": "sweep", "entrypoint": "chaos_funcs:drain_trial",
-            "runtime_env": {"working_dir": FUNCS},
-            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
-                      "search_space": {"x": {"grid": list(range(4))}, "log": {"choice": [str(log)]},
-                                       "iters": {"choice": [60]}, "sleep": {"choice": [0.25]}}}}
-    job = rapi.post("/v1/jobs", json=spec).json()
+    job = rapi.post("/v1/jobs", json=trial_sweep("drain-sweep", "drain_trial", log, trials=4, iters=60,
+                                                 sleep=0.25)).json()
     try:
-        def running_trial():
-            ls = lines(log)
-            done = {x["x"] for x in ls if x.get("done")}
-            old = [x for x in ls if "start" in x and x["x"] not in done and time.time() - x["t"] > 2.0]
-            return old[0] if old else None
-
-        trial = wait_for(running_trial, timeout=240, what="a trial running for 2 s")
+        trial = wait_for(lambda: running_trial(log, 2.0), timeout=240, what="a trial running for 2 s")
         victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == trial["node"])
         assert victim.group == "spot-cpu"
         ray_cluster.drain_node(victim.name, deadline_s=300)

@@ -39,23 +39,29 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def trial_sweep(name: str, trial: str, log: Path, *, trials: int, iters: int, sleep: float) -> dict:
+    """A sweep of ``chaos_funcs`` trials that log to ``log``, 4 at a time."""
+    return {"name": name, "kind": "sweep", "entrypoint": f"chaos_funcs:{trial}", "runtime_env": {"working_dir": FUNCS},
+            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
+                      "search_space": {"x": {"grid": list(range(trials))}, "log": {"choice": [str(log)]},
+                                       "iters": {"choice": [iters]}, "sleep": {"choice": [sleep]}}}}
+
+
+def running_trial(log: Path, min_age_s: float) -> dict | None:
+    """The start entry of a trial that has run for ``min_age_s`` and not ended."""
+    ls = lines(log)
+    done = {x["x"] for x in ls if x.get("done")}
+    old = [x for x in ls if "start" in x and x["x"] not in done and time.time() - x["t"] > min_age_s]
+    return old[0] if old else None
+
+
 def test_sweep_survives_spot_node_loss_and_trials_resume_from_checkpoints(rapi, ray_cluster, tmp_path):
     log = tmp_path / "trials.jsonl"
-    spec = {"name": "chaos-sweep", "kind": "sweep", "entrypoint": "chaos_funcs:slow_trial",
-            "runtime_env": {"working_dir": FUNCS},
-            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
-                      "search_space": {"x": {"grid": list(range(8))}, "log": {"choice": [str(log)]},
-                                       "iters": {"choice": [16]}, "sleep": {"choice": [0.5]}}}}
-    job = rapi.post("/v1/jobs", json=spec).json()
+    job = rapi.post("/v1/jobs", json=trial_sweep("chaos-sweep", "slow_trial", log, trials=8, iters=16,
+                                                 sleep=0.5)).json()
     try:
         # Kill the node of a trial that is running and has checkpointed a few iterations.
-        def running_trial():
-            ls = lines(log)
-            done = {x["x"] for x in ls if x.get("done")}
-            old = [x for x in ls if "start" in x and x["x"] not in done and time.time() - x["t"] > 4.0]
-            return old[0] if old else None
-
-        trial = wait_for(running_trial, timeout=240, what="a trial with checkpoints")
+        trial = wait_for(lambda: running_trial(log, 4.0), timeout=240, what="a trial with checkpoints")
         victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == trial["node"])
         assert victim.group == "spot-cpu"
         killed_at = time.time()
