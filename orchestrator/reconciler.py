@@ -96,16 +96,13 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     # The driver lived, but the job died of a worker whose node died (a framework
     # that did not recover from it, e.g. a Ray Data actor lost before it started):
     # the cluster's fault, not the code's.
-    m = _NODE_DIED.search(msg)
+    m = ids.RAY_NODE_DIED.search(msg)
     if m:
         dead = nodes.get(m.group(1))
         if dead is not None and (dead.market == "SPOT" or dead.drained):
             return FailureCause.PREEMPTED, f"a worker's spot node {m.group(1)[:12]} went away: {_tail(msg)}"
         return FailureCause.NODE_LOST, f"a worker's node {m.group(1)[:12]} died: {_tail(msg)}"
     return FailureCause.APP_ERROR, msg[-LOG_TAIL_CHARS:]
-
-
-_NODE_DIED = ids.RAY_NODE_DIED
 
 
 _EXC_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Exit|Interrupt)\b.*")
@@ -254,9 +251,14 @@ class Reconciler(LoopService):
         if gcs is None or time.monotonic() - self._drain_checked_at < DRAIN_CHECK_S:
             return
         self._drain_checked_at = time.monotonic()
+        from orchestrator.backends.ray_gcs import GcsUnavailable  # loaded only with a GCS address
+
         live_sids = {r["submission_id"] for r in live}
         for sid in {sid for sid, _ in self._asked} - live_sids:
-            gcs.forget_checkpoint_request(sid)  # the attempt ended
+            try:
+                gcs.forget_checkpoint_request(sid)  # the attempt ended
+            except GcsUnavailable as e:  # a stale message harms no one; the drain check goes on
+                log.warning("could not delete the checkpoint request of %s: %s", sid, e)
         self._asked = {(sid, node) for sid, node in self._asked if sid in live_sids}
         draining = self.backend.draining()
         if not draining:

@@ -32,23 +32,19 @@ def test_training_attempt_resumes_from_checkpoint(rapi, ray_cluster, ray_setting
             "args": {"steps": 400, "step_sleep": 0.05}, "retry": {"backoff_s": 0.5}}
     job = rapi.post("/v1/jobs", json=spec).json()
     storage = Path(ray_settings.data_dir) / "storage" / "default" / job["id"] / "checkpoints"
-    try:
-        wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
-        wait_for(lambda: len(glob.glob(str(storage / "checkpoint_*"))) >= 2, timeout=120, what="checkpoints")
-        node = driver_node(rapi, ray_cluster, job["id"])
-        assert node.group == "gpu"
-        ray_cluster.kill_node(node.name)
-        ray_cluster.add_node("gpu")
-        done = wait_status(rapi, job["id"], TERMINAL, timeout=300)
-        assert done["status"] == "SUCCEEDED", done["status_reason"]
-        atts = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()
-        assert [a["cause"] for a in atts] == ["NODE_LOST", None]
-        ret = done["result"]["workers"][0]["return"]
-        assert ret["resumed_from"] >= 100 and ret["steps_run"] == 400 - ret["resumed_from"]
-        record(test="training_resume", resumed_from_step=ret["resumed_from"], steps_repeated_saved=ret["resumed_from"])
-    finally:
-        if not any(n.group == "gpu" for n in ray_cluster.state.nodes):
-            ray_cluster.add_node("gpu")
+    wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
+    wait_for(lambda: len(glob.glob(str(storage / "checkpoint_*"))) >= 2, timeout=120, what="checkpoints")
+    node = driver_node(rapi, ray_cluster, job["id"])
+    assert node.group == "gpu"
+    ray_cluster.kill_node(node.name)
+    ray_cluster.add_node("gpu")
+    done = wait_status(rapi, job["id"], TERMINAL, timeout=300)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    atts = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()
+    assert [a["cause"] for a in atts] == ["NODE_LOST", None]
+    ret = done["result"]["workers"][0]["return"]
+    assert ret["resumed_from"] >= 100 and ret["steps_run"] == 400 - ret["resumed_from"]
+    record(test="training_resume", resumed_from_step=ret["resumed_from"], steps_repeated_saved=ret["resumed_from"])
 
 
 def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, tmp_path):
@@ -59,26 +55,22 @@ def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, tmp_path):
                       "search_space": {"x": {"grid": list(range(12))}, "log": {"choice": [str(log)]},
                                        "iters": {"choice": [8]}, "sleep": {"choice": [0.25]}}}}
     job = rapi.post("/v1/jobs", json=spec).json()
-    try:
-        wait_for(lambda: len([x for x in lines(log) if x.get("done")]) >= 4, timeout=300, what="4 trials done")
-        node = driver_node(rapi, ray_cluster, job["id"])
-        assert node.group == "cpu"  # the sweep's driver sits on on-demand
-        done_before = {x["x"] for x in lines(log) if x.get("done")}
-        ray_cluster.kill_node(node.name)
-        ray_cluster.add_node("cpu")
-        done = wait_status(rapi, job["id"], TERMINAL, timeout=400)
-        assert done["status"] == "SUCCEEDED", done["status_reason"]
-        assert done["attempts"] == 2
-        trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
-        assert len(trials) == 12 and all(t["status"] == "TERMINATED" for t in trials)
-        finishes: dict[int, int] = {}
-        for x in lines(log):
-            if x.get("done"):
-                finishes[x["x"]] = finishes.get(x["x"], 0) + 1
-        # Trials that finished in attempt 1 were restored, not run again.
-        assert all(finishes[x] == 1 for x in done_before), finishes
-        starts = len([x for x in lines(log) if "start" in x])
-        record(test="sweep_resume", trials_done_before_loss=len(done_before), trial_starts=starts, trials=12)
-    finally:
-        if not any(n.group == "cpu" for n in ray_cluster.state.nodes):
-            ray_cluster.add_node("cpu")
+    wait_for(lambda: len([x for x in lines(log) if x.get("done")]) >= 4, timeout=300, what="4 trials done")
+    node = driver_node(rapi, ray_cluster, job["id"])
+    assert node.group == "cpu"  # the sweep's driver sits on on-demand
+    done_before = {x["x"] for x in lines(log) if x.get("done")}
+    ray_cluster.kill_node(node.name)
+    ray_cluster.add_node("cpu")
+    done = wait_status(rapi, job["id"], TERMINAL, timeout=400)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["attempts"] == 2
+    trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
+    assert len(trials) == 12 and all(t["status"] == "TERMINATED" for t in trials)
+    finishes: dict[int, int] = {}
+    for x in lines(log):
+        if x.get("done"):
+            finishes[x["x"]] = finishes.get(x["x"], 0) + 1
+    # Trials that finished in attempt 1 were restored, not run again.
+    assert all(finishes[x] == 1 for x in done_before), finishes
+    starts = len([x for x in lines(log) if "start" in x])
+    record(test="sweep_resume", trials_done_before_loss=len(done_before), trial_starts=starts, trials=12)
