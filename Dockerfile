@@ -1,8 +1,11 @@
 # syntax=docker/dockerfile:1
 # One image for the control plane (`raylane serve`) and for every Ray node
-# (`ray start`): Ray drivers run `python -m jobs.run`, so the nodes need the same
-# `jobs` and `orchestrator.specs` code as the API, and the same Ray (2.60.0,
-# pinned in constraints.txt).
+# (`ray start`): Ray drivers run `python -m raylane.jobs.run`, so the nodes need the same
+# Raylane as the API (the runner checks its version against the control plane's at
+# start) and the same Ray (2.60.0, pinned in constraints.txt). The distribution
+# installs only the `raylane` namespace; the examples (`examples.train:main`, ...)
+# sit on PYTHONPATH under /opt/raylane-examples, as a user's own code would arrive
+# with `--working-dir`.
 #
 #   docker build -t raylane:0.1.0 .
 #
@@ -23,7 +26,6 @@ COPY api/ api/
 COPY orchestrator/ orchestrator/
 COPY jobs/ jobs/
 COPY migrations/ migrations/
-COPY examples/ examples/
 # --prefix: the install lands in /install/{bin,lib}, copied to /usr/local below,
 # so `ray`, `raylane` and `python` are on the default PATH even in a login shell
 # (KubeRay starts Ray with `bash -lc`, and /etc/profile resets PATH).
@@ -36,8 +38,10 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     RAYLANE_DATA_DIR=/var/lib/raylane \
     RAYLANE_HOST=0.0.0.0 \
-    RAYLANE_PORT=8000
+    RAYLANE_PORT=8000 \
+    PYTHONPATH=/opt/raylane-examples
 COPY --from=build /install /usr/local
+COPY examples/ /opt/raylane-examples/examples/
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it.
 RUN groupadd --gid 1000 raylane \
     && useradd --uid 1000 --gid 1000 --create-home --shell /bin/bash raylane \

@@ -1,2 +1,2 @@
 """The HTTP layer: FastAPI routers, request limits, error mapping. Routers are
-thin: they parse, call ``orchestrator.service.ControlPlane``, and return."""
+thin: they parse, call ``raylane.orchestrator.services.controlplane.ControlPlane``, and return."""

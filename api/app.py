@@ -1,4 +1,4 @@
-"""The ASGI application: ``create_app(settings)``; ``api.app:app`` for uvicorn."""
+"""The ASGI application: ``create_app(settings)``; ``raylane.api.app:app`` for uvicorn."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from fastapi.staticfiles import StaticFiles
 
-from api import errors, observability
-from api.auth import AuthMiddleware
-from api.limits import BodySizeLimit
-from api.ratelimit import TokenBuckets
-from api.routers import access, cluster, costs, health, jobs
-from orchestrator.service import ControlPlane
-from orchestrator.settings import Settings, get_settings
+from raylane.api import errors, observability
+from raylane.api.auth import AuthMiddleware
+from raylane.api.limits import BodySizeLimit
+from raylane.api.ratelimit import TokenBuckets
+from raylane.api.routers import access, cluster, costs, health, jobs
+from raylane.orchestrator.services.controlplane import ControlPlane
+from raylane.orchestrator.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 UI_DIR = Path(__file__).parent / "ui"  # the web page at /ui: static files, no build step
@@ -53,8 +53,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         app.state.cp = plane
         _bootstrap_access(plane, settings)
         if settings.dashboard_url:
-            from orchestrator.backends.ray_jobs import read_token
-            from orchestrator.profile import Profile
+            from raylane.orchestrator.backends.ray_jobs import read_token
+            from raylane.orchestrator.domain.profile import Profile
 
             plane.attach_ray(settings.dashboard_url, read_token(settings.ray_auth_token), Profile.load(settings.profile),
                              ray_address=settings.ray_address)

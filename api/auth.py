@@ -4,7 +4,7 @@
 mounted later (static files, a metrics app): a path is public only when listed
 in ``PUBLIC_PATHS`` / ``PUBLIC_PREFIXES``; under ``ADMIN_PREFIXES`` it needs an
 admin token; everywhere else it needs a valid token, and the routers' role
-dependencies (``api.deps``) decide the rest.
+dependencies (``raylane.api.deps``) decide the rest.
 
 It resolves ``Authorization: Bearer <token>`` to a ``Caller`` (one indexed read by
 the token's sha256: a revoked token is refused on its next request) and leaves
@@ -20,7 +20,7 @@ import logging
 
 import anyio
 
-from orchestrator.access import LOCAL_ADMIN, Caller, Role
+from raylane.orchestrator.services.access import LOCAL_ADMIN, Caller, Role
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Dependencies shared by routers: the control plane and the caller.
 
-``api.auth.AuthMiddleware`` has already resolved the Bearer token to a
+``raylane.api.auth.AuthMiddleware`` has already resolved the Bearer token to a
 ``Caller`` (or refused the request with 401) before a router runs; these
 dependencies read it and apply the role rules:
 
@@ -21,9 +21,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from orchestrator.access import LOCAL_ADMIN, Caller, Role, check_project_visible
-from orchestrator.errors import Forbidden, Unauthorized
-from orchestrator.service import ControlPlane
+from raylane.orchestrator.services.access import LOCAL_ADMIN, Caller, Role, check_project_visible
+from raylane.orchestrator.domain.errors import Forbidden, Unauthorized
+from raylane.orchestrator.services.controlplane import ControlPlane
 
 __all__ = ["CP", "Caller", "CallerDep", "ReaderDep", "MemberDep", "AdminDep", "get_caller"]
 
@@ -37,7 +37,7 @@ def get_cp(request: Request) -> ControlPlane:
 def _resolved(request: Request) -> Caller:
     caller = getattr(request.state, "caller", None)
     if caller is None:
-        # Only public paths reach a router without a caller (api.auth.PUBLIC_PATHS).
+        # Only public paths reach a router without a caller (raylane.api.auth.PUBLIC_PATHS).
         if not request.app.state.settings.auth_enabled:
             return LOCAL_ADMIN
         raise Unauthorized("this endpoint needs an API token: send 'Authorization: Bearer <token>'")

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator import errors
+from raylane.orchestrator.domain import errors
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(errors.RaylaneError)
     async def _domain(request: Request, exc: errors.RaylaneError):
         status = _status_for(exc)
-        rule = getattr(exc, "rule", None)  # a policy rule (orchestrator.policy) names itself
+        rule = getattr(exc, "rule", None)  # a policy rule (raylane.orchestrator.domain.policy) names itself
         if status == 422:
             loc = ["body", exc.field] if exc.field else ["body"]
             err = {"loc": loc, "msg": exc.message, "type": "value_error", **({"rule": rule} if rule else {})}
@@ -53,7 +53,7 @@ def install(app: FastAPI) -> None:
         body = {"detail": exc.message, **({"rule": rule} if rule else {})}
         return JSONResponse(body, status_code=status, headers=headers)
 
-    from orchestrator.backends.ray_jobs import RayUnavailable
+    from raylane.orchestrator.backends.ray_jobs import RayUnavailable
 
     @app.exception_handler(RayUnavailable)
     async def _ray_down(request: Request, exc: RayUnavailable):

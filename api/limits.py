@@ -2,7 +2,7 @@
 
 By Content-Length when the client sends one; otherwise by counting chunks as
 they arrive, raising HTTPException(413), which FastAPI passes through its body
-parsing to the error handlers in ``api.errors``.
+parsing to the error handlers in ``raylane.api.errors``.
 """
 
 from __future__ import annotations

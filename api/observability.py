@@ -3,11 +3,11 @@
 ``RequestContext`` (pure ASGI middleware, the outermost one) gives every request
 an id (the caller's ``X-Request-ID`` when it is a sane token, else a new one),
 binds it and the job id of ``/v1/jobs/{id}/...`` paths to the log context
-(``orchestrator.logcontext``), returns it as ``X-Request-ID``, times the request
+(``raylane.orchestrator.logcontext``), returns it as ``X-Request-ID``, times the request
 into ``raylane_http_request_duration_seconds`` and writes one log line per request.
 
 ``/metrics`` serves the app's own registry: the database-derived collector
-(``orchestrator.metrics``, the same on every replica) plus this process's HTTP
+(``raylane.orchestrator.services.metrics``, the same on every replica) plus this process's HTTP
 histogram and process metrics (per replica; sum them in PromQL).
 """
 
@@ -22,9 +22,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
-from api.deps import CallerDep
-from orchestrator import logcontext
-from orchestrator.metrics import DatabaseCollector
+from raylane.api.deps import CallerDep
+from raylane.orchestrator import logcontext
+from raylane.orchestrator.services.metrics import DatabaseCollector
 
 log = logging.getLogger("raylane.http")
 
@@ -103,6 +103,6 @@ def install(app: FastAPI) -> None:
 
 
 def _profile(app: FastAPI):
-    from orchestrator.accounting import profile
+    from raylane.orchestrator.services.accounting import profile
 
     return profile(app.state.cp)

@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from fastapi import Request
 
-from orchestrator.errors import RateLimited
+from raylane.orchestrator.domain.errors import RateLimited
 
 MAX_BUCKETS = 10_000  # tokens tracked at once; the least recently used bucket goes first
 

@@ -11,9 +11,9 @@ import logging
 
 import uvicorn
 
-from api.app import create_app
-from orchestrator import logcontext
-from orchestrator.settings import Settings
+from raylane.api.app import create_app
+from raylane.orchestrator import logcontext
+from raylane.orchestrator.settings import Settings
 
 
 def serve(settings: Settings, *, local_cluster: bool = False) -> None:
@@ -25,8 +25,8 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
     base = settings.public_url or f"http://{settings.host}:{settings.port}"
     cluster = None
     if local_cluster and not settings.dashboard_url:
-        from orchestrator.localcluster import LocalCluster
-        from orchestrator.profile import Profile
+        from raylane.orchestrator.tooling.localcluster import LocalCluster
+        from raylane.orchestrator.domain.profile import Profile
 
         print("Starting the local Ray cluster (head, gpu, spot-cpu, cpu node groups)...", flush=True)
         cluster = LocalCluster(Profile.load(settings.profile), settings.data_dir / "cluster")

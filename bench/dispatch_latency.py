@@ -70,8 +70,8 @@ def main() -> None:
 
     from ray.job_submission import JobSubmissionClient
 
-    from orchestrator.localcluster import LocalCluster
-    from orchestrator.profile import default_profile
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+    from raylane.orchestrator.domain.profile import default_profile
 
     work = Path(tempfile.mkdtemp(prefix="raylane-bench-"))
     cluster = LocalCluster(default_profile(), work / "cluster")

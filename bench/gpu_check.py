@@ -46,8 +46,8 @@ def main() -> int:
     import torch
 
     from examples.torch_train import _Ctx, main as train
-    from orchestrator.localcluster import LocalCluster
-    from orchestrator.profile import Profile, default_profile
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+    from raylane.orchestrator.domain.profile import Profile, default_profile
     from bench import _server
 
     ctx = _Ctx()

@@ -8,7 +8,7 @@ Every run is a new ``python`` process, so nothing is warm but the OS file cache
 
 - in-process: ``time.perf_counter()`` around ``import raylane`` alone;
 - process: wall time of ``python -c "import raylane"`` minus that of ``python -c pass``;
-- CLI: wall time of ``python -m client.cli --help``.
+- CLI: wall time of ``python -m raylane.client.cli --help``.
 
 It also checks that the import loaded none of the server's dependencies.
 ``--write-doc`` writes the result into docs/benchmarks.md under "## SDK import time",
@@ -60,7 +60,7 @@ def measure(runs: int) -> dict:
         b, _ = wall([py, "-c", "pass"])
         p, _ = wall([py, "-c", "import raylane"])
         _, out = wall([py, "-c", PROBE])
-        c, _ = wall([py, "-m", "client.cli", "--help"])
+        c, _ = wall([py, "-m", "raylane.client.cli", "--help"])
         if i == 0:
             continue  # cold: the first run also fills the OS file cache and writes .pyc files
         data = json.loads(out)

@@ -79,7 +79,7 @@ async def batches(url: str, n_batches: int, size: int, inflight: int) -> tuple[i
 def count_rows(db_url: str) -> int:
     from sqlalchemy import create_engine, text
 
-    from orchestrator.store.db import normalise_url
+    from raylane.orchestrator.store.db import normalise_url
 
     eng = create_engine(normalise_url(db_url))
     with eng.connect() as conn:

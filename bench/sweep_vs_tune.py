@@ -33,9 +33,9 @@ def main() -> None:
     args = ap.parse_args()
     from ray.job_submission import JobSubmissionClient
 
-    from orchestrator.localcluster import LocalCluster
-    from orchestrator.profile import default_profile
-    from orchestrator.specs import JobSpec
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.domain.specs import JobSpec
 
     work = Path(tempfile.mkdtemp(prefix="raylane-sweep-bench-"))
     cluster = LocalCluster(default_profile(), work / "cluster")

@@ -21,8 +21,8 @@ def serve(
     local_cluster: bool = typer.Option(False, "--local-cluster", help="Start the local multi-node Ray cluster first when no RAYLANE_RAY_ADDRESS is set."),
 ) -> None:
     """Run the control plane: the REST API, the dispatcher and the reconciler."""
-    from api.server import serve as _serve
-    from orchestrator.settings import Settings
+    from raylane.api.server import serve as _serve
+    from raylane.orchestrator.settings import Settings
 
     overrides = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     settings = Settings(**overrides)
@@ -36,8 +36,8 @@ app.add_typer(db_app, name="db")
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply migrations up to REVISION (default head)."""
-    from orchestrator.settings import Settings
-    from orchestrator.store import migrate
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.store import migrate
 
     migrate.upgrade(Settings().resolved_database_url, revision)
     typer.echo(f"database at {revision}")
@@ -60,9 +60,9 @@ def profile_render(
     profile: Optional[Path] = typer.Option(None, "--profile", help="Cluster profile YAML (default: RAYLANE_PROFILE, else the shipped one)."),
 ) -> None:
     """Print the node-group parts of a deploy file from the cluster profile, or check a file for drift."""
-    from orchestrator import deploy_render
-    from orchestrator.profile import Profile
-    from orchestrator.settings import Settings
+    from raylane.orchestrator.tooling import deploy_render
+    from raylane.orchestrator.domain.profile import Profile
+    from raylane.orchestrator.settings import Settings
 
     prof = Profile.load(profile or Settings().profile)
     if check is None:
@@ -78,7 +78,7 @@ def profile_render(
 
 # Client commands -------------------------------------------------------------------
 #
-# Every command below talks to the API through ``client.sdk`` only (no Ray, no
+# Every command below talks to the API through ``raylane.client.sdk`` only (no Ray, no
 # SQLAlchemy, no FastAPI), except ``cluster up|down|status``, which drives the
 # local Ray cluster and imports it lazily. Exit codes (docs/cli.md):
 
@@ -92,8 +92,8 @@ from datetime import datetime, timedelta, timezone  # noqa: E402
 from enum import Enum  # noqa: E402
 from typing import List  # noqa: E402
 
-from orchestrator.specs import JobKind  # noqa: E402  (pure pydantic, as the client install has)
-from orchestrator.states import JobStatus  # noqa: E402
+from raylane.orchestrator.domain.specs import JobKind  # noqa: E402  (pure pydantic, as the client install has)
+from raylane.orchestrator.domain.states import JobStatus  # noqa: E402
 
 EXIT_OK = 0  # done; with --wait: the job SUCCEEDED
 EXIT_FAILED = 1  # the job FAILED or was CANCELLED, or the server refused (not found, conflict, ...)
@@ -131,7 +131,7 @@ def _global_options(
 
 
 def _client():
-    from client.sdk import Client
+    from raylane.client.sdk import Client
 
     return Client(_conn.url, token=_conn.token)
 
@@ -156,7 +156,7 @@ def _client_command(fn):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        from client.sdk import ConnectionFailed, RaylaneError, ValidationFailed, WaitTimeout
+        from raylane.client.sdk import ConnectionFailed, RaylaneError, ValidationFailed, WaitTimeout
 
         try:
             return fn(*args, **kwargs)
@@ -290,7 +290,7 @@ LOG_TAIL_WAIT_S = 10.0
 
 def _stream_logs(job_id: str, problems: list) -> None:
     """Copy the job's followed log to stdout (runs in a thread beside the waiting)."""
-    from client.sdk import Client, RaylaneError
+    from raylane.client.sdk import Client, RaylaneError
 
     try:
         with Client(_conn.url, token=_conn.token) as c:
@@ -658,7 +658,7 @@ def report(
     from rich.markup import escape
     from rich.table import Table
 
-    from client.sdk import _Call
+    from raylane.client.sdk import _Call
 
     params = [("start", _when_option(since, "--since").isoformat())]
     if until:
@@ -711,9 +711,9 @@ app.add_typer(cluster_app, name="cluster")
 def _local_cluster():
     # Imported here: the bare client install has no Ray and no pydantic-settings.
     try:
-        from orchestrator.localcluster import LocalCluster
-        from orchestrator.profile import Profile
-        from orchestrator.settings import Settings
+        from raylane.orchestrator.tooling.localcluster import LocalCluster
+        from raylane.orchestrator.domain.profile import Profile
+        from raylane.orchestrator.settings import Settings
     except ImportError as e:
         raise _fail(f"`raylane cluster` needs the server install (pip install 'raylane[server]'); "
                     f"missing {e.name}", EXIT_USAGE) from None
@@ -747,7 +747,7 @@ def _cluster_view(cluster) -> dict:
             ray_nodes = [n["raylet"] for n in cluster.nodes()]
         except Exception:  # the dashboard can lag behind a node: show what the processes say
             ray_nodes = []
-    from orchestrator.profile import NODE_GROUP_LABEL
+    from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL
 
     # Ray's node for each of our processes: by node id where it was recorded at
     # start-up, else the first alive node of the same group not matched yet.

@@ -12,7 +12,7 @@ Words used here:
   job it created the first time); a batch submit is not (the API takes no key
   for it), so it is only retried when the request never left this machine.
 
-This module imports pydantic, yaml and the pure-pydantic ``orchestrator.specs``,
+This module imports pydantic, yaml and the pure-pydantic ``raylane.orchestrator.domain.specs``,
 ``states`` and ``resources``; httpx is imported when a client is made. Never Ray,
 SQLAlchemy or FastAPI: ``pip install raylane`` must stay light.
 """
@@ -37,11 +37,11 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic import ValidationError as _PydanticValidationError
 
-from orchestrator.resources import (
+from raylane.orchestrator.domain.views import (
     Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
 )
-from orchestrator.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
-from orchestrator.states import JobStatus
+from raylane.orchestrator.domain.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
+from raylane.orchestrator.domain.states import JobStatus
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
@@ -229,7 +229,7 @@ def _spec_error(exc: _PydanticValidationError, prefix: str) -> ValidationFailed:
     return ValidationFailed(_validation_message(errors, prefix), errors=errors)
 
 
-# Models the API returns that are not in orchestrator.resources ------------------
+# Models the API returns that are not in raylane.orchestrator.domain.views ------------------
 
 
 class _Open(BaseModel):

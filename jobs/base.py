@@ -1,5 +1,5 @@
 """What every runner gets: the job's spec, placement and storage, and a way to
-report its result. Imports ``orchestrator.specs``/``resources`` only, never the store."""
+report its result. Imports ``raylane.orchestrator.domain.specs``/``resources`` only, never the store."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator import ids
-from orchestrator.resources import Placement
-from orchestrator.specs import JobSpec
+from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.domain.specs import JobSpec
 
 RESULT_MARKER = "RAYLANE_RESULT "  # the reconciler reads the last such line of the driver log
 
@@ -37,7 +37,7 @@ class RunContext:
     def from_env(cls) -> "RunContext":
         if "RAYLANE_JOB_B64" in os.environ:
             # The dispatcher passes the runner's inputs on the driver's command line
-            # (see orchestrator.dispatcher.submit); make them plain env vars here.
+            # (see raylane.orchestrator.loops.dispatcher.submit); make them plain env vars here.
             os.environ.update(json.loads(base64.b64decode(os.environ.pop("RAYLANE_JOB_B64"))))
         storage = Path(os.environ["RAYLANE_STORAGE"])
         storage.mkdir(parents=True, exist_ok=True)
@@ -50,7 +50,7 @@ class RunContext:
 class CheckpointSignal:
     """Raylane's request that an attempt checkpoint now, because a node it runs on
     is draining (a spot preemption notice). The control plane leaves it in Ray's
-    key-value store (``orchestrator.backends.ray_gcs``); any process of the job
+    key-value store (``raylane.orchestrator.backends.ray_gcs``); any process of the job
     can ask.
 
     ``requested()`` is True once per request (the message changes with each new
@@ -98,7 +98,7 @@ def watch_checkpoint_requests(submission_id: str) -> CheckpointSignal:
 def checkpoint_requested() -> bool:
     """True, once per request, when Raylane asks this attempt to checkpoint now
     because a node it runs on is draining (a spot preemption notice). For a sweep's trial function
-    (``from jobs.base import checkpoint_requested``; report a checkpoint to Tune
+    (``from raylane.jobs.base import checkpoint_requested``; report a checkpoint to Tune
     when it is True) and anything else running inside a Raylane job; a training
     function has the same as ``ctx.checkpoint_requested()``. False outside a job."""
     return _signal.requested() if _signal is not None else False

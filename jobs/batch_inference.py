@@ -15,8 +15,8 @@ from typing import Any
 
 import ray
 
-from jobs.base import RunContext, load_callable
-from orchestrator import ids
+from raylane.jobs.base import RunContext, load_callable
+from raylane.orchestrator.domain import ids
 
 READERS = {"parquet": "read_parquet", "jsonl": "read_json", "csv": "read_csv"}
 WRITERS = {"parquet": "write_parquet", "jsonl": "write_json", "csv": "write_csv"}

@@ -125,7 +125,7 @@ class _Off(JobMetrics):
 
 
 def current() -> JobMetrics | None:
-    """The running job's metrics, or None outside ``python -m jobs.run``."""
+    """The running job's metrics, or None outside ``python -m raylane.jobs.run``."""
     return _current
 
 
@@ -139,13 +139,13 @@ def trial_callback():
         # (pickled by reference), never through a global captured here, which
         # would drag the heartbeat's thread lock into the pickle.
         def on_trial_complete(self, iteration, trials, trial, **info):
-            from jobs import metrics
+            from raylane.jobs import metrics
 
             if (m := metrics.current()) is not None:
                 m.trial_done()
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            from jobs import metrics
+            from raylane.jobs import metrics
 
             if (m := metrics.current()) is not None:
                 m.trial_done()

@@ -1,4 +1,4 @@
-"""The driver entrypoint of every non-command job: ``python -m jobs.run``.
+"""The driver entrypoint of every non-command job: ``python -m raylane.jobs.run``.
 
 Reads the job from the environment the dispatcher set, runs the runner of its
 kind, and prints the result marker the reconciler reads back."""
@@ -10,14 +10,14 @@ import logging
 import os
 import sys
 
-from jobs.base import RunContext, load_callable, report_result
-from jobs.metrics import JobMetrics
+from raylane.jobs.base import RunContext, load_callable, report_result
+from raylane.jobs.metrics import JobMetrics
 
 RUNNERS = {
-    "training": "jobs.training",
-    "sweep": "jobs.sweep",
-    "batch_inference": "jobs.batch_inference",
-    "service": "jobs.service",
+    "training": "raylane.jobs.training",
+    "sweep": "raylane.jobs.sweep",
+    "batch_inference": "raylane.jobs.batch_inference",
+    "service": "raylane.jobs.service",
 }
 
 

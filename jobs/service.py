@@ -16,7 +16,7 @@ from typing import Any
 
 from ray import serve
 
-from jobs.base import RunContext, load_callable, report_result
+from raylane.jobs.base import RunContext, load_callable, report_result
 
 SERVE_PORT = int(os.environ.get("RAYLANE_SERVE_PORT", "8100"))  # 8000 is Raylane's API
 

@@ -5,7 +5,7 @@ for short trials, trials placed by label selector on the (spot) group with SPREA
 ``FailureConfig`` so trials lost with a node are retried from their checkpoints,
 and the experiment stored under the job's storage so a new attempt restores it.
 A trial function can save a checkpoint when its node is about to be drained:
-``jobs.base.checkpoint_requested()`` turns True once per trial after the request.
+``raylane.jobs.base.checkpoint_requested()`` turns True once per trial after the request.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from ray import tune
 from ray.tune import PlacementGroupFactory
 
-from jobs.base import RunContext, load_callable, watch_checkpoint_requests
-from jobs.metrics import trial_callback
+from raylane.jobs.base import RunContext, load_callable, watch_checkpoint_requests
+from raylane.jobs.metrics import trial_callback
 
 
 def _domain(d) -> Any:
@@ -39,7 +39,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
         import ray
 
-        # Each trial sees a drain's checkpoint request once (jobs.base.checkpoint_requested).
+        # Each trial sees a drain's checkpoint request once (raylane.jobs.base.checkpoint_requested).
         watch_checkpoint_requests(submission_id)
         where = {"node_group": os.environ.get("RAY_NODE_TYPE_NAME"), "node_id": ray.get_runtime_context().get_node_id()}
         # Three shapes of objective: return one dict (one result); yield dicts (one

@@ -18,7 +18,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.base import RunContext, load_callable, watch_checkpoint_requests
+from raylane.jobs.base import RunContext, load_callable, watch_checkpoint_requests
 
 GANG_TIMEOUT_S = 600  # admission already checked capacity; this bounds a lost race
 

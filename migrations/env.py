@@ -9,9 +9,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
-from orchestrator.settings import Settings
-from orchestrator.store.db import make_engine
-from orchestrator.store.tables import metadata
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.store.db import make_engine
+from raylane.orchestrator.store.tables import metadata
 
 MIGRATION_LOCK_ID = 0x7261796C616E65  # "raylane"
 

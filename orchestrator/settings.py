@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     submit_rate_per_s: float = Field(20.0, ge=0, description="Submit requests (single or batch) per second per token; 0: unlimited.")
     submit_burst: int = Field(100, ge=1, description="Submit requests a token may make at once before the rate applies (then 429 + Retry-After).")
 
-    # Policy: what a job may run (orchestrator/policy.py)
+    # Policy: what a job may run (orchestrator/domain/policy.py)
     policy_allow_pip: bool = Field(True, description="Allow runtime_env.pip at all.")
     policy_pip_allowlist: list[str] = Field(
         [], description="Package names runtime_env.pip may install (JSON list); empty: any. When set, URLs and pip options are refused too."

@@ -12,16 +12,16 @@ docs/sdk.md has the whole tour.
 
 __version__ = "0.1.0"
 
-from client.sdk import (  # noqa: E402,F401
+from raylane.client.sdk import (  # noqa: E402,F401
     DEFAULT_URL, MAX_ATTEMPTS, AsyncClient, Client, ClusterInfo, ClusterNode, Conflict, ConnectionFailed, Forbidden,
     Health, JobFunction, NodeGroupStatus, NotFound, RaylaneError, RateLimited, ServerError, Unauthorized,
     ValidationFailed, WaitTimeout, job,
 )
-from orchestrator.resources import (  # noqa: E402,F401
+from raylane.orchestrator.domain.views import (  # noqa: E402,F401
     Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
 )
-from orchestrator.specs import JobKind, JobSpec  # noqa: E402,F401
-from orchestrator.states import FailureCause, JobStatus  # noqa: E402,F401
+from raylane.orchestrator.domain.specs import JobKind, JobSpec  # noqa: E402,F401
+from raylane.orchestrator.domain.states import FailureCause, JobStatus  # noqa: E402,F401
 
 __all__ = [
     "Client", "AsyncClient", "job", "JobFunction",

@@ -52,7 +52,7 @@ def _pg_url(dbname: str) -> str:
 
 @pytest.fixture(scope="session")
 def pg_template():
-    from orchestrator.store import migrate
+    from raylane.orchestrator.store import migrate
 
     name = f"raylane_t_{RUN_ID}_tmpl"
     with _pg_admin() as conn:
@@ -79,7 +79,7 @@ def fresh_pg_database(template: str) -> str:
 def db_url(request, tmp_path):
     """A migrated, empty database of each kind."""
     if request.param == "sqlite":
-        from orchestrator.store import migrate
+        from raylane.orchestrator.store import migrate
 
         url = f"sqlite:///{tmp_path / 'raylane.db'}"
         migrate.upgrade(url)
@@ -89,7 +89,7 @@ def db_url(request, tmp_path):
 
 @pytest.fixture
 def settings(db_url, tmp_path):
-    from orchestrator.settings import Settings
+    from raylane.orchestrator.settings import Settings
 
     return Settings(database_url=db_url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False,
                     admin_token=ADMIN_TOKEN, submit_rate_per_s=0, policy_working_dir_roots=WORKING_DIR_ROOTS)
@@ -97,7 +97,7 @@ def settings(db_url, tmp_path):
 
 @pytest.fixture
 def cp(settings):
-    from orchestrator.service import ControlPlane
+    from raylane.orchestrator.services.controlplane import ControlPlane
 
     plane = ControlPlane(settings)
     yield plane
@@ -110,7 +110,7 @@ def api(settings, cp):
     tests use a real uvicorn)."""
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from raylane.api.app import create_app
 
     with TestClient(create_app(settings, cp=cp), headers=ADMIN_HEADERS) as c:
         yield c
@@ -143,7 +143,7 @@ class ServerProcess:
         import httpx
 
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve"], env=self.env, cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "raylane.client.cli", "serve"], env=self.env, cwd=ROOT,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
         def ready():

@@ -88,9 +88,9 @@ def test_list_filters_and_cursor_pagination_stable_under_inserts(api):
 
 
 def test_cancel_pending_then_idempotent_then_finished_is_409(api, cp):
-    from orchestrator.store import db
-    from orchestrator.store.transitions import transition
-    from orchestrator.states import JobStatus
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.transitions import transition
+    from raylane.orchestrator.domain.states import JobStatus
 
     jid = api.post("/v1/jobs", json=HELLO).json()["id"]
     r = api.post(f"/v1/jobs/{jid}/cancel")

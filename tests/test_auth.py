@@ -16,12 +16,12 @@ import pytest
 from fastapi.routing import iter_route_contexts
 from sqlalchemy import select
 
-from orchestrator.backends.ray_jobs import RayNode
-from orchestrator.profile import default_profile
-from orchestrator.resources import TokenCreate
-from orchestrator.routing import GroupState, route
-from orchestrator.store import db
-from orchestrator.store.tables import api_tokens, audit_log
+from raylane.orchestrator.backends.ray_jobs import RayNode
+from raylane.orchestrator.domain.profile import default_profile
+from raylane.orchestrator.domain.views import TokenCreate
+from raylane.orchestrator.domain.routing import GroupState, route
+from raylane.orchestrator.store import db
+from raylane.orchestrator.store.tables import api_tokens, audit_log
 from tests.conftest import ADMIN_TOKEN
 
 HELLO = {"name": "hello", "kind": "command", "entrypoint": "python -c 'print(42)'"}
@@ -326,8 +326,8 @@ def test_token_rules(api):
 def test_generated_admin_token_is_printed_once_and_written_0600(settings, capsys):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from orchestrator.service import ControlPlane
+    from raylane.api.app import create_app
+    from raylane.orchestrator.services.controlplane import ControlPlane
 
     settings.admin_token = None
     cp = ControlPlane(settings)
@@ -359,7 +359,7 @@ def test_generated_admin_token_is_printed_once_and_written_0600(settings, capsys
 def test_short_admin_token_setting_is_refused():
     from pydantic import ValidationError
 
-    from orchestrator.settings import Settings
+    from raylane.orchestrator.settings import Settings
 
     with pytest.raises(ValidationError, match="at least 16"):
         Settings(admin_token="changeme")
@@ -369,7 +369,7 @@ def test_short_admin_token_setting_is_refused():
 def test_auth_disabled_every_caller_is_the_local_admin(settings, cp):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from raylane.api.app import create_app
 
     settings.auth_enabled = False
     with TestClient(create_app(settings, cp=cp)) as c:
@@ -468,7 +468,7 @@ class Clock:
 
 
 def test_submit_rate_limit_per_token_with_retry_after(world):
-    from api.ratelimit import TokenBuckets
+    from raylane.api.ratelimit import TokenBuckets
 
     clock = Clock()
     world.api.app.state.submit_buckets = TokenBuckets(rate_per_s=0.5, burst=3, clock=clock)
@@ -546,8 +546,8 @@ def test_policy_rules_refuse_with_the_rule_named(api, settings, tmp_path_factory
 
 
 def test_state_dir_is_excluded_from_an_upload_that_contains_it(tmp_path):
-    from orchestrator.policy import state_excludes
-    from orchestrator.specs import JobSpec
+    from raylane.orchestrator.domain.policy import state_excludes
+    from raylane.orchestrator.domain.specs import JobSpec
 
     spec = JobSpec(**HELLO, runtime_env={"working_dir": str(tmp_path), "py_modules": ["s3://b/m.zip"]})
     assert state_excludes(spec, tmp_path / ".raylane") == ["/.raylane/"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from jobs import base
-from orchestrator import ids
+from raylane.jobs import base
+from raylane.orchestrator.domain import ids
 
 
 def test_each_request_is_seen_once_and_the_store_is_read_at_most_once_a_second(monkeypatch):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.backends.ray_jobs import RayJob, RayNode
-from orchestrator.reconciler import _tail, classify
-from orchestrator.states import FailureCause
+from raylane.orchestrator.backends.ray_jobs import RayJob, RayNode
+from raylane.orchestrator.loops.reconciler import _tail, classify
+from raylane.orchestrator.domain.states import FailureCause
 
 NID = "f035050c9f16273808ca3ef01e9871cae75a7e3e50337d23b147c710"
 

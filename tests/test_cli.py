@@ -1,4 +1,4 @@
-"""The ``raylane`` CLI, run as a real subprocess (``python -m client.cli``) against a
+"""The ``raylane`` CLI, run as a real subprocess (``python -m raylane.client.cli``) against a
 real ``raylane serve``, with the terminal width fixed (COLUMNS=100) so tables and
 progress lines are stable.
 
@@ -42,18 +42,18 @@ def env_for(url: str | None, **extra: str) -> dict[str, str]:
 
 
 def rl(*args: str, url: str | None = None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "client.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "raylane.client.cli", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=env_for(url, **env), timeout=timeout)
 
 
 def start_rl(*args: str, url: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "client.cli", *map(str, args)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "raylane.client.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env_for(url))
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from orchestrator.store import migrate
+    from raylane.orchestrator.store import migrate
 
     tmp = tmp_path_factory.mktemp("cli")
     url = f"sqlite:///{tmp / 'raylane.db'}"
@@ -261,8 +261,8 @@ def test_trials_table_best_first(server, sdk, tag, tmp_path):
     assert r.returncode == 0 and "No trials yet" in r.stdout and "PENDING" in r.stdout
 
     # What the reconciler stores when a sweep ends (the real store function, into the server's DB).
-    from orchestrator.store import db
-    from orchestrator.store.jobs import save_trials
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.jobs import save_trials
 
     engine = db.make_engine(server.db_url)
     try:
@@ -381,7 +381,7 @@ def test_local_cluster_up_then_jobs_run_then_down(server_factory, tmp_path):
         assert state["up"] and [n["group"] for n in state["nodes"]] == ["head", "cpu"]
         assert {n["ray_state"] for n in state["nodes"]} == {"ALIVE"}
 
-        from orchestrator.store import migrate
+        from raylane.orchestrator.store import migrate
 
         db_url = f"sqlite:///{tmp_path / 'e2e.db'}"
         migrate.upgrade(db_url)

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import insert, update
 
-from orchestrator import costs
-from orchestrator.costs import AttemptUsage
-from orchestrator.profile import Profile
+from raylane.orchestrator.domain import costs
+from raylane.orchestrator.domain.costs import AttemptUsage
+from raylane.orchestrator.domain.profile import Profile
 
 T0 = datetime(2026, 3, 2, 0, 0, tzinfo=timezone.utc)
 H = timedelta(hours=1)
@@ -175,9 +175,9 @@ def test_report_says_own_or_rent_per_gpu_group_and_lists_cheaper_placements():
 
 
 def _attempt(cp, job_id, number, *, group, market, resources, start, hours, cause=None, status="SUCCEEDED"):
-    from orchestrator.ids import submission_id
-    from orchestrator.store import db
-    from orchestrator.store.tables import attempts, jobs
+    from raylane.orchestrator.domain.ids import submission_id
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.tables import attempts, jobs
 
     with db.transaction(cp.sessions) as s:
         s.execute(insert(attempts).values(

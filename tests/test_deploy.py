@@ -9,7 +9,7 @@ checked against what would read it:
   override, and Ray's own ``ray start`` argument parser for every Ray service;
 - Ray's own cluster-launcher schema and autoscaler config reader for the AWS file,
   and Ray's KubeRay autoscaler for what each RayCluster group advertises;
-- the cluster profile, through ``orchestrator.deploy_render`` and the
+- the cluster profile, through ``raylane.orchestrator.tooling.deploy_render`` and the
   ``raylane profile render --check`` command: node groups cannot drift;
 - the Dockerfile's steps: every COPY source exists, the install line is the
   pinned one, and its command (and the migration commands of compose and the
@@ -34,8 +34,8 @@ import jsonschema
 import pytest
 import yaml
 
-from orchestrator import deploy_render
-from orchestrator.profile import DEFAULT_PROFILE, Profile, default_profile
+from raylane.orchestrator.tooling import deploy_render
+from raylane.orchestrator.domain.profile import DEFAULT_PROFILE, Profile, default_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -749,7 +749,7 @@ def test_image_commands_run(tmp_path):
     assert out.returncode == 0, out.stderr
     import sqlalchemy
 
-    from orchestrator.store import migrate
+    from raylane.orchestrator.store import migrate
 
     engine = sqlalchemy.create_engine(env["RAYLANE_DATABASE_URL"])
     try:

@@ -21,8 +21,8 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.cont
 
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory):
-    from api.app import create_app
-    from orchestrator.settings import Settings
+    from raylane.api.app import create_app
+    from raylane.orchestrator.settings import Settings
     from tests.conftest import ADMIN_TOKEN
 
     d = tmp_path_factory.mktemp("fuzz")

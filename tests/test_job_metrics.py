@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs import metrics
+from raylane.jobs import metrics
 from tests.helpers import wait_for
 
 

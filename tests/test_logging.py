@@ -10,8 +10,8 @@ import logging
 
 import httpx
 
-from orchestrator import logcontext
-from orchestrator.loops import LoopService
+from raylane.orchestrator import logcontext
+from raylane.orchestrator.loops.base import LoopService
 from tests.helpers import wait_for
 
 BANNER = ("Raylane API:", "API docs:", "Database:", "Ray dashboard:", "Raylane admin token", "export RAYLANE_TOKEN=")
@@ -94,7 +94,7 @@ def test_a_loop_pass_starts_about_no_job():
 
 
 def test_server_writes_json_lines_with_the_request_id(server_factory, tmp_path):
-    from orchestrator.store import migrate
+    from raylane.orchestrator.store import migrate
 
     url = f"sqlite:///{tmp_path / 'log.db'}"
     migrate.upgrade(url)

@@ -16,13 +16,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
-from orchestrator.dispatcher import Dispatcher
-from orchestrator.profile import default_profile
-from orchestrator.routing import GroupState
-from orchestrator.states import FailureCause, JobStatus
-from orchestrator.store import db
-from orchestrator.store.tables import attempts, jobs
-from orchestrator.store.transitions import transition, utcnow
+from raylane.orchestrator.loops.dispatcher import Dispatcher
+from raylane.orchestrator.domain.profile import default_profile
+from raylane.orchestrator.domain.routing import GroupState
+from raylane.orchestrator.domain.states import FailureCause, JobStatus
+from raylane.orchestrator.store import db
+from raylane.orchestrator.store.tables import attempts, jobs
+from raylane.orchestrator.store.transitions import transition, utcnow
 
 GiB = 1024**3
 GRAFANA = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "raylane.json"
@@ -35,7 +35,7 @@ VIEW = {
 
 @pytest.fixture
 def plane(cp):
-    from orchestrator.routing import route
+    from raylane.orchestrator.domain.routing import route
 
     profile = default_profile()
     cp.router = lambda spec: route(spec, profile)
@@ -155,8 +155,8 @@ def test_every_replica_serves_the_same_database_numbers(api, plane, settings):
     """A second app (another replica) on the same database: same job and attempt numbers."""
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from orchestrator.service import ControlPlane
+    from raylane.api.app import create_app
+    from raylane.orchestrator.services.controlplane import ControlPlane
 
     api.post("/v1/jobs", json={"name": "a", "kind": "command", "entrypoint": "true"})
     plane.dispatcher.claim(VIEW)

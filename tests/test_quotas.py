@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.dispatcher import Dispatcher
-from orchestrator.profile import default_profile
-from orchestrator.resources import GroupLimits
-from orchestrator.specs import JobSpec
-from orchestrator.states import JobStatus
-from orchestrator.store import db
-from orchestrator.store.transitions import transition
+from raylane.orchestrator.loops.dispatcher import Dispatcher
+from raylane.orchestrator.domain.profile import default_profile
+from raylane.orchestrator.domain.views import GroupLimits
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.store import db
+from raylane.orchestrator.store.transitions import transition
 from tests.test_scheduler import view
 
 
 @pytest.fixture
 def plane(cp):
-    from orchestrator.routing import route
+    from raylane.orchestrator.domain.routing import route
 
     profile = default_profile()
     cp.profile = profile
@@ -47,7 +47,7 @@ def active_gpus(cp, project: str) -> float:
 
 
 def _flt(project):
-    from orchestrator.store.jobs import JobFilter
+    from raylane.orchestrator.store.jobs import JobFilter
 
     return JobFilter(project=project)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import httpx
 
-from orchestrator.backends import ray_jobs
-from orchestrator.backends.ray_jobs import RayJobsBackend
+from raylane.orchestrator.backends import ray_jobs
+from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
 
 
 def _node(nid, state="ALIVE", labels=None):
@@ -22,7 +22,7 @@ class FakeGcs:
     def draining_nodes(self):
         self.calls += 1
         if self.draining is None:
-            from orchestrator.backends.ray_gcs import GcsUnavailable
+            from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
 
             raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE: connection refused")
         return {n: None for n in self.draining}

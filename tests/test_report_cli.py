@@ -21,17 +21,17 @@ def _cli(srv, *args: str) -> subprocess.CompletedProcess:
     env = {"RAYLANE_URL": srv.url, "COLUMNS": "200", "PATH": "/usr/bin:/bin"}
     if getattr(srv, "token", None):
         env["RAYLANE_TOKEN"] = srv.token
-    return subprocess.run([sys.executable, "-m", "client.cli", "report", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "raylane.client.cli", "report", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
 def test_report_shows_the_gpu_decision_and_cheaper_placements(server_factory, tmp_path):
-    from orchestrator.ids import submission_id
-    from orchestrator.service import ControlPlane
-    from orchestrator.settings import Settings
-    from orchestrator.store import db, migrate
-    from orchestrator.store.tables import attempts
-    from orchestrator.store.transitions import utcnow
+    from raylane.orchestrator.domain.ids import submission_id
+    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.store import db, migrate
+    from raylane.orchestrator.store.tables import attempts
+    from raylane.orchestrator.store.transitions import utcnow
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     migrate.upgrade(url)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from orchestrator.dispatcher import Dispatcher
-from orchestrator.profile import default_profile
-from orchestrator.routing import GroupState
-from orchestrator.specs import JobSpec
-from orchestrator.states import JobStatus
-from orchestrator.store import db
-from orchestrator.store.tables import jobs
-from orchestrator.store.transitions import transition
+from raylane.orchestrator.loops.dispatcher import Dispatcher
+from raylane.orchestrator.domain.profile import default_profile
+from raylane.orchestrator.domain.routing import GroupState
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.store import db
+from raylane.orchestrator.store.tables import jobs
+from raylane.orchestrator.store.transitions import transition
 
 GiB = 1024**3
 
@@ -29,7 +29,7 @@ def view(gpus=2, cpus=4.0, spot_nodes=2):
 
 @pytest.fixture
 def plane(cp):
-    from orchestrator.routing import route
+    from raylane.orchestrator.domain.routing import route
 
     profile = default_profile()
     cp.router = lambda spec: route(spec, profile)

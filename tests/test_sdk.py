@@ -30,7 +30,7 @@ from raylane import (
     AsyncClient, Client, Conflict, ConnectionFailed, JobSpec, JobStatus, NotFound, RaylaneError, ServerError,
     ValidationFailed, WaitTimeout,
 )
-from orchestrator.specs import load_spec_document
+from raylane.orchestrator.domain.specs import load_spec_document
 from tests.conftest import ROOT, ServerProcess, free_port, fresh_pg_database
 
 HELLO = {"name": "hello", "kind": "command", "entrypoint": "python -c 'print(42)'"}
@@ -51,7 +51,7 @@ def server(request, tmp_path_factory):
     """A real server (uvicorn) per database kind, shared by this module's tests."""
     tmp = tmp_path_factory.mktemp(f"sdk-{request.param}")
     if request.param == "sqlite":
-        from orchestrator.store import migrate
+        from raylane.orchestrator.store import migrate
 
         url = f"sqlite:///{tmp / 'raylane.db'}"
         migrate.upgrade(url)
@@ -464,7 +464,7 @@ def test_missing_or_wrong_token_is_unauthorized(server):
 
 def test_error_statuses_map_to_typed_errors():
     # Every status the server can answer, through the one mapping function (403 and 500 are hard to provoke).
-    from client.sdk import Forbidden, Unauthorized, _error_from
+    from raylane.client.sdk import Forbidden, Unauthorized, _error_from
 
     def err(status, body):
         return _error_from(httpx.Response(status, json=body))
@@ -490,7 +490,7 @@ def test_decorated_function_submits_as_training_job(client, tag):
     assert spec.args == {"lr": 0.01} and spec.labels["team"] == "sdk" and job.name == "fn-train"
     assert job.placement.node_group == "gpu"
     # What the training runner does on the cluster: import by name, call with the context.
-    from jobs.base import load_callable
+    from raylane.jobs.base import load_callable
 
     ctx = type("Ctx", (), {"args": {"lr": 0.5}, "rank": 0})()
     assert load_callable(spec.entrypoint)(ctx) == {"lr": 0.5, "rank": 0}

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from orchestrator.settings import Settings
+from raylane.orchestrator.settings import Settings
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
+from raylane.orchestrator.domain.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

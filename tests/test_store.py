@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import select, update
 
-from orchestrator.errors import InvalidTransition
-from orchestrator.specs import JobSpec
-from orchestrator.states import ALLOWED, JobStatus, allowed_from
-from orchestrator.store import db, jobs as store
-from orchestrator.store.tables import events, jobs
-from orchestrator.store.transitions import transition
+from raylane.orchestrator.domain.errors import InvalidTransition
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import ALLOWED, JobStatus, allowed_from
+from raylane.orchestrator.store import db, jobs as store
+from raylane.orchestrator.store.tables import events, jobs
+from raylane.orchestrator.store.transitions import transition
 
 SPEC = JobSpec(name="t", kind="command", entrypoint="true")
 
@@ -97,7 +97,7 @@ def test_fifty_concurrent_submits_with_one_key_make_one_job(cp):
 
 
 def test_same_key_different_spec_is_a_conflict(cp):
-    from orchestrator.errors import Conflict
+    from raylane.orchestrator.domain.errors import Conflict
 
     cp.submit(SPEC, project="default", actor="t", idempotency_key="k")
     with pytest.raises(Conflict, match="different job spec"):

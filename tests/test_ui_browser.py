@@ -66,7 +66,7 @@ def shot(page, name: str) -> None:
 
 
 def _server(server_factory, tmp_path, **extra):
-    from orchestrator.store import migrate
+    from raylane.orchestrator.store import migrate
 
     url = f"sqlite:///{tmp_path / 'ui.db'}"
     migrate.upgrade(url)
@@ -76,8 +76,8 @@ def _server(server_factory, tmp_path, **extra):
 
 
 def _plane(url, tmp_path):
-    from orchestrator.service import ControlPlane
-    from orchestrator.settings import Settings
+    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.settings import Settings
 
     return ControlPlane(Settings(database_url=url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False))
 
@@ -85,12 +85,12 @@ def _plane(url, tmp_path):
 def _ran_sweep(cp, job_id: str) -> None:
     """What dispatcher and reconciler would have written for a finished sweep: an
     attempt on spot that ran 20 minutes, its trials and result."""
-    from orchestrator.ids import submission_id
-    from orchestrator.states import JobStatus
-    from orchestrator.store import db
-    from orchestrator.store.jobs import get_row, save_trials, set_result
-    from orchestrator.store.tables import attempts
-    from orchestrator.store.transitions import transition, utcnow
+    from raylane.orchestrator.domain.ids import submission_id
+    from raylane.orchestrator.domain.states import JobStatus
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.jobs import get_row, save_trials, set_result
+    from raylane.orchestrator.store.tables import attempts
+    from raylane.orchestrator.store.transitions import transition, utcnow
 
     now = utcnow()
     with db.transaction(cp.sessions) as s:
@@ -120,12 +120,12 @@ def _ran_sweep(cp, job_id: str) -> None:
 
 
 def _running(cp, job_id: str) -> None:
-    from orchestrator.ids import submission_id
-    from orchestrator.states import JobStatus
-    from orchestrator.store import db
-    from orchestrator.store.jobs import get_row
-    from orchestrator.store.tables import attempts
-    from orchestrator.store.transitions import transition, utcnow
+    from raylane.orchestrator.domain.ids import submission_id
+    from raylane.orchestrator.domain.states import JobStatus
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.jobs import get_row
+    from raylane.orchestrator.store.tables import attempts
+    from raylane.orchestrator.store.transitions import transition, utcnow
 
     now = utcnow()
     with db.transaction(cp.sessions) as s:

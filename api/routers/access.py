@@ -7,10 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from api.deps import CP, AdminDep, ReaderDep
-from orchestrator.access import check_project_visible
-from orchestrator.errors import Invalid
-from orchestrator.resources import (
+from raylane.api.deps import CP, AdminDep, ReaderDep
+from raylane.orchestrator.services.access import check_project_visible
+from raylane.orchestrator.domain.errors import Invalid
+from raylane.orchestrator.domain.views import (
     AuditPage, NewToken, Project, ProjectCreate, ProjectQuota, QuotaUpdate, Token, TokenCreate, Whoami,
 )
 

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from api.deps import CP, CallerDep, ReaderDep
-from orchestrator.resources import Placement
-from orchestrator.specs import JobSpec
+from raylane.api.deps import CP, CallerDep, ReaderDep
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.domain.specs import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 

@@ -1,5 +1,5 @@
 """/v1/costs, /v1/report, /v1/jobs/{id}/cost: what attempts cost, how busy the node
-groups were, and where a job could have run cheaper (``orchestrator.costs``)."""
+groups were, and where a job could have run cheaper (``raylane.orchestrator.domain.costs``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 
-from api.deps import CP, CallerDep
-from orchestrator import accounting
+from raylane.api.deps import CP, CallerDep
+from raylane.orchestrator.services import accounting
 
 router = APIRouter(prefix="/v1", tags=["costs"])
 

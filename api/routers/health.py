@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import CP
+from raylane.api.deps import CP
 
 router = APIRouter(tags=["health"])
 

@@ -10,15 +10,15 @@ import time
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from api.deps import CP, CallerDep, MemberDep
-from api.ratelimit import submit_limit
-from orchestrator.errors import Forbidden, Invalid
-from orchestrator.resources import (
+from raylane.api.deps import CP, CallerDep, MemberDep
+from raylane.api.ratelimit import submit_limit
+from raylane.orchestrator.domain.errors import Forbidden, Invalid
+from raylane.orchestrator.domain.views import (
     Attempt, BatchSubmitRequest, Trial, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
 )
-from orchestrator.specs import JobKind, JobSpec
-from orchestrator.states import JobStatus
-from orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
+from raylane.orchestrator.domain.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

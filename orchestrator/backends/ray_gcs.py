@@ -8,7 +8,7 @@ has it as DRAINING (``state_snapshot``), so this asks the GCS, with the cluster'
 token in the ``authorization`` metadata exactly as Ray's own clients send it.
 
 Raylane tells a job to checkpoint by writing ``checkpoint/<submission id>`` in the
-``raylane`` namespace of that store; the job's runner (``jobs.base.RunContext.
+``raylane`` namespace of that store; the job's runner (``raylane.jobs.base.RunContext.
 checkpoint_requested``) reads it from inside the cluster. Both sides go through
 Ray's own store, so the message survives whatever the control plane does next.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import grpc
 from ray.core.generated import gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
 
-from orchestrator import ids
+from raylane.orchestrator.domain import ids
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class RayGcs:
     def request_checkpoint(self, submission_id: str, *, nodes: list[str], reason: str) -> None:
         """Leave the attempt a message: checkpoint now, a node of yours is going
         away. ``nodes``: every draining node the attempt was told about so far; a
-        changed message is a new request (``jobs.base.CheckpointSignal``)."""
+        changed message is a new request (``raylane.jobs.base.CheckpointSignal``)."""
         value = json.dumps({"nodes": nodes, "reason": reason}).encode()
         self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(
             key=checkpoint_key(submission_id), value=value, overwrite=True, namespace=KV_NAMESPACE))

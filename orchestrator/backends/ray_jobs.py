@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from orchestrator.profile import MARKET_LABEL, NODE_GROUP_LABEL
-from orchestrator.routing import ClusterView, GroupState
+from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL
+from raylane.orchestrator.domain.routing import ClusterView, GroupState
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def read_token(explicit: str | None = None) -> str | None:
 class RayJobsBackend:
     def __init__(self, dashboard_url: str, token: str | None = None, *, gcs=None):
         self.dashboard_url = dashboard_url.rstrip("/")
-        self.gcs = gcs  # orchestrator.backends.ray_gcs.RayGcs: draining nodes, checkpoint requests
+        self.gcs = gcs  # raylane.orchestrator.backends.ray_gcs.RayGcs: draining nodes, checkpoint requests
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.dashboard_url, headers=headers, timeout=HTTP_TIMEOUT_S)
         self._sdk = None  # Ray's JobSubmissionClient, only for uploading local directories
@@ -207,7 +207,7 @@ class RayJobsBackend:
         a 5 s stall on every node listing."""
         if self.gcs is None:
             return set()
-        from orchestrator.backends.ray_gcs import GcsUnavailable
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
 
         now = time.monotonic()
         with self._lock:

@@ -14,11 +14,11 @@ from sqlalchemy import and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator.errors import Conflict, Invalid, NotFound
-from orchestrator.resources import AuditEntry, Project, Token
-from orchestrator.store.jobs import decode_cursor, encode_cursor
-from orchestrator.store.tables import api_tokens, audit_log, projects
-from orchestrator.store.transitions import utcnow
+from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
+from raylane.orchestrator.domain.views import AuditEntry, Project, Token
+from raylane.orchestrator.store.jobs import decode_cursor, encode_cursor
+from raylane.orchestrator.store.tables import api_tokens, audit_log, projects
+from raylane.orchestrator.store.transitions import utcnow
 
 # How stale last_used_at may be: one write per token per minute, not one per request.
 LAST_USED_RESOLUTION = timedelta(seconds=60)

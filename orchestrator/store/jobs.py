@@ -14,13 +14,13 @@ from sqlalchemy import and_, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator.errors import Conflict, Invalid, NotFound
-from orchestrator.ids import new_job_id, submission_id
-from orchestrator.resources import Attempt, Job, JobEvent, Placement, Trial
-from orchestrator.specs import JobSpec
-from orchestrator.states import JobStatus, FailureCause
-from orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
-from orchestrator.store.transitions import transition, utcnow
+from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
+from raylane.orchestrator.domain.ids import new_job_id, submission_id
+from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import JobStatus, FailureCause
+from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
+from raylane.orchestrator.store.transitions import transition, utcnow
 
 DEFAULT_PROJECT = "default"
 MAX_PAGE = 500  # a page of jobs; more is a second request

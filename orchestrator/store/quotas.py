@@ -16,9 +16,9 @@ from typing import Mapping
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from orchestrator.states import ACTIVE
-from orchestrator.store.tables import jobs, quotas
-from orchestrator.store.transitions import utcnow
+from raylane.orchestrator.domain.states import ACTIVE
+from raylane.orchestrator.store.tables import jobs, quotas
+from raylane.orchestrator.store.transitions import utcnow
 
 EPS = 1e-9  # float sums of fractional CPUs
 

@@ -161,7 +161,7 @@ trials = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
 )
 
-# Access (orchestrator.access): projects, API tokens, quotas, the audit trail.
+# Access (raylane.orchestrator.services.access): projects, API tokens, quotas, the audit trail.
 
 projects = Table(
     "projects",

@@ -15,9 +15,9 @@ from typing import Any, Iterable
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from orchestrator.errors import InvalidTransition, NotFound
-from orchestrator.states import ALLOWED, JobStatus
-from orchestrator.store.tables import events, jobs
+from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
+from raylane.orchestrator.domain.states import ALLOWED, JobStatus
+from raylane.orchestrator.store.tables import events, jobs
 
 # A status can change only a few times; more lost races than this means a bug
 # (avoid an infinite loop if one happens).

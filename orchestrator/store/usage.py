@@ -1,4 +1,4 @@
-"""Read attempts for accounting (``orchestrator.costs``): every attempt that may
+"""Read attempts for accounting (``raylane.orchestrator.domain.costs``): every attempt that may
 have held resources within a window, with its job's project, kind, spec and result."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import datetime
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from orchestrator.costs import AttemptUsage
-from orchestrator.store.tables import attempts, jobs, results
+from raylane.orchestrator.domain.costs import AttemptUsage
+from raylane.orchestrator.store.tables import attempts, jobs, results
 
 
 def load_usage(session: Session, *, start: datetime, end: datetime, project: str | None = None,

@@ -15,8 +15,8 @@ from tests.helpers import wait_for
 
 @pytest.fixture(scope="package")
 def ray_cluster(tmp_path_factory):
-    from orchestrator.localcluster import LocalCluster
-    from orchestrator.profile import default_profile
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+    from raylane.orchestrator.domain.profile import default_profile
 
     cluster = LocalCluster(default_profile(), tmp_path_factory.mktemp("cluster"))
     cluster.up()
@@ -38,8 +38,8 @@ def _restore_shared_cluster(request):
 
 @pytest.fixture
 def ray_settings(tmp_path, ray_cluster):
-    from orchestrator.settings import Settings
-    from orchestrator.store import migrate
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.store import migrate
 
     url = f"sqlite:///{tmp_path / 'raylane.db'}"
     migrate.upgrade(url)
@@ -55,7 +55,7 @@ def rapi(ray_settings):
     """The API with dispatcher and reconciler running against the shared cluster, as the admin."""
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from raylane.api.app import create_app
 
     with TestClient(create_app(ray_settings), headers=ADMIN_HEADERS) as c:
         yield c

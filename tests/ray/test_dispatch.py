@@ -38,7 +38,7 @@ def test_command_runs_on_cpu_group_with_logs_and_ray_metadata(rapi, ray_cluster)
     assert len(mine) == 1
     md = mine[0]["metadata"]
     assert md["raylane_kind"] == "command" and md["raylane_node_group"] == "cpu" and md["raylane_project"] == "default"
-    nodes = {n.node_id: n for n in __import__("orchestrator.backends.ray_jobs", fromlist=["x"]).RayJobsBackend(
+    nodes = {n.node_id: n for n in __import__("raylane.orchestrator.backends.ray_jobs", fromlist=["x"]).RayJobsBackend(
         ray_cluster.state.dashboard_url, ray_cluster.state.token).nodes()}
     assert nodes[mine[0]["driver_node_id"]].group == "cpu"
     evs = [e["to_status"] for e in rapi.get(f"/v1/jobs/{job['id']}/events").json()]

@@ -10,7 +10,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.specs import JobSpec
+from raylane.orchestrator.domain.specs import JobSpec
 from tests.helpers import wait_for
 from tests.ray.conftest import wait_status
 

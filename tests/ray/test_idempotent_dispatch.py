@@ -7,10 +7,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from orchestrator.settings import Settings
-from orchestrator.specs import JobSpec
-from orchestrator.states import JobStatus
-from orchestrator.store.tables import attempts
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.store.tables import attempts
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.ray
@@ -21,9 +21,9 @@ class Crash(BaseException):
 
 
 def _plane(ray_settings: Settings, **kw):
-    from orchestrator.backends.ray_jobs import read_token
-    from orchestrator.profile import default_profile
-    from orchestrator.service import ControlPlane
+    from raylane.orchestrator.backends.ray_jobs import read_token
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.services.controlplane import ControlPlane
 
     cp = ControlPlane(ray_settings.model_copy(update={"loops_enabled": False, **kw}))
     cp.attach_ray(ray_settings.dashboard_url, read_token(ray_settings.ray_auth_token), default_profile())
@@ -70,9 +70,9 @@ def test_attempt_ray_never_heard_of_is_lost_and_retried(ray_settings):
     """The head restarted without GCS fault tolerance: Ray forgot the attempt."""
     from sqlalchemy import update
 
-    from orchestrator.store import db
-    from orchestrator.store.tables import jobs
-    from orchestrator.store.transitions import transition, utcnow
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.tables import jobs
+    from raylane.orchestrator.store.transitions import transition, utcnow
 
     cp = _plane(ray_settings)
     job, _ = cp.submit(JobSpec(name="lost", kind="command", entrypoint="python -c 'print(1)'"),

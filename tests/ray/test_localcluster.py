@@ -13,8 +13,8 @@ pytestmark = pytest.mark.ray
 
 
 def test_a_node_that_does_not_come_up_takes_the_started_ones_down(tmp_path, monkeypatch):
-    from orchestrator import localcluster
-    from orchestrator.profile import Profile
+    from raylane.orchestrator.tooling import localcluster
+    from raylane.orchestrator.domain.profile import Profile
 
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump({"name": "t", "groups": [{"name": "head", "role": "head", "cpus": 0, "memory_gb": 1},
@@ -48,7 +48,7 @@ def test_a_node_that_does_not_come_up_takes_the_started_ones_down(tmp_path, monk
 def test_restore_replaces_drained_and_dead_nodes(ray_cluster):
     """What the shared test cluster runs after every test: a drained node and a
     killed one are replaced by fresh, registered nodes of the same groups."""
-    from orchestrator import localcluster
+    from raylane.orchestrator.tooling import localcluster
 
     drained = next(n for n in ray_cluster.state.nodes if n.group == "spot-cpu")
     killed = next(n for n in ray_cluster.state.nodes if n.group == "spot-cpu" and n.name != drained.name)

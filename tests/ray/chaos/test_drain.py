@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.ray_jobs import RayJobsBackend
+from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
 from tests.helpers import wait_for
 from tests.ray.chaos.test_spot_loss import lines, record, running_trial, trial_sweep
 from tests.ray.conftest import wait_status
@@ -89,7 +89,7 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
 
 
 def test_drained_spot_node_trials_checkpoint_when_asked_and_resume_there(rapi, ray_cluster, tmp_path):
-    """A sweep's trials checkpoint only when Raylane asks (``jobs.base.
+    """A sweep's trials checkpoint only when Raylane asks (``raylane.jobs.base.
     checkpoint_requested``): the trials on a drained spot node save when told,
     and after the node goes Tune resumes them from exactly those checkpoints, in
     the same attempt."""

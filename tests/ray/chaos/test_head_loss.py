@@ -38,8 +38,8 @@ SPEC = {"name": "head-loss", "kind": "training", "entrypoint": "examples.train:m
 
 @pytest.fixture(params=["no-gcs-ft", "gcs-ft"])
 def head_cluster(request, tmp_path):
-    from orchestrator.localcluster import LocalCluster
-    from orchestrator.profile import Profile
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+    from raylane.orchestrator.domain.profile import Profile
 
     profile_path = tmp_path / "profile.yaml"
     profile_path.write_text(yaml.safe_dump(PROFILE))
@@ -67,9 +67,9 @@ def redis_keys(namespace: str) -> list[bytes]:
 def head_api(head_cluster, tmp_path):
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from orchestrator.settings import Settings
-    from orchestrator.store import migrate
+    from raylane.api.app import create_app
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.store import migrate
 
     mode, cluster, profile_path = head_cluster
     url = f"sqlite:///{tmp_path / 'raylane.db'}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.ray_jobs import RayJobsBackend
+from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
 from tests.helpers import wait_for
 from tests.ray.conftest import wait_status
 

@@ -47,6 +47,6 @@ def slow_trial(config):
 
 def drain_trial(config):
     """Checkpoints only when Raylane asks (its node is draining)."""
-    from jobs.base import checkpoint_requested
+    from raylane.jobs.base import checkpoint_requested
 
     _run(config, checkpoint_requested)

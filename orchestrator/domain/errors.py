@@ -1,5 +1,5 @@
 """Domain errors. The API maps each class to one HTTP status in one place
-(``api.errors``); nothing below the API raises HTTP errors."""
+(``raylane.api.errors``); nothing below the API raises HTTP errors."""
 
 from __future__ import annotations
 

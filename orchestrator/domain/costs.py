@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Literal
 
-from orchestrator.profile import NodeGroup, Profile
+from raylane.orchestrator.domain.profile import NodeGroup, Profile
 
 GroupBy = Literal["project", "node_group", "kind"]
 GROUP_BY: tuple[str, ...] = ("project", "node_group", "kind")

@@ -1,7 +1,7 @@
 """Job statuses, the arrows allowed between them, and failure causes.
 
 This is the one place that says which status changes are legal. The only code
-that writes a job's status is ``orchestrator.store.transitions.transition``,
+that writes a job's status is ``raylane.orchestrator.store.transitions.transition``,
 which turns the table below into a compare-and-set
 (``UPDATE jobs SET status=:to WHERE id=:id AND status IN (:allowed_from)``)
 and writes an event row for every change.

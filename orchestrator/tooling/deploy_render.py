@@ -1,6 +1,6 @@
 """Deploy files from the cluster profile: render their node-group parts, and find drift.
 
-The cluster profile (``orchestrator/profiles/*.yaml``) is the one place node groups
+The cluster profile (``orchestrator/domain/profiles/*.yaml``) is the one place node groups
 are declared. Three deploy targets carry the same groups in their own words:
 
 ========  =================================  ==========================================
@@ -47,7 +47,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from orchestrator.profile import NodeGroup, Profile
+from raylane.orchestrator.domain.profile import NodeGroup, Profile
 
 TARGETS = ("compose", "kuberay", "aws")
 GiB = 1024**3
@@ -443,7 +443,7 @@ def check(target: str, path: str | Path, profile: Profile | None = None) -> list
         >>> check("aws", "deploy/ray-cluster-aws.yaml")
         []
     """
-    from orchestrator.profile import default_profile
+    from raylane.orchestrator.domain.profile import default_profile
 
     profile = profile or default_profile()
     path = Path(path)

@@ -37,13 +37,13 @@ from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.costs import node_share
-from orchestrator.profile import Profile
-from orchestrator.states import ACTIVE, QUEUED, FailureCause, JobStatus
+from raylane.orchestrator.domain.costs import node_share
+from raylane.orchestrator.domain.profile import Profile
+from raylane.orchestrator.domain.states import ACTIVE, QUEUED, FailureCause, JobStatus
 
 assert QUEUED == {JobStatus.PENDING, JobStatus.RETRYING}, "queue metrics below name both statuses"
-from orchestrator.store.tables import attempts, jobs
-from orchestrator.store.transitions import utcnow
+from raylane.orchestrator.store.tables import attempts, jobs
+from raylane.orchestrator.store.transitions import utcnow
 
 log = logging.getLogger(__name__)
 

@@ -33,14 +33,14 @@ from pathlib import Path
 from pydantic import SecretStr
 from sqlalchemy import text, update
 
-from orchestrator.errors import Invalid, NotFound
-from orchestrator.resources import (
+from raylane.orchestrator.domain.errors import Invalid, NotFound
+from raylane.orchestrator.domain.views import (
     AuditEntry, GroupLimits, GroupQuota, NewToken, Project, ProjectQuota, Token, TokenCreate,
 )
-from orchestrator.settings import Settings
-from orchestrator.store import access as store, db, quotas as store_quotas
-from orchestrator.store.tables import api_tokens
-from orchestrator.store.transitions import utcnow
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.store import access as store, db, quotas as store_quotas
+from raylane.orchestrator.store.tables import api_tokens
+from raylane.orchestrator.store.transitions import utcnow
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ def submission_id(job_id: str, attempt: int) -> str:
 
 
 # Raylane's messages to running jobs in Ray's internal key-value store: the control
-# plane writes (``orchestrator.backends.ray_gcs``), the job's runner reads
-# (``jobs.base.CheckpointSignal``).
+# plane writes (``raylane.orchestrator.backends.ray_gcs``), the job's runner reads
+# (``raylane.jobs.base.CheckpointSignal``).
 KV_NAMESPACE = "raylane"
 
 

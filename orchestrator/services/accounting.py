@@ -7,16 +7,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import costs
-from orchestrator.errors import Invalid
-from orchestrator.profile import Profile
-from orchestrator.store import db
-from orchestrator.store.jobs import get_row
-from orchestrator.store.transitions import utcnow
-from orchestrator.store.usage import load_usage
+from raylane.orchestrator.domain import costs
+from raylane.orchestrator.domain.errors import Invalid
+from raylane.orchestrator.domain.profile import Profile
+from raylane.orchestrator.store import db
+from raylane.orchestrator.store.jobs import get_row
+from raylane.orchestrator.store.transitions import utcnow
+from raylane.orchestrator.store.usage import load_usage
 
 if TYPE_CHECKING:
-    from orchestrator.service import ControlPlane
+    from raylane.orchestrator.services.controlplane import ControlPlane
 
 DEFAULT_WINDOW = timedelta(days=7)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a job's cost covers its whole life

@@ -31,17 +31,18 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from orchestrator import ids, logcontext
-from orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
-from orchestrator.dispatcher import MAX_INFRA_RETRIES
-from orchestrator.loops import LoopService
-from orchestrator.settings import Settings
-from orchestrator.specs import JobSpec
-from orchestrator.states import INFRASTRUCTURE_CAUSES, FailureCause, JobStatus
-from orchestrator.store import db
-from orchestrator.store.jobs import save_trials, set_result
-from orchestrator.store.tables import attempts, jobs, results
-from orchestrator.store.transitions import record_event, transition, utcnow
+from raylane.orchestrator.domain import ids
+from raylane.orchestrator import logcontext
+from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
+from raylane.orchestrator.loops.dispatcher import MAX_INFRA_RETRIES
+from raylane.orchestrator.loops.base import LoopService
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import INFRASTRUCTURE_CAUSES, FailureCause, JobStatus
+from raylane.orchestrator.store import db
+from raylane.orchestrator.store.jobs import save_trials, set_result
+from raylane.orchestrator.store.tables import attempts, jobs, results
+from raylane.orchestrator.store.transitions import record_event, transition, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ class Reconciler(LoopService):
         if gcs is None or time.monotonic() - self._drain_checked_at < DRAIN_CHECK_S:
             return
         self._drain_checked_at = time.monotonic()
-        from orchestrator.backends.ray_gcs import GcsUnavailable  # loaded only with a GCS address
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # loaded only with a GCS address
 
         live_sids = {r["submission_id"] for r in live}
         for sid in {sid for sid, _ in self._asked} - live_sids:

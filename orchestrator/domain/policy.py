@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from orchestrator.errors import Forbidden, Invalid
-from orchestrator.settings import Settings
-from orchestrator.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.errors import Forbidden, Invalid
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.domain.specs import JobKind, JobSpec
 
 # A requirement name as pip sees it (PEP 508), before any version or marker.
 REQ_NAME_RE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*([<>=!~;].*)?$")

@@ -13,13 +13,13 @@ from typing import Any, Callable, Sequence
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from orchestrator import policy
-from orchestrator.access import Access
-from orchestrator.errors import Invalid
-from orchestrator.resources import Attempt, Job, JobEvent, Placement
-from orchestrator.settings import Settings
-from orchestrator.specs import JobSpec
-from orchestrator.store import db, jobs as store_jobs, migrate
+from raylane.orchestrator.domain import policy
+from raylane.orchestrator.services.access import Access
+from raylane.orchestrator.domain.errors import Invalid
+from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.store import db, jobs as store_jobs, migrate
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class ControlPlane:
         self.backend = None
         self.profile = None
         self._view_cache = None
-        # Identities, projects, quotas, audit (orchestrator.access).
+        # Identities, projects, quotas, audit (raylane.orchestrator.services.access).
         self.access = Access(settings, self.sessions)
 
     # Lifecycle -------------------------------------------------------------
@@ -143,16 +143,16 @@ class ControlPlane:
         ``ray_address`` (the GCS, host:port) adds what only the GCS knows: which
         nodes are draining (excluded from admission; their jobs are asked to
         checkpoint). Without it Raylane sees a drained node only when it dies."""
-        from orchestrator.backends.ray_jobs import RayJobsBackend
-        from orchestrator.dispatcher import Dispatcher
-        from orchestrator.reconciler import Reconciler
-        from orchestrator.routing import route
+        from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
+        from raylane.orchestrator.loops.dispatcher import Dispatcher
+        from raylane.orchestrator.loops.reconciler import Reconciler
+        from raylane.orchestrator.domain.routing import route
 
         self.profile = profile
         self.dashboard_url = dashboard_url
         gcs = None
         if ray_address:
-            from orchestrator.backends.ray_gcs import RayGcs  # imports Ray's protobufs: ~0.5 s, only when used
+            from raylane.orchestrator.backends.ray_gcs import RayGcs  # imports Ray's protobufs: ~0.5 s, only when used
 
             gcs = RayGcs(ray_address, token)
         self.backend = RayJobsBackend(dashboard_url, token, gcs=gcs)
@@ -167,7 +167,7 @@ class ControlPlane:
         """Ray's node groups now, cached briefly so a burst of submits makes one call."""
         import time
 
-        from orchestrator.backends.ray_jobs import RayUnavailable
+        from raylane.orchestrator.backends.ray_jobs import RayUnavailable
 
         now = time.monotonic()
         if self._view_cache and now - self._view_cache[0] < VIEW_CACHE_S:
@@ -186,9 +186,9 @@ class ControlPlane:
     def node_groups(self) -> list[dict[str, Any]]:
         from sqlalchemy import func, select
 
-        from orchestrator.dispatcher import used_by_active
-        from orchestrator.states import ACTIVE, QUEUED
-        from orchestrator.store.tables import jobs
+        from raylane.orchestrator.loops.dispatcher import used_by_active
+        from raylane.orchestrator.domain.states import ACTIVE, QUEUED
+        from raylane.orchestrator.store.tables import jobs
 
         self._require_ray()
         self._view_cache = None
@@ -222,7 +222,7 @@ class ControlPlane:
                            "death_reason": n.death_reason} for n in nodes]}
 
     def logs(self, job_id: str, *, project: str | None, attempt: int | None = None) -> tuple[str, Job]:
-        from orchestrator.ids import submission_id
+        from raylane.orchestrator.domain.ids import submission_id
 
         job = self.get(job_id, project=project)
         n = attempt or job.attempts

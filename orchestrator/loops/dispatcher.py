@@ -35,20 +35,20 @@ from typing import Any
 
 from sqlalchemy import func, insert, or_, select, update
 
-from orchestrator import logcontext
-from orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
-from orchestrator.ids import submission_id
-from orchestrator.loops import LoopService
-from orchestrator.profile import Profile
-from orchestrator.resources import Placement
-from orchestrator.routing import ClusterView, Unroutable, route
-from orchestrator.settings import Settings
-from orchestrator.specs import JobKind, JobSpec
-from orchestrator.states import ACTIVE, FailureCause, JobStatus
-from orchestrator.policy import state_excludes
-from orchestrator.store import db, quotas as store_quotas
-from orchestrator.store.tables import attempts, jobs
-from orchestrator.store.transitions import record_event, transition, utcnow
+from raylane.orchestrator import logcontext
+from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.loops.base import LoopService
+from raylane.orchestrator.domain.profile import Profile
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.domain.routing import ClusterView, Unroutable, route
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.domain.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
+from raylane.orchestrator.domain.policy import state_excludes
+from raylane.orchestrator.store import db, quotas as store_quotas
+from raylane.orchestrator.store.tables import attempts, jobs
+from raylane.orchestrator.store.transitions import record_event, transition, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class Dispatcher(LoopService):
             # workers (a 200-trial sweep of short trials paid seconds for it).
             runtime_env = {"env_vars": dict(spec.runtime_env.env_vars)} if spec.runtime_env.env_vars else {}
             blob = base64.b64encode(json.dumps(env).encode()).decode()
-            entrypoint = f"RAYLANE_JOB_B64={blob} python -m jobs.run"
+            entrypoint = f"RAYLANE_JOB_B64={blob} python -m raylane.jobs.run"
         if spec.runtime_env.working_dir:
             runtime_env["working_dir"] = spec.runtime_env.working_dir
         if spec.runtime_env.pip:

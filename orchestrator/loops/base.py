@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 
-from orchestrator import logcontext
+from raylane.orchestrator import logcontext
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.profile import NODE_GROUP_LABEL, NodeGroup, Profile
+from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, NodeGroup, Profile
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,21 @@ class LocalCluster:
             self.down()
             raise
         return self.state
+
+    def _examples_path(self) -> str | None:
+        """A directory that holds only the checkout's ``examples`` package, for the
+        nodes' PYTHONPATH: the examples' specs name ``examples.train:main`` and the
+        like, and the installed distribution ships no ``examples`` (only the
+        ``raylane`` namespace). The container image does the same (Dockerfile)."""
+        src = Path(__file__).resolve().parents[2] / "examples"
+        if not (src / "__init__.py").is_file():
+            return None
+        d = self.dir / "pythonpath"
+        d.mkdir(parents=True, exist_ok=True)
+        link = d / "examples"
+        if not link.exists():
+            link.symlink_to(src, target_is_directory=True)
+        return str(d)
 
     def add_node(self, group_name: str, index: int | None = None) -> NodeProc:
         """Start one more node of a group (also used to replace a killed spot node)."""
@@ -367,6 +382,8 @@ class LocalCluster:
             # Drivers run `python ...` from PATH: make it this environment's Python.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
+        if (shown := self._examples_path()) is not None:
+            env["PYTHONPATH"] = shown
         if head_ports is None:
             env["RAYLANE_NODE_IP"] = ip  # see the module's doc: drivers attach to their own node
         else:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.errors import Invalid
-from orchestrator.profile import MARKET_LABEL, NODE_GROUP_LABEL, NodeGroup, Profile
-from orchestrator.resources import Placement
-from orchestrator.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.errors import Invalid
+from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL, NodeGroup, Profile
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.domain.specs import JobKind, JobSpec
 
 GiB = 1024**3
 SPOT_FIRST_KINDS = frozenset({JobKind.SWEEP, JobKind.BATCH_INFERENCE, JobKind.SERVICE})

@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.specs import JobKind, JobSpec
-from orchestrator.states import FailureCause, JobStatus
+from raylane.orchestrator.domain.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.states import FailureCause, JobStatus
 
 
 class Placement(BaseModel):
@@ -119,7 +119,7 @@ class Trial(BaseModel):
     error: str | None = None
 
 
-# Access (orchestrator.access): identities, projects, quotas, the audit trail -------
+# Access (raylane.orchestrator.services.access): identities, projects, quotas, the audit trail -------
 
 Role = Literal["admin", "member", "viewer"]
 PROJECT_NAME = r"^[a-z0-9][a-z0-9-]*$"  # the same rule as JobSpec.project
