@@ -383,7 +383,7 @@ class LocalCluster:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
         if (shown := self._examples_path()) is not None:
-            env["PYTHONPATH"] = shown
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (shown, os.environ.get("PYTHONPATH")) if p)
         if head_ports is None:
             env["RAYLANE_NODE_IP"] = ip  # see the module's doc: drivers attach to their own node
         else:
