@@ -167,3 +167,13 @@ def test_cost_basis_decides_the_cheaper_placement(probe):
     assert findings(_gpu_command("probe")) == ["gpu_unused"]
     probe("training", cost_basis="held")
     assert findings(_on_demand_cpu("probe")) == findings(_gpu_command("probe")) == []
+
+
+def test_the_api_lists_every_row_with_what_a_user_cares_about(api, probe):
+    probe("sweep", summary="a test kind")
+    kinds = {k["name"]: k for k in api.get("/v1/kinds").json()}
+    assert list(kinds) == list(KINDS) and "probe" in kinds  # a new row reaches the UI with nothing else
+    assert kinds["probe"]["summary"] == "a test kind" and kinds["probe"]["elastic"] is True
+    assert kinds["command"]["entrypoint"] == "shell command" and kinds["training"]["entrypoint"] == "import path"
+    assert kinds["sweep"]["section"] == "sweep" and kinds["sweep"]["checkpoints"] is True
+    assert "runner" not in kinds["training"]  # a module path inside Ray is not the user's business
