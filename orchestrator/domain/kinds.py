@@ -69,6 +69,11 @@ class KindTraits:
         return out
 
 
+# Why the rows say what they say: training functions and sweep trials can save a
+# checkpoint when asked; a batch run rewrites its output and a command or a service
+# has none. Sweep trials and inference batches are independent (elastic, SPREAD,
+# cheaper on spot); a training gang is tightly coupled (STRICT_PACK co-locates its
+# GPUs). A service tolerates losing a replica, so it starts on spot too.
 KINDS: dict[str, KindTraits] = {t.name: t for t in (
     KindTraits("training", "N workers x G GPUs, gang-scheduled and tightly coupled",
                runner="raylane.jobs.training", elastic=False, spot_first=False, checkpoints=True, serves=False,

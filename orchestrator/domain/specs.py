@@ -50,11 +50,12 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class JobKind(str, Enum):
     """Which runner in ``jobs/`` executes a job; its traits are its row in ``kinds.KINDS``."""
 
-    TRAINING = "training"  # N workers x G GPUs, gang-scheduled, tightly coupled
-    SWEEP = "sweep"  # Ray Tune trials: independent, interruptible
-    BATCH_INFERENCE = "batch_inference"  # Ray Data map over batches
-    SERVICE = "service"  # a Ray Serve application, long-running
-    COMMAND = "command"  # any shell entrypoint, like `ray job submit -- ...`
+    # What each is and does: its row's summary and traits.
+    TRAINING = "training"
+    SWEEP = "sweep"
+    BATCH_INFERENCE = "batch_inference"
+    SERVICE = "service"
+    COMMAND = "command"
 
 
 class _Model(BaseModel):
