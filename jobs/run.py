@@ -12,23 +12,18 @@ import sys
 
 from raylane.jobs.base import RunContext, load_callable, report_result
 from raylane.jobs.metrics import JobMetrics
+from raylane.orchestrator.domain.kinds import KINDS
 
-RUNNERS = {
-    "training": "raylane.jobs.training",
-    "sweep": "raylane.jobs.sweep",
-    "batch_inference": "raylane.jobs.batch_inference",
-    "service": "raylane.jobs.service",
-}
 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s raylane.%(name)s: %(message)s")
     ctx = RunContext.from_env()
-    kind = ctx.spec.kind.value
-    if kind not in RUNNERS:
-        print(f"raylane: no runner for kind {kind!r} in this version", file=sys.stderr)
+    row = KINDS.get(ctx.spec.kind.value)
+    if row is None or row.runner is None:
+        print(f"raylane: no runner for kind {ctx.spec.kind.value!r} in this version", file=sys.stderr)
         return 2
-    runner = importlib.import_module(RUNNERS[kind])
+    runner = importlib.import_module(row.runner)
     # Import the user's code before ray.init(): in a Ray job driver, ray.init()
     # can replace the extracted working_dir that is this process's cwd (seen with
     # Ray 2.60), after which imports from it fail. Importing first also turns a

@@ -156,6 +156,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/plan"): Rule(AUTHENTICATED, request=lambda w, t: Req("POST", "/v1/plan", json=HELLO)),
     ("GET", "/v1/node-groups"): Rule(AUTHENTICATED),
     ("GET", "/v1/cluster"): Rule(AUTHENTICATED),
+    ("GET", "/v1/kinds"): Rule(AUTHENTICATED),
     # Costs
     ("GET", "/v1/costs"): Rule(READ_PROJECT, request=get("/v1/costs", scoped=True)),
     ("GET", "/v1/report"): Rule(READ_PROJECT, request=get("/v1/report", scoped=True)),

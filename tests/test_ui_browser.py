@@ -178,6 +178,17 @@ def test_jobs_list_job_page_trials_chart_and_costs(server_factory, tmp_path, pag
     page.fill("#f-name", "")
     page.press("#f-name", "Enter")
     wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 3, timeout=10, what="all jobs again")
+    # The kind filter offers the server's kinds (GET /v1/kinds), not a list of its own.
+    from raylane.orchestrator.domain.kinds import KINDS
+
+    wait_for(lambda: page.locator("#f-kind option").count() == len(KINDS) + 1, timeout=10, what="kinds from the API")
+    assert page.locator("#f-kind option").evaluate_all("os => os.map(o => o.value)") == ["", *KINDS]
+    assert page.locator('#f-kind option[value="sweep"]').get_attribute("title") == KINDS["sweep"].summary
+    page.select_option("#f-kind", "sweep")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 1, timeout=10, what="kind filter")
+    assert page.locator("#jobs tr[data-job]").get_attribute("data-job") == ids["lr-sweep"]
+    page.select_option("#f-kind", "")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 3, timeout=10, what="all kinds again")
 
     # Live status: a change made elsewhere shows without reloading.
     r = httpx.post(f"{srv.url}/v1/jobs/{ids['hello']}/cancel", headers=srv.headers, timeout=30)

@@ -1,13 +1,15 @@
-"""/v1/plan, /v1/node-groups, /v1/cluster: the router's decision and the cluster's shape."""
+"""/v1/plan, /v1/node-groups, /v1/cluster, /v1/kinds: the router's decision, the cluster's
+shape and the job kinds it runs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel
 
 from raylane.api.deps import CP, CallerDep, ReaderDep
+from raylane.orchestrator.domain.kinds import KINDS
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.specs import JobSpec
 
@@ -32,6 +34,22 @@ class NodeGroupView(BaseModel):
     queued_jobs: int
 
 
+class KindView(BaseModel):
+    """A job kind's traits that a user choosing it cares about (``orchestrator/domain/kinds.py``)."""
+
+    name: str
+    summary: str
+    entrypoint: Literal["import path", "shell command"]
+    elastic: bool  # scales into what is free; else all workers start together (a gang)
+    spot_first: bool  # without GPUs, runs on spot first
+    checkpoints: bool  # asked to checkpoint when its node drains
+    serves: bool  # long-running, answers on a route
+    strategy: str  # placement-group strategy of its workers
+    section: str | None  # the spec section that belongs to this kind
+    section_required: bool
+    cost_basis: str
+
+
 @router.post("/plan", response_model=Placement,
              responses={422: {"description": "The job can never run on this cluster; the message says why"}})
 def plan(spec: JobSpec, cp: CP, caller: ReaderDep) -> Placement:
@@ -48,3 +66,9 @@ def node_groups(cp: CP, caller: CallerDep) -> list[NodeGroupView]:
 def cluster(cp: CP, caller: CallerDep) -> dict[str, Any]:
     """Ray's nodes (alive and dead, with their node-group labels) and the dashboard URL."""
     return cp.cluster()
+
+
+@router.get("/kinds", response_model=list[KindView])
+def kinds(caller: CallerDep) -> list[KindView]:
+    """The job kinds this control plane runs, with their traits."""
+    return [KindView(**row.public()) for row in KINDS.values()]

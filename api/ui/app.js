@@ -11,7 +11,6 @@ const POLL_MS = 3000;          // live status: how often an open view re-reads t
 const TOKEN_KEY = "raylane_token";
 const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 const STATUSES = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED"];
-const KINDS = ["command", "training", "sweep", "batch_inference", "service"];
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 let pollTimer = null;
@@ -66,6 +65,14 @@ async function api(path) {
     throw new ApiError(r.status, body && body.detail);
   }
   return body;
+}
+
+// The job kinds come from the server's traits table (GET /v1/kinds), read once per
+// page; a failed read is asked again by the next view that needs it.
+let kindsRead = null;
+function kinds() {
+  if (!kindsRead) kindsRead = api("/v1/kinds").catch(e => { kindsRead = null; throw e; });
+  return kindsRead;
 }
 
 // DOM helpers ---------------------------------------------------------------
@@ -147,8 +154,9 @@ const filters = { status: "", kind: "", name_prefix: "", node_group: "" };
 function jobsView(view) {
   const statusSel = h("select", { id: "f-status", "aria-label": "status" }, h("option", { value: "" }, "any status"),
     STATUSES.map(x => h("option", { value: x, selected: filters.status === x }, x)));
-  const kindSel = h("select", { id: "f-kind", "aria-label": "kind" }, h("option", { value: "" }, "any kind"),
-    KINDS.map(x => h("option", { value: x, selected: filters.kind === x }, x)));
+  const kindSel = h("select", { id: "f-kind", "aria-label": "kind" }, h("option", { value: "" }, "any kind"));
+  kinds().then(ks => kindSel.append(...ks.map(k =>
+    h("option", { value: k.name, title: k.summary, selected: filters.kind === k.name }, k.name)))).catch(() => {});
   const nameIn = h("input", { id: "f-name", placeholder: "name starts with", value: filters.name_prefix });
   const groupIn = h("input", { id: "f-group", placeholder: "node group", value: filters.node_group, size: 12 });
   const count = h("span", { class: "muted" });
@@ -302,7 +310,7 @@ function jobView(view, id) {
         e.attempt ? h("span", { class: "muted" }, ` attempt ${e.attempt}`) : null),
       h("div", {}, e.reason || ""), h("div", { class: "when" }, `${when(e.at)} \u00b7 ${e.actor}`)))));
     const key = job.status + ":" + job.updated_at;
-    if (job.kind === "sweep" && trialsShownFor !== key) {
+    if (job.spec.sweep && trialsShownFor !== key) {  // trials come from the spec's sweep section
       trialsShownFor = key;
       await loadTrials(job);
     }

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Literal
 
+from raylane.orchestrator.domain.kinds import KINDS
 from raylane.orchestrator.domain.profile import NodeGroup, Profile
 
 GroupBy = Literal["project", "node_group", "kind"]
@@ -50,7 +51,6 @@ GROUP_BY: tuple[str, ...] = ("project", "node_group", "kind")
 # reconciler never saw it RUNNING.
 RAN_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 SUBMIT_ERROR = "SUBMIT_ERROR"
-ELASTIC_KINDS = frozenset({"sweep", "batch_inference"})
 # A command that asked for GPUs but whose entrypoint names none of these
 # probably did not use them (the documented heuristic; see ``gpu_unused``).
 GPU_HINTS = ("cuda", "gpu", "torch", "jax", "tensorflow", "keras", "nvidia", "vllm", "triton", "deepspeed",
@@ -251,8 +251,9 @@ def gpu_unused(u: AttemptUsage) -> str | None:
     """Why this GPU attempt probably used no GPU, or None.
 
     The evidence, strongest first: the job's result reports zero GPU use under
-    one of ``GPU_RESULT_KEYS``; else (the heuristic) a ``command`` job that asked
-    for GPUs whose entrypoint names no GPU framework or ML word (``GPU_HINTS``).
+    one of ``GPU_RESULT_KEYS``; else (the heuristic) a job of cost basis
+    ``entrypoint`` (a command) that asked for GPUs whose entrypoint names no GPU
+    framework or ML word (``GPU_HINTS``).
     """
     if u.resources.get("GPU", 0) <= 0:
         return None
@@ -260,11 +261,17 @@ def gpu_unused(u: AttemptUsage) -> str | None:
         v = (u.result or {}).get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return f"its result reports {k}={v:g}" if v == 0 else None
-    if u.kind == "command":
+    if _cost_basis(u) == "entrypoint":
         entry = str(u.spec.get("entrypoint", "")).lower()
         if not any(h in entry for h in GPU_HINTS):
             return "a command that asked for GPUs names no GPU framework in its entrypoint (heuristic)"
     return None
+
+
+def _cost_basis(u: AttemptUsage) -> str:
+    # A kind this version no longer has is charged for what it held, nothing guessed.
+    row = KINDS.get(u.kind)
+    return row.cost_basis if row else "held"
 
 
 def _cheapest(profile: Profile, resources: dict[str, float], hours: float, *, market: str | None,
@@ -286,8 +293,9 @@ def cheaper_placements(items: list[AttemptCost], profile: Profile) -> list[dict[
 
     - GPU attempts that used no GPU (``gpu_unused``): priced on the cheapest CPU
       group of the same market instead;
-    - sweeps and CPU batch inference (independent, interruptible work) that ran on
-      on-demand nodes: priced on the spot twin of their group.
+    - CPU attempts of cost basis ``spot`` (independent, interruptible work: sweeps,
+      batch inference) that ran on on-demand nodes: priced on the spot twin of
+      their group.
     """
     out = []
     for c in items:
@@ -304,7 +312,7 @@ def cheaper_placements(items: list[AttemptCost], profile: Profile) -> list[dict[
                 out.append(_suggestion(c, "gpu_unused", why, alt[0].name, alt[1],
                                        f"run it without GPUs on {alt[0].name}"))
             continue
-        if u.kind in ELASTIC_KINDS and group.market == "ON_DEMAND" and u.resources.get("GPU", 0) == 0:
+        if _cost_basis(u) == "spot" and group.market == "ON_DEMAND" and u.resources.get("GPU", 0) == 0:
             spot = twin(group, profile, "SPOT", u.resources)
             if spot is not None:
                 alt_cost = price(u.resources, spot, c.hours)

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from raylane.orchestrator.domain.errors import Forbidden, Invalid
 from raylane.orchestrator.settings import Settings
-from raylane.orchestrator.domain.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.specs import JobSpec
 
 # A requirement name as pip sees it (PEP 508), before any version or marker.
 REQ_NAME_RE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*([<>=!~;].*)?$")
@@ -66,7 +66,7 @@ def totals(spec: JobSpec) -> JobTotals:
     """What one job holds at most: the same worker count the router uses."""
     r = spec.resources
     workers = r.num_workers
-    if spec.kind is JobKind.SWEEP and spec.sweep is not None:
+    if spec.sweep is not None:
         workers = min(spec.sweep.max_concurrent_trials or spec.sweep.num_samples, spec.sweep.num_samples)
     return JobTotals(workers=workers, gpus=workers * r.gpus_per_worker,
                      cpus=workers * r.cpus_per_worker + r.driver_cpus)

@@ -10,12 +10,15 @@ Rules, in order:
    is refused with the reason when it cannot.
 2. A job that asks for GPUs only goes to groups with accelerators (of the asked
    type); it never lands on a CPU group.
-3. Without GPUs: sweeps, batch inference and services default to spot, with the
-   on-demand CPU group as soft fallback; training and commands default to
-   on-demand. ``placement.market`` overrides the default market.
+3. Without GPUs: spot-first kinds (sweeps, batch inference, services) default to
+   spot, with the on-demand CPU group as soft fallback; the others (training,
+   commands) default to on-demand. ``placement.market`` overrides the default.
 4. ``avoid_spot`` (after repeated preemptions) routes to an on-demand group of the
    same shape.
-5. Multi-worker GPU training co-locates (STRICT_PACK) unless ``colocate: false``.
+5. A multi-worker GPU job of a STRICT_PACK kind (training) co-locates unless
+   ``colocate: false``; otherwise its workers take their kind's strategy.
+
+What a kind implies is its row in ``kinds.KINDS``; nothing here tests a kind's name.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raylane.orchestrator.domain.errors import Invalid
+from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL, NodeGroup, Profile
 from raylane.orchestrator.domain.views import Placement
-from raylane.orchestrator.domain.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.specs import JobSpec
 
 GiB = 1024**3
-SPOT_FIRST_KINDS = frozenset({JobKind.SWEEP, JobKind.BATCH_INFERENCE, JobKind.SERVICE})
 
 
 @dataclass
@@ -96,7 +99,7 @@ def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *
     wants_gpu = r.gpus_per_worker > 0
     colocate = spec.placement.colocate
     if colocate is None:
-        colocate = wants_gpu and r.num_workers > 1 and spec.kind is JobKind.TRAINING
+        colocate = wants_gpu and r.num_workers > 1 and traits(spec.kind).strategy == "STRICT_PACK"
     reasons: list[str] = []
 
     if spec.placement.node_group != "auto":
@@ -136,7 +139,7 @@ def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, r
     elif spec.placement.market != "auto":
         market = spec.placement.market
         reasons.append(f"market {market} asked for explicitly")
-    elif not wants_gpu and spec.kind in SPOT_FIRST_KINDS:
+    elif not wants_gpu and traits(spec.kind).spot_first:
         market = "SPOT"
     else:
         market = "ON_DEMAND"
@@ -165,14 +168,14 @@ def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, r
     preferred.sort(key=lambda g: (g.gpus, g.cpus, g.price_per_hour))
     chosen = preferred[0]
     fallbacks = [g for g in preferred[1:] + others]
+    kind = traits(spec.kind)
     if not wants_gpu:
-        if spec.kind is JobKind.SWEEP:
-            n = spec.sweep.num_samples if spec.sweep else r.num_workers
-            reasons.append(f"sweep of {n} independent trials: {chosen.name}, SPREAD")
-        elif spec.kind in SPOT_FIRST_KINDS:
-            reasons.append(f"{spec.kind.value} tolerates lost workers: {chosen.name} ({chosen.market})")
+        if spec.sweep is not None:
+            reasons.append(f"sweep of {spec.sweep.num_samples} independent trials: {chosen.name}, {kind.strategy}")
+        elif kind.spot_first:
+            reasons.append(f"{kind.name} tolerates lost workers: {chosen.name} ({chosen.market})")
         else:
-            reasons.append(f"{spec.kind.value} without GPUs: {chosen.name} ({chosen.market})")
+            reasons.append(f"{kind.name} without GPUs: {chosen.name} ({chosen.market})")
     else:
         reasons.append(f"GPU group {chosen.name} ({chosen.gpus} x {chosen.accelerator.type} per node)")
     if fallbacks and not wants_gpu:
@@ -183,15 +186,16 @@ def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, r
 def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: list[NodeGroup], colocate: bool,
                reasons: list[str], cluster: ClusterView | None) -> Placement:
     r = spec.resources
+    kind = traits(spec.kind)
     if colocate:
         strategy = "STRICT_PACK"
-    elif spec.kind is JobKind.SWEEP or (spec.kind is JobKind.BATCH_INFERENCE and r.gpus_per_worker == 0):
-        strategy = "SPREAD"  # losing one spot node loses few trials
     else:
-        strategy = "PACK"
+        # SPREAD for independent work: losing one spot node loses few trials.
+        # A STRICT_PACK kind that does not co-locate (one worker, no GPUs) packs.
+        strategy = "PACK" if kind.strategy == "STRICT_PACK" else kind.strategy
     per_worker = _per_worker(spec)
     workers = r.num_workers
-    if spec.kind is JobKind.SWEEP and spec.sweep is not None:
+    if spec.sweep is not None:
         if spec.sweep.max_concurrent_trials:
             workers = min(spec.sweep.max_concurrent_trials, spec.sweep.num_samples)
         else:
@@ -204,7 +208,7 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
             reasons.append(f"{workers} trials at a time: what group {group.name} holds")
     total = {k: v * workers for k, v in per_worker.items()}
     driver_group = group
-    if group.is_spot and spec.kind is not JobKind.COMMAND:
+    if group.is_spot and kind.runner is not None:
         # The driver holds the job together (Tune's controller, Ray Data's
         # coordinator): keep it off spot, so a reclaim loses workers, not the job.
         on_demand = [g for g in profile.workers if not g.is_spot and g.gpus == 0 and g.cpus >= r.driver_cpus]
@@ -212,7 +216,7 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
             driver_group = on_demand[0]
             reasons.append(f"driver on on-demand group {driver_group.name}, so a spot reclaim loses workers, not the job")
     driver_resources = {"CPU": r.driver_cpus}
-    if spec.kind is JobKind.COMMAND:
+    if kind.runner is None:
         # A command is its own driver: the entrypoint holds the worker's resources.
         driver_resources = dict(per_worker)
     elif driver_group is group:

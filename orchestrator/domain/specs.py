@@ -24,6 +24,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from raylane.orchestrator.domain.kinds import KINDS, sections, traits
+
 # Bounds with reasons. Each keeps one spec small enough to store, log and show.
 MAX_NAME_LEN = 128  # fits a dashboard column and a Kubernetes-style name
 MAX_ENTRYPOINT_LEN = 8192  # a long shell line, not a script; scripts go in working_dir
@@ -37,6 +39,8 @@ MAX_CHOICES = 1024
 MAX_WORKERS = 4096
 MAX_SPEC_BYTES = 256 * 1024  # one spec as JSON; the API caps whole bodies too
 
+# What a required section must hold, for the message that asks for it.
+SECTION_NEEDS = {"sweep": "with a search_space", "batch": "with input_uri and output_uri"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$")
@@ -44,13 +48,14 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class JobKind(str, Enum):
-    """Which runner in ``jobs/`` executes a job."""
+    """Which runner in ``jobs/`` executes a job; its traits are its row in ``kinds.KINDS``."""
 
-    TRAINING = "training"  # N workers x G GPUs, gang-scheduled, tightly coupled
-    SWEEP = "sweep"  # Ray Tune trials: independent, interruptible
-    BATCH_INFERENCE = "batch_inference"  # Ray Data map over batches
-    SERVICE = "service"  # a Ray Serve application, long-running
-    COMMAND = "command"  # any shell entrypoint, like `ray job submit -- ...`
+    # What each is and does: its row's summary and traits.
+    TRAINING = "training"
+    SWEEP = "sweep"
+    BATCH_INFERENCE = "batch_inference"
+    SERVICE = "service"
+    COMMAND = "command"
 
 
 class _Model(BaseModel):
@@ -275,18 +280,19 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _kind_sections(self) -> "JobSpec":
-        if self.kind is not JobKind.COMMAND and not IMPORT_PATH_RE.match(self.entrypoint):
+        row = traits(self.kind)
+        if row.runner and not IMPORT_PATH_RE.match(self.entrypoint):
             raise ValueError(
-                f"entrypoint: a {self.kind.value} job's entrypoint must be an import path "
+                f"entrypoint: a {row.name} job's entrypoint must be an import path "
                 f"'package.module:function', got {self.entrypoint[:80]!r}"
             )
-        if self.kind is JobKind.SWEEP and self.sweep is None:
-            raise ValueError("sweep: a sweep job needs a 'sweep' section with a search_space")
-        if self.kind is JobKind.BATCH_INFERENCE and self.batch is None:
-            raise ValueError("batch: a batch_inference job needs a 'batch' section with input_uri and output_uri")
-        for section, kind in (("sweep", JobKind.SWEEP), ("batch", JobKind.BATCH_INFERENCE), ("service", JobKind.SERVICE)):
-            if getattr(self, section) is not None and self.kind is not kind:
-                raise ValueError(f"{section}: only a {kind.value} job takes a '{section}' section")
+        if row.section and row.section_required and getattr(self, row.section) is None:
+            raise ValueError(f"{row.section}: a {row.name} job needs a '{row.section}' section "
+                             f"{SECTION_NEEDS.get(row.section, '')}".rstrip())
+        for section in sorted(sections() - {row.section}):
+            if getattr(self, section) is not None:
+                owners = " or ".join(t.name for t in KINDS.values() if t.section == section)
+                raise ValueError(f"{section}: only a {owners} job takes a '{section}' section")
         return self
 
     @property

@@ -38,12 +38,13 @@ from sqlalchemy import func, insert, or_, select, update
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
 from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.routing import ClusterView, Unroutable, route
 from raylane.orchestrator.settings import Settings
-from raylane.orchestrator.domain.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
 from raylane.orchestrator.domain.policy import state_excludes
 from raylane.orchestrator.store import db, quotas as store_quotas
@@ -53,7 +54,6 @@ from raylane.orchestrator.store.transitions import record_event, transition, utc
 log = logging.getLogger(__name__)
 
 CLAIM_BATCH = 200  # queued jobs looked at per pass; the rest wait for the next
-ELASTIC_KINDS = frozenset({JobKind.SWEEP, JobKind.BATCH_INFERENCE})
 MAX_INFRA_RETRIES = 10  # preemptions etc. beyond max_attempts before we give up
 
 
@@ -72,7 +72,7 @@ def _fmt(x: float) -> str:
 
 def needed(spec: JobSpec, placement: Placement) -> dict[str, float]:
     """What must be free to admit the job: the whole gang, or one worker of an elastic job."""
-    if spec.kind in ELASTIC_KINDS:
+    if traits(spec.kind).elastic:
         need = dict(placement.worker_resources)
         if placement.driver_label_selector == placement.label_selector:
             need["CPU"] = need.get("CPU", 0) + spec.resources.driver_cpus
@@ -255,7 +255,7 @@ class Dispatcher(LoopService):
         metadata = {"raylane_job_id": c.job_id, "raylane_project": c.project, "raylane_kind": spec.kind.value,
                     "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name}
         env = runner_env(c.job_id, c.attempt, c.project, spec, pl, self.storage_root)
-        if spec.kind is JobKind.COMMAND:
+        if traits(spec.kind).runner is None:
             runtime_env: dict[str, Any] = {"env_vars": {**spec.runtime_env.env_vars, **env}}
             entrypoint = spec.entrypoint
         else:

@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
 from raylane.orchestrator.loops.dispatcher import MAX_INFRA_RETRIES
@@ -54,7 +55,6 @@ FAST_POLL_S = 0.05
 LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
 LOG_TAIL_CHARS = 4000
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
-CHECKPOINTING_KINDS = ("training", "sweep")  # asked to checkpoint when a node of theirs drains
 
 
 def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = False,
@@ -264,10 +264,9 @@ class Reconciler(LoopService):
         draining = self.backend.draining()
         if not draining:
             return
-        # Training functions and sweep trials can act on the request; a batch run
-        # rewrites its output, a command or a service has no checkpoint to save.
+        # Only kinds whose row says they checkpoint can act on the request (kinds.py says why).
         running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == "RUNNING"
-                   and r["spec"].get("kind") in CHECKPOINTING_KINDS]
+                   and traits(r["spec"]["kind"]).checkpoints]
         by_ray_job = {rj.ray_job_id: r for r, rj in running if rj.ray_job_id}
         labels = {n.node_id: n for n in self.backend.nodes(draining=draining)}
         for node_id in sorted(draining):
@@ -297,7 +296,7 @@ class Reconciler(LoopService):
             s.execute(update(attempts).where(attempts.c.submission_id == sid).values(**values))
 
     def _running(self, r, rj: RayJob) -> None:
-        if r["spec"].get("kind") == "service":
+        if traits(r["spec"]["kind"]).serves:
             self._service_route(r)
         if r["status"] == "RUNNING" and r["job_status"] == JobStatus.RUNNING.value:
             return
