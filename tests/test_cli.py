@@ -1,10 +1,10 @@
 """The ``raylane`` CLI, run as a real subprocess (``python -m raylane.client.cli``) against a
-real ``raylane serve``, with the terminal width fixed (COLUMNS=100) so tables and
+real ``raylane-server serve``, with the terminal width fixed (COLUMNS=100) so tables and
 progress lines are stable.
 
 The CLI only speaks HTTP through the SDK, so one database kind is enough here
 (tests/test_sdk.py runs the SDK on SQLite and PostgreSQL). The last test starts
-a real local Ray cluster with ``raylane cluster up`` and runs jobs on it.
+a real local Ray cluster with ``raylane-server cluster up`` and runs jobs on it.
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def test_errors_have_messages_and_exit_codes(server, tag, tmp_path):
         r = rl(*args, url=dead)
         assert r.returncode == 4, (args, r.stderr)
         assert r.stderr.startswith(f"Error: cannot connect to the Raylane server at {dead} (Connection refused)")
-        assert "raylane serve" in r.stderr and "Traceback" not in r.stderr
+        assert "raylane-server serve" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_defaults_to_local_url_and_documents_global_options():
@@ -364,7 +364,7 @@ def square(ctx):
 
 @pytest.mark.slow
 def test_local_cluster_up_then_jobs_run_then_down(server_factory, tmp_path):
-    """`raylane cluster up` (a head and one CPU node), a server on it, a command with
+    """`raylane-server cluster up` (a head and one CPU node), a server on it, a command with
     --wait --follow, a decorated function, `nodes`, then `cluster down`."""
     profile = tmp_path / "tiny.yaml"
     profile.write_text(TINY_PROFILE)

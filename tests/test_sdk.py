@@ -1,4 +1,4 @@
-"""The Python SDK (``raylane.Client`` / ``AsyncClient``) against a real ``raylane serve``.
+"""The Python SDK (``raylane.Client`` / ``AsyncClient``) against a real ``raylane-server serve``.
 
 One server per database kind serves the module (a server start costs seconds on
 2 cores); each test tags its jobs with its own label so tests never see each
@@ -293,7 +293,7 @@ def test_server_down_is_connection_failed_with_a_clear_message():
             c.submit(HELLO)
     took = time.monotonic() - t0
     msg = str(e.value)
-    assert url in msg and "raylane serve" in msg and f"after {raylane.MAX_ATTEMPTS} tries" in msg
+    assert url in msg and "raylane-server serve" in msg and f"after {raylane.MAX_ATTEMPTS} tries" in msg
     assert isinstance(e.value, ConnectionError) and isinstance(e.value, RaylaneError)
     assert 0.5 < took < 15  # bounded backoff: seconds, not minutes
 
