@@ -293,12 +293,11 @@ def cluster_restart_head() -> None:
 def main() -> None:
     missing = missing_server_modules()
     if missing:
-        console(stderr=True).print(
-            f"[bold red]Error:[/] raylane-server needs the server install (pip install 'raylane[server]'); "
-            f"missing {', '.join(missing)}")
+        fail(f"raylane-server needs the server install (pip install 'raylane[server]'); missing {', '.join(missing)}",
+             EXIT_USAGE)
         sys.exit(EXIT_USAGE)
     try:
-        app()
+        app(prog_name="raylane-server")  # also when run as `python -m raylane.api.cli`
     except KeyboardInterrupt:
         sys.exit(130)
 
