@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# One image for the control plane (`raylane serve`) and for every Ray node
+# One image for the control plane (`raylane-server serve`) and for every Ray node
 # (`ray start`): Ray drivers run `python -m raylane.jobs.run`, so the nodes need the same
 # Raylane as the API (the runner checks its version against the control plane's at
 # start) and the same Ray (2.60.0, pinned in constraints.txt). The distribution
@@ -52,4 +52,4 @@ USER 1000:1000
 WORKDIR /home/raylane
 EXPOSE 8000
 # Ray nodes override this with `ray start ...` (compose `command`, KubeRay).
-CMD ["raylane", "serve"]
+CMD ["raylane-server", "serve"]

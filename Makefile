@@ -21,7 +21,7 @@ setup: $(STAMP)
 RAYLANE_POLICY_WORKING_DIR_ROOTS ?= ["$(CURDIR)"]
 run: export RAYLANE_POLICY_WORKING_DIR_ROOTS := $(RAYLANE_POLICY_WORKING_DIR_ROOTS)
 run: $(STAMP)
-	$(BIN)/raylane serve --local-cluster
+	$(BIN)/raylane-server serve --local-cluster
 
 # The browser tests (tests/test_ui_browser.py) drive Debian's chromium.
 test: $(STAMP)

@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from raylane.api import errors, observability
 from raylane.api.auth import AuthMiddleware
 from raylane.api.limits import BodySizeLimit
-from raylane.api.ratelimit import TokenBuckets
+from raylane.api.ratelimit import SubmitLimit
 from raylane.api.routers import access, cluster, costs, health, jobs
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.settings import Settings, get_settings
@@ -81,7 +81,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.state.settings = settings
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
-    app.state.submit_buckets = TokenBuckets(settings.submit_rate_per_s, settings.submit_burst)
+    app.state.submit_limit = SubmitLimit(settings.submit_rate_per_s, settings.submit_burst,
+                                         settings.rate_limit_storage)
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Outside the body limit (an unauthenticated request is refused before its

@@ -1,4 +1,4 @@
-"""Run the control plane in this process: ``raylane serve``.
+"""Run the control plane in this process: ``raylane-server serve``.
 
 With ``--local-cluster`` and no ``RAYLANE_DASHBOARD_URL``, it first starts (or
 re-attaches to) the local multi-node Ray cluster of the profile, and stops it
@@ -41,7 +41,7 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
     finally:
         if cluster is not None:
             # A clean stop (Ctrl-C) takes the local cluster down too; a crash leaves it
-            # up, and the next `raylane serve --local-cluster` re-attaches to it.
+            # up, and the next `raylane-server serve --local-cluster` re-attaches to it.
             print("Stopping the local Ray cluster...", flush=True)
             cluster.down()
 

@@ -1,4 +1,4 @@
-"""One way for every benchmark to start a real `raylane serve` and stop it."""
+"""One way for every benchmark to start a real `raylane-server serve` and stop it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def start_server(work: Path, env: dict[str, str], *, timeout: float = 120) -> tu
     full = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_LOG_LEVEL": "WARNING",
             **env}
     log = Path(work) / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "raylane.client.cli", "serve"], env=full, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve"], env=full, cwd=ROOT,
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 

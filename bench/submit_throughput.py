@@ -1,6 +1,6 @@
 """Submit throughput: jobs durably stored per second through a real server.
 
-Starts `raylane serve` (uvicorn, one process) on SQLite and on PostgreSQL, then
+Starts `raylane-server serve` (uvicorn, one process) on SQLite and on PostgreSQL, then
 measures, from one asyncio client process on the same machine:
   - single submits: POST /v1/jobs with C concurrent connections for D seconds
   - batches: POST /v1/jobs/batch of 1,000 specs, several in flight

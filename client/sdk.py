@@ -6,7 +6,8 @@ Words used here:
 - *call*: one API operation as the SDK sees it (``_Call``): method, path, body,
   how to read the answer, and whether it is safe to send twice.
 - *try*: one HTTP exchange of a call. A call takes up to ``MAX_ATTEMPTS`` tries
-  when the connection fails or the answer is 429/502/503/504.
+  (tenacity runs them, ``_retry_policy`` says when and how far apart) when the
+  connection fails or the answer is 429/502/503/504.
 - *resendable*: a call the server may receive twice without harm. Reads are; a
   submit is, because it carries an ``Idempotency-Key`` (the server returns the
   job it created the first time); a batch submit is not (the API takes no key
@@ -472,12 +473,43 @@ def _never_sent(exc: Exception) -> bool:
     return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
 
 
+class _AnswerWorthRetrying(Exception):
+    """A 429/502/503/504 the call may be sent again after; the last one is the answer."""
+
+    def __init__(self, resp: "httpx.Response"):
+        super().__init__(f"HTTP {resp.status_code}")
+        self.resp = resp
+
+
+def _worth_retrying(call: _Call, resp: "httpx.Response") -> bool:
+    return resp.status_code in call.retry_statuses and (call.resendable or resp.status_code in NOT_ACTED_STATUSES)
+
+
+def _retry_policy(call: _Call, max_attempts: int) -> dict[str, Any]:
+    """The tries of one call, for tenacity's ``Retrying`` and ``AsyncRetrying`` alike:
+    at most ``max_attempts``, spaced by ``_backoff`` (the server's Retry-After first)."""
+    import httpx
+    import tenacity  # here: its ~30 ms import is paid by the first call, not by `import raylane`
+
+    def again(exc: BaseException) -> bool:
+        if isinstance(exc, httpx.TransportError):
+            return call.resendable or _never_sent(exc)
+        return isinstance(exc, _AnswerWorthRetrying)
+
+    def wait(state: "tenacity.RetryCallState") -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        return _backoff(state.attempt_number, exc.resp if isinstance(exc, _AnswerWorthRetrying) else None)
+
+    return {"stop": tenacity.stop_after_attempt(max_attempts), "wait": wait,
+            "retry": tenacity.retry_if_exception(again), "reraise": True}
+
+
 def _connection_failed(base_url: str, exc: Exception, tries: int, call: _Call) -> ConnectionFailed:
     import httpx
 
     if isinstance(exc, httpx.ConnectError):
         what = f"cannot connect to the Raylane server at {base_url} ({_reason(exc)})"
-        hint = "; is `raylane serve` running? Set RAYLANE_URL or --url to point elsewhere"
+        hint = "; is `raylane-server serve` running? Set RAYLANE_URL or --url to point elsewhere"
     elif isinstance(exc, httpx.TimeoutException):
         what = f"the Raylane server at {base_url} did not answer in time ({type(exc).__name__})"
         hint = ""
@@ -573,27 +605,26 @@ class Client:
 
     def _send(self, call: _Call, *, stream: bool = False) -> "httpx.Response":
         import httpx
+        import tenacity
 
         kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers}
         if call.timeout != "default":
             kwargs["timeout"] = call.timeout
         tries = 0
-        while True:
-            tries += 1
-            try:
-                req = self._http.build_request(call.method, call.path, **kwargs)
-                resp = self._http.send(req, stream=stream)
-            except httpx.TransportError as e:
-                if tries >= self.max_attempts or not (call.resendable or _never_sent(e)):
-                    raise _connection_failed(self.url, e, tries, call) from None
-                time.sleep(_backoff(tries))
-                continue
-            if resp.status_code in call.retry_statuses and tries < self.max_attempts and \
-                    (call.resendable or resp.status_code in NOT_ACTED_STATUSES):
-                resp.close()
-                time.sleep(_backoff(tries, resp))
-                continue
-            return resp
+        try:
+            for attempt in tenacity.Retrying(**_retry_policy(call, self.max_attempts)):
+                tries = attempt.retry_state.attempt_number
+                with attempt:
+                    resp = self._http.send(self._http.build_request(call.method, call.path, **kwargs), stream=stream)
+                    if _worth_retrying(call, resp):
+                        resp.read()  # the small error body, so the connection goes back to the pool
+                        raise _AnswerWorthRetrying(resp)
+                    return resp
+        except httpx.TransportError as e:
+            raise _connection_failed(self.url, e, tries, call) from None
+        except _AnswerWorthRetrying as e:
+            return e.resp
+        raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
 
     def _call(self, call: _Call[T]) -> T:
         resp = self._send(call)
@@ -1089,27 +1120,27 @@ class AsyncClient:
 
     async def _send(self, call: _Call, *, stream: bool = False) -> "httpx.Response":
         import httpx
+        import tenacity
 
         kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers}
         if call.timeout != "default":
             kwargs["timeout"] = call.timeout
         tries = 0
-        while True:
-            tries += 1
-            try:
-                req = self._http.build_request(call.method, call.path, **kwargs)
-                resp = await self._http.send(req, stream=stream)
-            except httpx.TransportError as e:
-                if tries >= self.max_attempts or not (call.resendable or _never_sent(e)):
-                    raise _connection_failed(self.url, e, tries, call) from None
-                await _asleep(_backoff(tries))
-                continue
-            if resp.status_code in call.retry_statuses and tries < self.max_attempts and \
-                    (call.resendable or resp.status_code in NOT_ACTED_STATUSES):
-                await resp.aclose()
-                await _asleep(_backoff(tries, resp))
-                continue
-            return resp
+        try:
+            async for attempt in tenacity.AsyncRetrying(**_retry_policy(call, self.max_attempts)):
+                tries = attempt.retry_state.attempt_number
+                with attempt:
+                    req = self._http.build_request(call.method, call.path, **kwargs)
+                    resp = await self._http.send(req, stream=stream)
+                    if _worth_retrying(call, resp):
+                        await resp.aread()  # the small error body, so the connection goes back to the pool
+                        raise _AnswerWorthRetrying(resp)
+                    return resp
+        except httpx.TransportError as e:
+            raise _connection_failed(self.url, e, tries, call) from None
+        except _AnswerWorthRetrying as e:
+            return e.resp
+        raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
 
     async def _call(self, call: _Call[T]) -> T:
         resp = await self._send(call)

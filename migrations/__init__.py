@@ -1,1 +1,1 @@
-"""Alembic migrations. Run with ``raylane db upgrade`` or ``alembic upgrade head``."""
+"""Alembic migrations. Run with ``raylane-server db upgrade`` or ``alembic upgrade head``."""

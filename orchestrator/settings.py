@@ -69,6 +69,7 @@ class Settings(BaseSettings):
     )
     submit_rate_per_s: float = Field(20.0, ge=0, description="Submit requests (single or batch) per second per token; 0: unlimited.")
     submit_burst: int = Field(100, ge=1, description="Submit requests a token may make at once before the rate applies (then 429 + Retry-After).")
+    rate_limit_storage: str = Field("memory://", description="Where submit rate limits are counted (the limits package's storage URI): memory:// per process, redis://host:6379/0 shared by every replica.")
 
     # Policy: what a job may run (orchestrator/domain/policy.py)
     policy_allow_pip: bool = Field(True, description="Allow runtime_env.pip at all.")

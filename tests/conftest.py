@@ -123,7 +123,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A real ``raylane serve`` (uvicorn) in a child process on a free port."""
+    """A real ``raylane-server serve`` (uvicorn) in a child process on a free port."""
 
     def __init__(self, env: dict[str, str], log_path: Path):
         self.port = free_port()
@@ -143,7 +143,7 @@ class ServerProcess:
         import httpx
 
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "raylane.client.cli", "serve"], env=self.env, cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve"], env=self.env, cwd=ROOT,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
         def ready():

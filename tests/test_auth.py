@@ -23,6 +23,7 @@ from raylane.orchestrator.domain.routing import GroupState, route
 from raylane.orchestrator.store import db
 from raylane.orchestrator.store.tables import api_tokens, audit_log
 from tests.conftest import ADMIN_TOKEN
+from tests.helpers import wait_for
 
 HELLO = {"name": "hello", "kind": "command", "entrypoint": "python -c 'print(42)'"}
 ROLES = ("admin", "member", "viewer", "anonymous")
@@ -460,30 +461,53 @@ def test_audit_rows_are_committed_before_the_response(api, cp):
 # Rate limiting -----------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_submit_rate_limit_per_token_with_retry_after(world):
-    from raylane.api.ratelimit import TokenBuckets
+    from raylane.api.ratelimit import SubmitLimit
 
-    clock = Clock()
-    world.api.app.state.submit_buckets = TokenBuckets(rate_per_s=0.5, burst=3, clock=clock)
+    world.api.app.state.submit_limit = SubmitLimit(rate_per_s=0.5, burst=3)  # 3 submits in any 6 s
     member = bearer(world.tokens["member"])
     codes = [world.api.post("/v1/jobs", json=HELLO, headers=member).status_code for _ in range(3)]
     assert codes == [201, 201, 201]
     r = world.api.post("/v1/jobs/batch", json={"jobs": [HELLO]}, headers=member)
-    assert r.status_code == 429 and r.headers["retry-after"] == "2" and "0.5/s" in r.json()["detail"]
-    # Another token has its own bucket; reads are never limited.
+    assert r.status_code == 429 and r.headers["retry-after"] in ("5", "6") and "0.5/s" in r.json()["detail"]
+    # Another token has its own window; reads are never limited.
     assert world.api.post("/v1/jobs", json=HELLO).status_code == 201
     assert world.api.get("/v1/jobs", headers=member).status_code == 200
-    clock.now += 2.0  # one submit refilled
-    assert world.api.post("/v1/jobs", json=HELLO, headers=member).status_code == 201
-    assert world.api.post("/v1/jobs", json=HELLO, headers=member).status_code == 429
+
+
+def test_submit_rate_limit_window_moves_on(world):
+    from raylane.api.ratelimit import SubmitLimit
+
+    world.api.app.state.submit_limit = SubmitLimit(rate_per_s=2, burst=2)  # 2 submits in any 1 s
+    member = bearer(world.tokens["member"])
+
+    def submit() -> int:
+        return world.api.post("/v1/jobs", json=HELLO, headers=member).status_code
+
+    assert [submit(), submit()] == [201, 201]
+    r = world.api.post("/v1/jobs", json=HELLO, headers=member)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    # Refused submits do not count: once the first two leave the window, two more pass.
+    wait_for(lambda: submit() == 201, timeout=5, interval=0.1, what="the window to move past the first submits")
+    assert [submit(), submit()] == [201, 429]
+
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize("storage,together", [("memory://", 8), (REDIS_URL, 4)])
+def test_replicas_sharing_a_redis_storage_share_the_limit(world, settings, cp, storage, together):
+    """Two control planes (apps) on one database: with memory:// each allows a
+    token its own burst; naming the same Redis, both together allow one burst."""
+    from fastapi.testclient import TestClient
+
+    from raylane.api.app import create_app
+
+    shared = settings.model_copy(update={"submit_rate_per_s": 1.0, "submit_burst": 4, "rate_limit_storage": storage})
+    member = bearer(world.tokens["member"])
+    with TestClient(create_app(shared, cp=cp)) as a, TestClient(create_app(shared, cp=cp)) as b:
+        codes = [c.post("/v1/jobs", json=HELLO, headers=member).status_code for _ in range(6) for c in (a, b)]
+    assert codes.count(201) == together and codes[together:] == [429] * (12 - together), codes
 
 
 # Policy --------------------------------------------------------------------------------

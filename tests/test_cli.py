@@ -1,10 +1,10 @@
 """The ``raylane`` CLI, run as a real subprocess (``python -m raylane.client.cli``) against a
-real ``raylane serve``, with the terminal width fixed (COLUMNS=100) so tables and
+real ``raylane-server serve``, with the terminal width fixed (COLUMNS=100) so tables and
 progress lines are stable.
 
 The CLI only speaks HTTP through the SDK, so one database kind is enough here
 (tests/test_sdk.py runs the SDK on SQLite and PostgreSQL). The last test starts
-a real local Ray cluster with ``raylane cluster up`` and runs jobs on it.
+a real local Ray cluster with ``raylane-server cluster up`` and runs jobs on it.
 """
 
 from __future__ import annotations
@@ -332,14 +332,39 @@ def test_errors_have_messages_and_exit_codes(server, tag, tmp_path):
         r = rl(*args, url=dead)
         assert r.returncode == 4, (args, r.stderr)
         assert r.stderr.startswith(f"Error: cannot connect to the Raylane server at {dead} (Connection refused)")
-        assert "raylane serve" in r.stderr and "Traceback" not in r.stderr
+        assert "raylane-server serve" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_defaults_to_local_url_and_documents_global_options():
     r = rl("--help", url=None)
     assert r.returncode == 0 and "--url" in r.stdout and "RAYLANE_URL" in r.stdout and "RAYLANE_TOKEN" in r.stdout
-    for cmd in ("submit", "ls", "status", "logs", "cancel", "events", "trials", "plan", "nodes", "cluster"):
+    for cmd in ("submit", "ls", "status", "logs", "cancel", "events", "trials", "plan", "nodes", "report"):
         assert re.search(rf"│ {cmd}\b", r.stdout), cmd
+    for cmd in ("serve", "db", "cluster", "profile"):  # the server's, in raylane-server
+        assert not re.search(rf"│ {cmd}\b", r.stdout), cmd
+    assert "raylane-server" in r.stdout
+
+
+def test_server_commands_are_raylane_server_and_raylane_hands_them_over():
+    srv = subprocess.run([sys.executable, "-m", "raylane.api.cli", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, env=env_for(None), timeout=120)
+    assert srv.returncode == 0, srv.stderr
+    for cmd in ("serve", "db", "cluster", "profile"):
+        assert re.search(rf"│ {cmd}\b", srv.stdout), cmd
+    for cmd in ("submit", "ls"):
+        assert not re.search(rf"│ {cmd}\b", srv.stdout), cmd
+    # `raylane serve ...` as before the split: the same command, run by raylane-server.
+    r = rl("serve", "--help", url=None)
+    assert r.returncode == 0 and "--local-cluster" in r.stdout and "raylane-server serve" in r.stdout, r.stderr
+
+
+def test_the_client_cli_imports_no_server_dependency():
+    heavy = ("ray", "sqlalchemy", "fastapi", "uvicorn", "alembic", "psycopg", "pydantic_settings", "limits",
+             "raylane.api", "raylane.orchestrator.tooling", "raylane.orchestrator.store")
+    code = ("import sys; from raylane.client import cli; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 # The local cluster, and jobs that really run ---------------------------------------------------
@@ -364,7 +389,7 @@ def square(ctx):
 
 @pytest.mark.slow
 def test_local_cluster_up_then_jobs_run_then_down(server_factory, tmp_path):
-    """`raylane cluster up` (a head and one CPU node), a server on it, a command with
+    """`raylane-server cluster up` (a head and one CPU node), a server on it, a command with
     --wait --follow, a decorated function, `nodes`, then `cluster down`."""
     profile = tmp_path / "tiny.yaml"
     profile.write_text(TINY_PROFILE)

@@ -10,7 +10,7 @@ checked against what would read it:
 - Ray's own cluster-launcher schema and autoscaler config reader for the AWS file,
   and Ray's KubeRay autoscaler for what each RayCluster group advertises;
 - the cluster profile, through ``raylane.orchestrator.tooling.deploy_render`` and the
-  ``raylane profile render --check`` command: node groups cannot drift;
+  ``raylane-server profile render --check`` command: node groups cannot drift;
 - the Dockerfile's steps: every COPY source exists, the install line is the
   pinned one, and its command (and the migration commands of compose and the
   Kubernetes Job) run against a throwaway SQLite database.
@@ -311,7 +311,7 @@ def test_control_plane_deployment(rendered):
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert dep["spec"]["replicas"] == 2
-    assert c["command"] == ["raylane", "serve"]
+    assert c["command"] == ["raylane-server", "serve"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
@@ -341,7 +341,7 @@ def test_migration_job_runs_db_upgrade(rendered):
     _, docs = rendered
     job = _one(docs, "Job", "raylane-migrate")
     c = job["spec"]["template"]["spec"]["containers"][0]
-    assert c["command"] == ["raylane", "db", "upgrade"]
+    assert c["command"] == ["raylane-server", "db", "upgrade"]
     assert _env(c)["RAYLANE_DATABASE_URL"]["secretKeyRef"] == {"name": "raylane-db", "key": "url"}
     assert c["image"] == _one(docs, "Deployment", "raylane")["spec"]["template"]["spec"]["containers"][0]["image"]
 
@@ -471,7 +471,7 @@ def test_compose_services_and_their_wiring(compose):
                                                          for v in s["postgres"]["volumes"])
     assert s["redis"]["healthcheck"]["test"]
     rl = s["raylane"]
-    assert rl["command"] == ["sh", "-c", "raylane db upgrade && exec raylane serve"]
+    assert rl["command"] == ["sh", "-c", "raylane-server db upgrade && exec raylane-server serve"]
     env = rl["environment"]
     assert env["RAYLANE_DATABASE_URL"].startswith("postgresql+psycopg://") and "@postgres:5432/" in env["RAYLANE_DATABASE_URL"]
     assert env["RAYLANE_DASHBOARD_URL"] == "http://ray-head:8265"
@@ -624,28 +624,48 @@ def test_a_changed_profile_makes_the_check_fail(mutation, target, path):
     assert drift, f"{mutation}: {path} still matches a changed profile"
 
 
-def _raylane(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def _script(name: str, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+            ) -> subprocess.CompletedProcess:
+    """Run console script NAME as pyproject.toml's [project.scripts] declares it
+    (``module:function``), with this environment's Python: the checkout under test,
+    whichever scripts the environment happens to have installed."""
+    scripts = re.search(r"\[project\.scripts\]\n(.*?)(?:\n\[|\Z)", (ROOT / "pyproject.toml").read_text(), re.S)
+    target = dict(re.findall(r'^([\w-]+)\s*=\s*"([\w.:]+)"', scripts.group(1), re.M)).get(name)
+    assert target, f"pyproject.toml declares no console script {name!r}"
+    module, func = target.split(":")
+    code = f"import sys; sys.argv[0] = {name!r}; from {module} import {func}; {func}()"
     full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
-    return subprocess.run([str(BIN / "raylane"), *args], capture_output=True, text=True, env=full_env, cwd=cwd,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env,
+                          cwd=cwd, timeout=120)
+
+
+def _raylane(*args: str, **kw) -> subprocess.CompletedProcess:
+    return _script("raylane", *args, **kw)
+
+
+def _server(*args: str, **kw) -> subprocess.CompletedProcess:
+    return _script("raylane-server", *args, **kw)
 
 
 @pytest.mark.slow
 def test_profile_render_command(tmp_path):
     for target, path in DEPLOY_FILES:
-        out = _raylane("profile", "render", "--target", target)
+        out = _server("profile", "render", "--target", target)
         assert out.returncode == 0, out.stderr
         assert yaml.safe_load(out.stdout)
-        ok = _raylane("profile", "render", "--target", target, "--check", str(path))
+        ok = _server("profile", "render", "--target", target, "--check", str(path))
         assert ok.returncode == 0, ok.stderr
         assert "match" in ok.stdout
     data = yaml.safe_load((BASE / "profile.yaml").read_text())
     data["groups"][2]["cpus"] = 16
     changed = tmp_path / "changed.yaml"
     changed.write_text(yaml.safe_dump(data))
-    bad = _raylane("profile", "render", "--target", "aws", "--check", str(AWS), "--profile", str(changed))
+    bad = _server("profile", "render", "--target", "aws", "--check", str(AWS), "--profile", str(changed))
     assert bad.returncode == 1
     assert "group spot-cpu" in bad.stderr and "CPU" in bad.stderr
+    # The client's `raylane profile ...` hands over to raylane-server, unchanged.
+    alias = _raylane("profile", "render", "--target", "compose")
+    assert alias.returncode == 0 and alias.stdout == _server("profile", "render", "--target", "compose").stdout
 
 
 def test_rendered_parts_read_back_as_the_profile(tmp_path):
@@ -731,21 +751,21 @@ def test_image_commands_run(tmp_path):
     entry = [_exec_form(a) for i, a in steps if i == "ENTRYPOINT"]
     cmd = [_exec_form(a) for i, a in steps if i == "CMD"][-1]
     argv = (entry[-1] if entry else []) + cmd
-    assert argv[0] == "raylane", argv
+    assert argv[0] == "raylane-server", argv
     env = {"RAYLANE_DATA_DIR": str(tmp_path / "data"), "RAYLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'r.db'}"}
     # The image's command, asked for its help instead of serving forever.
-    out = _raylane(*argv[1:], "--help", env=env)
+    out = _script(argv[0], *argv[1:], "--help", env=env)
     assert out.returncode == 0 and "Run the control plane" in out.stdout, out.stderr
     assert _raylane("--help", env=env).returncode == 0
-    # compose: `raylane db upgrade && exec raylane serve`; run the part before serve.
+    # compose: `raylane-server db upgrade && exec raylane-server serve`; run the part before serve.
     compose_cmd = yaml.safe_load(COMPOSE.read_text())["services"]["raylane"]["command"]
     first = shlex.split(compose_cmd[2].split("&&")[0])
-    assert first == ["raylane", "db", "upgrade"]
-    out = _raylane(*first[1:], env=env, cwd=tmp_path)
+    assert first == ["raylane-server", "db", "upgrade"]
+    out = _script(first[0], *first[1:], env=env, cwd=tmp_path)
     assert out.returncode == 0 and "database at head" in out.stdout, out.stderr
     # Kubernetes: the migration Job, again (migrations are idempotent).
     job = _one(kustomize_build(BASE), "Job", "raylane-migrate")["spec"]["template"]["spec"]["containers"][0]
-    out = _raylane(*job["command"][1:], env=env, cwd=tmp_path)
+    out = _script(job["command"][0], *job["command"][1:], env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     import sqlalchemy
 
@@ -761,7 +781,7 @@ def test_image_commands_run(tmp_path):
 def test_deploy_guide_covers_every_target():
     text = (ROOT / "docs" / "deploy.md").read_text()
     for must in ("docker compose", "docker-compose.cpu.yml", "--scale ray-spot", "kubectl apply -k",
-                 "overlays/local", "overlays/cloud", "ray up deploy/ray-cluster-aws.yaml", "raylane db upgrade",
+                 "overlays/local", "overlays/cloud", "ray up deploy/ray-cluster-aws.yaml", "raylane-server db upgrade",
                  "pg_dump", "cloud.google.com/gke-spot", "eks.amazonaws.com/capacityType",
-                 "raylane profile render"):
+                 "raylane-server profile render"):
         assert must in text, f"docs/deploy.md does not mention {must!r}"

@@ -1,4 +1,4 @@
-"""End to end against a real `raylane serve` (uvicorn) on a free port."""
+"""End to end against a real `raylane-server serve` (uvicorn) on a free port."""
 
 from __future__ import annotations
 

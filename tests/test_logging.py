@@ -1,6 +1,6 @@
 """Structured logs: one JSON object per line with request id, job id and attempt;
 the text format shows the same ids; loops start each pass about no job; a real
-``raylane serve`` writes JSON lines that carry the caller's X-Request-ID."""
+``raylane-server serve`` writes JSON lines that carry the caller's X-Request-ID."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Python SDK (``raylane.Client`` / ``AsyncClient``) against a real ``raylane serve``.
+"""The Python SDK (``raylane.Client`` / ``AsyncClient``) against a real ``raylane-server serve``.
 
 One server per database kind serves the module (a server start costs seconds on
 2 cores); each test tags its jobs with its own label so tests never see each
@@ -293,7 +293,7 @@ def test_server_down_is_connection_failed_with_a_clear_message():
             c.submit(HELLO)
     took = time.monotonic() - t0
     msg = str(e.value)
-    assert url in msg and "raylane serve" in msg and f"after {raylane.MAX_ATTEMPTS} tries" in msg
+    assert url in msg and "raylane-server serve" in msg and f"after {raylane.MAX_ATTEMPTS} tries" in msg
     assert isinstance(e.value, ConnectionError) and isinstance(e.value, RaylaneError)
     assert 0.5 < took < 15  # bounded backoff: seconds, not minutes
 
@@ -646,21 +646,27 @@ def test_bare_client_install_pulls_no_server_dependencies(tmp_path):
     freeze = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
                             check=True, timeout=120).stdout
     installed = {p["name"].lower().replace("_", "-") for p in json.loads(freeze)}
-    assert "raylane" in installed and {"httpx", "pydantic", "typer", "rich", "pyyaml"} <= installed
-    assert not installed & {"ray", "sqlalchemy", "fastapi", "uvicorn", "alembic", "psycopg", "pydantic-settings"}
+    assert "raylane" in installed and {"httpx", "pydantic", "typer", "rich", "pyyaml", "tenacity"} <= installed
+    assert not installed & {"ray", "sqlalchemy", "fastapi", "uvicorn", "alembic", "psycopg", "pydantic-settings",
+                             "limits", "redis", "python-ulid"}
 
+    # The venv's own install only: a PYTHONPATH of the caller's checkout would shadow it.
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     code = (f"import sys, raylane; c = raylane.Client(); print([m for m in {HEAVY!r} if m in sys.modules]); "
             "print(raylane.__file__)")
-    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=bare, timeout=60)
     assert out.returncode == 0, out.stderr
     loaded, where = out.stdout.strip().splitlines()
     assert loaded == "[]" and str(venv) in where
     cli = subprocess.run([str(venv / "bin" / "raylane"), "--url", f"http://127.0.0.1:{free_port()}", "ls"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+                         capture_output=True, text=True, cwd=tmp_path, env=bare, timeout=120)
     assert cli.returncode == 4 and "cannot connect" in cli.stderr and "Traceback" not in cli.stderr
-    cluster = subprocess.run([str(venv / "bin" / "raylane"), "cluster", "status"], capture_output=True, text=True,
-                             cwd=tmp_path, timeout=120)
-    assert cluster.returncode == 2 and "raylane[server]" in cluster.stderr
+    # The server's commands, by either name, say what to install instead of failing on an import.
+    for argv in (["raylane", "cluster", "status"], ["raylane-server", "cluster", "status"], ["raylane-server", "serve"]):
+        server = subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], capture_output=True, text=True,
+                                cwd=tmp_path, env=bare, timeout=120)
+        assert server.returncode == 2 and "raylane[server]" in server.stderr, (argv, server.stderr)
+        assert "Traceback" not in server.stderr
 
 
 def _copy_tree(root: Path, dest: Path) -> None:

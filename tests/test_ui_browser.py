@@ -1,5 +1,5 @@
 """The web page at /ui in a real headless Chromium (Debian's, driven by Playwright)
-against a real ``raylane serve``: job list with filters and live status, a job
+against a real ``raylane-server serve``: job list with filters and live status, a job
 page with its trials chart, routing reasons, cost and Ray link, node groups
 without Ray, and the cost report. Screenshots go to test-artifacts/.
 

@@ -1,31 +1,23 @@
 """Time-ordered job ids.
 
-An id sorts by creation time (48-bit milliseconds, then 80 random bits, in
-Crockford base32, like a ULID), so "newest first" and cursor pagination are an
-index scan on the primary key, and a page is stable under concurrent inserts.
+An id is a ULID (python-ulid) written in lower case: 48-bit milliseconds, then 80
+random bits, 26 characters of Crockford base32. It sorts by creation time, so
+"newest first" and cursor pagination are an index scan on the primary key, and
+a page is stable under concurrent inserts. Ids minted in one process in the same
+millisecond still sort in minting order (the library increments the random part).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import time
 
-_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-
-
-def _b32(n: int, length: int) -> str:
-    out = []
-    for _ in range(length):
-        out.append(_ALPHABET[n & 31])
-        n >>= 5
-    return "".join(reversed(out))
+from ulid import ULID
 
 
 def new_job_id(now_ms: int | None = None) -> str:
-    ms = int(time.time() * 1000) if now_ms is None else now_ms
-    rand = int.from_bytes(os.urandom(10), "big")
-    return _b32(ms, 10) + _b32(rand, 16)
+    # Lower case: ids were lower-case Crockford base32 before the library, and
+    # stored ids, URLs and tests keep that spelling.
+    return str(ULID() if now_ms is None else ULID.from_timestamp(int(now_ms))).lower()
 
 
 def submission_id(job_id: str, attempt: int) -> str:

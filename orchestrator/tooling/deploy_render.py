@@ -135,7 +135,7 @@ def render(target: str, profile: Profile) -> str:
              "aws": "deploy/ray-cluster-aws.yaml"}[target]
     head = (f"# Node-group parts of {where}, rendered from cluster profile '{profile.name}'.\n"
             f"# The rest of the file (images, ports, secrets, storage) is written by hand.\n"
-            f"# `raylane profile render --target {target} --check FILE` reports drift.\n")
+            f"# `raylane-server profile render --target {target} --check FILE` reports drift.\n")
     return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, width=120)
 
 

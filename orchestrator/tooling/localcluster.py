@@ -22,7 +22,7 @@ cluster, so the worker nodes are replaced too (KubeRay restarts their pods);
 with ``gcs_ft_redis`` the head keeps its state in Redis under a key namespace of
 the cluster's own, and worker nodes, actors and running jobs carry on.
 
-State (pids, ports, addresses) is kept in ``<dir>/state.json`` so ``raylane cluster
+State (pids, ports, addresses) is kept in ``<dir>/state.json`` so ``raylane-server cluster
 down|status`` works from another process.
 """
 
