@@ -10,7 +10,6 @@ import logging
 import threading
 from typing import Any, Callable, Sequence
 
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from raylane.orchestrator.domain import policy
@@ -19,7 +18,7 @@ from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.store import db, jobs as store_jobs, migrate
+from raylane.orchestrator.store import db, jobs as store_jobs, migrate, stats
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +53,7 @@ class ControlPlane:
 
     def ready(self) -> tuple[bool, str]:
         try:
-            with self.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            db.ping(self.engine)
         except Exception as e:  # the database is down or unreachable
             return False, f"database unreachable: {type(e).__name__}"
         try:
@@ -184,21 +182,12 @@ class ControlPlane:
             raise Invalid("no Ray cluster is attached (set RAYLANE_DASHBOARD_URL or run `raylane serve --local-cluster`)")
 
     def node_groups(self) -> list[dict[str, Any]]:
-        from sqlalchemy import func, select
-
-        from raylane.orchestrator.loops.dispatcher import used_by_active
-        from raylane.orchestrator.domain.states import ACTIVE, QUEUED
-        from raylane.orchestrator.store.tables import jobs
-
         self._require_ray()
         self._view_cache = None
         view = self.cluster_view() or {}
         with db.transaction(self.sessions) as s:
-            used, _ = used_by_active(s)
-            counts = dict(s.execute(select(jobs.c.node_group, func.count()).where(
-                jobs.c.status.in_([x.value for x in ACTIVE])).group_by(jobs.c.node_group)).all())
-            queued = dict(s.execute(select(jobs.c.node_group, func.count()).where(
-                jobs.c.status.in_([x.value for x in QUEUED])).group_by(jobs.c.node_group)).all())
+            used, _ = stats.used_by_active(s)
+            counts, queued = stats.jobs_per_group(s)
         out = []
         for g in self.profile.groups:
             st = view.get(g.name)
