@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from raylane.orchestrator.domain import policy
 from raylane.orchestrator.services.access import Access
 from raylane.orchestrator.domain.errors import Invalid
-from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement
+from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.store import db, jobs as store_jobs, migrate, stats
@@ -181,7 +181,7 @@ class ControlPlane:
         if self.backend is None:
             raise Invalid("no Ray cluster is attached (set RAYLANE_DASHBOARD_URL or run `raylane serve --local-cluster`)")
 
-    def node_groups(self) -> list[dict[str, Any]]:
+    def node_groups(self) -> list[NodeGroupStatus]:
         self._require_ray()
         self._view_cache = None
         view = self.cluster_view() or {}
@@ -191,15 +191,15 @@ class ControlPlane:
         out = []
         for g in self.profile.groups:
             st = view.get(g.name)
-            out.append({
-                "name": g.name, "role": g.role, "market": g.market,
-                "accelerator": g.accelerator.model_dump() if g.accelerator else None,
-                "cpus_per_node": g.cpus, "memory_gb_per_node": g.memory_gb, "min_nodes": g.min_nodes,
-                "max_nodes": g.max_nodes, "price_per_hour": g.price_per_hour,
-                "alive_nodes": st.alive_nodes if st else 0, "draining_nodes": st.draining_nodes if st else 0,
-                "capacity": st.total if st else {}, "used_by_raylane": used.get(g.name, {}),
-                "active_jobs": counts.get(g.name, 0), "queued_jobs": queued.get(g.name, 0),
-            })
+            out.append(NodeGroupStatus(
+                name=g.name, role=g.role, market=g.market,
+                accelerator=g.accelerator.model_dump() if g.accelerator else None,
+                cpus_per_node=g.cpus, memory_gb_per_node=g.memory_gb, min_nodes=g.min_nodes,
+                max_nodes=g.max_nodes, price_per_hour=g.price_per_hour,
+                alive_nodes=st.alive_nodes if st else 0, draining_nodes=st.draining_nodes if st else 0,
+                capacity=st.total if st else {}, used_by_raylane=used.get(g.name, {}),
+                active_jobs=counts.get(g.name, 0), queued_jobs=queued.get(g.name, 0),
+            ))
         return out
 
     def cluster(self) -> dict[str, Any]:
