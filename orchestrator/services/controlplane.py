@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Sequence
-
-from sqlalchemy.engine import Engine
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from raylane.orchestrator.domain import policy
 from raylane.orchestrator.services.access import Access
@@ -19,6 +17,9 @@ from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupS
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.store import db, jobs as store_jobs, migrate, stats
+
+if TYPE_CHECKING:  # the store alone imports SQLAlchemy
+    from sqlalchemy.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,10 @@ Jobs not yet routed have ``node_group="none"``.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.costs import node_share
 from raylane.orchestrator.domain.profile import Profile
@@ -43,6 +42,9 @@ from raylane.orchestrator.domain.states import FailureCause, JobStatus
 from raylane.orchestrator.store import stats
 from raylane.orchestrator.store.stats import NONE
 from raylane.orchestrator.store.transitions import utcnow
+
+if TYPE_CHECKING:  # the store alone imports SQLAlchemy
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
