@@ -31,8 +31,9 @@ from raylane.orchestrator.domain.specs import JobKind, JobSpec
 from raylane.orchestrator.domain.values import fmt_amount
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.store.queue import Queued
-from raylane.orchestrator.store.quotas import EPS, Limits, Usage
+from raylane.orchestrator.store.quotas import Limits, Usage
 
+EPS = 1e-9  # float sums of fractional CPUs: 0.1 + 0.2 must fit in 0.3
 ELASTIC_KINDS = frozenset({JobKind.SWEEP, JobKind.BATCH_INFERENCE})
 Held = dict[str, dict[str, float]]  # node group -> resource -> amount
 
@@ -83,7 +84,7 @@ def shortfall(need: dict[str, float], free: dict[str, float], group: str) -> str
     for res, label in (("GPU", "GPUs"), ("CPU", "CPUs"), ("memory", "bytes of memory")):
         want = need.get(res, 0)
         have = free.get(res, 0)
-        if want > 1e-9 and want > have + 1e-9:
+        if want > EPS and want > have + EPS:
             if res == "memory":
                 return f"waiting for {want / 1024**3:.1f} GB memory in group {group}: {max(have, 0) / 1024**3:.1f} GB free"
             return f"waiting for {fmt_amount(want)} {label} in group {group}: {fmt_amount(max(have, 0))} free"

@@ -20,8 +20,6 @@ from raylane.orchestrator.domain.states import ACTIVE
 from raylane.orchestrator.store.tables import jobs, quotas
 from raylane.orchestrator.store.transitions import utcnow
 
-EPS = 1e-9  # float sums of fractional CPUs
-
 
 @dataclass(frozen=True)
 class Limits:
