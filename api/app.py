@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from fastapi.staticfiles import StaticFiles
 
+from raylane import __version__
 from raylane.api import errors, observability
 from raylane.api.auth import AuthMiddleware
 from raylane.api.limits import BodySizeLimit
@@ -74,7 +75,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
 
     app = FastAPI(
         title="Raylane",
-        version="0.1.0",
+        version=__version__,
         summary="A job orchestrator in front of Ray: durable queue, routing to GPU gangs or spot workers, recovery.",
         lifespan=lifespan,
     )

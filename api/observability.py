@@ -28,7 +28,7 @@ from raylane.orchestrator.services.metrics import DatabaseCollector
 
 log = logging.getLogger("raylane.http")
 
-REQUEST_ID_HEADER = "X-Request-ID"
+REQUEST_ID_HEADER = b"x-request-id"  # ASGI gives header names lower-cased, as bytes
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # a caller's id goes into logs: no spaces, no newlines
 _JOB_PATH = re.compile(r"^/v1/jobs/([0-9a-z]{1,64})(?:/|$)")
 _NOT_JOBS = frozenset({"batch"})
@@ -47,7 +47,7 @@ class RequestContext:
             return await self.app(scope, receive, send)
         rid = None
         for name, value in scope.get("headers", ()):
-            if name == b"x-request-id":
+            if name == REQUEST_ID_HEADER:
                 v = value.decode("latin-1")
                 rid = v if _SANE_ID.match(v) else None
                 break
@@ -65,7 +65,7 @@ class RequestContext:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message.setdefault("headers", [])
-                message["headers"] = list(message["headers"]) + [(b"x-request-id", rid.encode())]
+                message["headers"] = list(message["headers"]) + [(REQUEST_ID_HEADER, rid.encode())]
             await send(message)
 
         try:

@@ -38,6 +38,7 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic import ValidationError as _PydanticValidationError
 
+from raylane.orchestrator.domain import views
 from raylane.orchestrator.domain.views import (
     Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
 )
@@ -238,24 +239,9 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class NodeGroupStatus(_Open):
-    """One node group of the cluster profile with its live capacity (``GET /v1/node-groups``)."""
-
-    name: str
-    role: str
-    market: str
-    accelerator: dict[str, Any] | None = None
-    cpus_per_node: float = 0
-    memory_gb_per_node: float = 0
-    min_nodes: int = 0
-    max_nodes: int = 0
-    price_per_hour: float = 0
-    alive_nodes: int = 0
-    draining_nodes: int = 0
-    capacity: dict[str, float] = Field(default_factory=dict, description="Ray resources of its alive nodes")
-    used_by_raylane: dict[str, float] = Field(default_factory=dict, description="Held by Raylane's active jobs")
-    active_jobs: int = 0
-    queued_jobs: int = 0
+class NodeGroupStatus(_Open, views.NodeGroupStatus):
+    """One node group of the cluster profile with its live capacity (``GET /v1/node-groups``);
+    the server's shape (``views.NodeGroupStatus``), keeping fields a newer server adds."""
 
 
 class ClusterNode(_Open):

@@ -10,6 +10,8 @@ without Ray, SQLAlchemy or FastAPI.
 docs/sdk.md has the whole tour.
 """
 
+# The one version string: pyproject.toml reads it for the distribution, the API
+# reports it, and the SDK sends it in its User-Agent.
 __version__ = "0.1.0"
 
 from raylane.client.sdk import (  # noqa: E402,F401

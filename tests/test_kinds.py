@@ -21,7 +21,7 @@ from raylane.orchestrator.domain.kinds import KINDS, KindTraits, UnknownKind, tr
 from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.domain.routing import route
 from raylane.orchestrator.domain.specs import JobKind, JobSpec
-from raylane.orchestrator.loops.dispatcher import needed
+from raylane.orchestrator.loops.admission import needed
 
 PROFILE = default_profile()
 T0 = datetime(2026, 3, 2, tzinfo=timezone.utc)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from raylane.api.deps import CP, AdminDep, ReaderDep
 from raylane.orchestrator.services.access import check_project_visible
-from raylane.orchestrator.domain.errors import Invalid
+from raylane.orchestrator.domain.values import require_timezone
 from raylane.orchestrator.domain.views import (
     AuditPage, NewToken, Project, ProjectCreate, ProjectQuota, QuotaUpdate, Token, TokenCreate, Whoami,
 )
@@ -94,7 +94,6 @@ def audit(cp: CP, caller: AdminDep,
           action: Annotated[str | None, Query(max_length=128)] = None,
           since: datetime | None = None) -> AuditPage:
     """Mutating requests, newest first: who, what, on which target, from where, with which status."""
-    if since is not None and since.tzinfo is None:
-        raise Invalid("since needs a timezone (e.g. 2026-01-01T00:00:00Z)", field="since")
+    require_timezone("since", since)
     items, next_cursor = cp.access.audit(limit=limit, cursor=cursor, actor=actor, action=action, since=since)
     return AuditPage(items=items, next_cursor=next_cursor)

@@ -10,28 +10,10 @@ from pydantic import BaseModel
 
 from raylane.api.deps import CP, CallerDep, ReaderDep
 from raylane.orchestrator.domain.kinds import KINDS
-from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.domain.views import NodeGroupStatus, Placement
 from raylane.orchestrator.domain.specs import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
-
-
-class NodeGroupView(BaseModel):
-    name: str
-    role: str
-    market: str
-    accelerator: dict[str, Any] | None
-    cpus_per_node: float
-    memory_gb_per_node: float
-    min_nodes: int
-    max_nodes: int
-    price_per_hour: float
-    alive_nodes: int
-    draining_nodes: int
-    capacity: dict[str, float]
-    used_by_raylane: dict[str, float]
-    active_jobs: int
-    queued_jobs: int
 
 
 class KindView(BaseModel):
@@ -57,9 +39,9 @@ def plan(spec: JobSpec, cp: CP, caller: ReaderDep) -> Placement:
     return cp.plan(spec)
 
 
-@router.get("/node-groups", response_model=list[NodeGroupView])
-def node_groups(cp: CP, caller: CallerDep) -> list[NodeGroupView]:
-    return [NodeGroupView(**g) for g in cp.node_groups()]
+@router.get("/node-groups", response_model=list[NodeGroupStatus])
+def node_groups(cp: CP, caller: CallerDep) -> list[NodeGroupStatus]:
+    return cp.node_groups()
 
 
 @router.get("/cluster")

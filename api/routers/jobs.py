@@ -18,6 +18,7 @@ from raylane.orchestrator.domain.views import (
 )
 from raylane.orchestrator.domain.specs import JobKind, JobSpec
 from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.domain.values import require_timezone
 from raylane.orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -84,9 +85,8 @@ def list_jobs(
         if not sep or not k:
             raise Invalid(f"label filter {item[:80]!r} must be key=value", field="label")
         labels[k] = v
-    for name, value in (("created_after", created_after), ("created_before", created_before)):
-        if value is not None and value.tzinfo is None:
-            raise Invalid(f"{name} needs a timezone (e.g. 2026-01-01T00:00:00Z)", field=name)
+    require_timezone("created_after", created_after)
+    require_timezone("created_before", created_before)
     scope = caller.project if caller.project is not None else project
     flt = JobFilter(project=scope, status=status_ or [], kind=[k.value for k in kind or []], node_group=node_group,
                     labels=labels, name_prefix=name_prefix, created_after=created_after,

@@ -39,13 +39,3 @@ def checkpoint_key(submission_id: str) -> str:
 
 # Ray's words when an actor or task is lost with its node, naming the node.
 RAY_NODE_DIED = re.compile(r"because its node has died\. Node Id: ([0-9a-f]{56})")
-
-
-def parse_submission_id(sid: str) -> tuple[str, int] | None:
-    if not sid.startswith("raylane-"):
-        return None
-    body = sid[len("raylane-"):]
-    job_id, _, n = body.rpartition("-")
-    if not job_id or not n.isdigit():
-        return None
-    return job_id, int(n)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.kinds import traits
-from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL, NodeGroup, Profile
+from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, NodeGroup, Profile
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.specs import JobSpec
 
@@ -240,7 +240,3 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
         total=total,
         reasons=reasons,
     )
-
-
-def market_selector(market: str) -> dict[str, str]:
-    return {MARKET_LABEL: market}

@@ -97,10 +97,6 @@ def allowed_from(to: JobStatus) -> frozenset[JobStatus]:
     return frozenset(src for src, dsts in ALLOWED.items() if to in dsts)
 
 
-def is_allowed(src: JobStatus, dst: JobStatus) -> bool:
-    return dst in ALLOWED[src]
-
-
 def _check_table() -> None:
     assert set(ALLOWED) == set(JobStatus), "every status needs a row"
     for s in TERMINAL:

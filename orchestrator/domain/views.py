@@ -119,6 +119,26 @@ class Trial(BaseModel):
     error: str | None = None
 
 
+class NodeGroupStatus(BaseModel):
+    """One node group of the cluster profile with its live capacity (``GET /v1/node-groups``)."""
+
+    name: str
+    role: str
+    market: str
+    accelerator: dict[str, Any] | None = None
+    cpus_per_node: float = 0
+    memory_gb_per_node: float = 0
+    min_nodes: int = 0
+    max_nodes: int = 0
+    price_per_hour: float = 0
+    alive_nodes: int = 0
+    draining_nodes: int = 0
+    capacity: dict[str, float] = Field(default_factory=dict, description="Ray resources of its alive nodes")
+    used_by_raylane: dict[str, float] = Field(default_factory=dict, description="Held by Raylane's active jobs")
+    active_jobs: int = 0
+    queued_jobs: int = 0
+
+
 # Access (raylane.orchestrator.services.access): identities, projects, quotas, the audit trail -------
 
 Role = Literal["admin", "member", "viewer"]

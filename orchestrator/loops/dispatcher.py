@@ -1,18 +1,5 @@
-"""The dispatcher: admit queued jobs (the scheduler's rules), claim them with a
-lease, and submit each attempt to Ray's Jobs API.
-
-Admission (``admit``), per pass, in priority order then age:
-- the head-node guard: at most ``max_concurrent_drivers`` jobs hold a driver;
-- a job is admitted when its node group has room: the group's live capacity
-  (Ray's node list, draining nodes excluded) minus what Raylane's active jobs
-  hold there (dispatched or running), for the whole gang (training, commands,
-  services) or for one worker (sweeps and batch jobs, which scale into what is free);
-- a job whose project would exceed its quota in the group (GPUs, CPUs,
-  concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
-  it does not count as passed over, so it never reserves a group;
-- a job that does not fit keeps its reason ("waiting for 2 GPUs in group gpu: 0
-  free"); lower-priority jobs may backfill past it, but once it has been passed
-  over ``starvation_skips`` times its group is reserved for it until it fits.
+"""The dispatcher: admit queued jobs (the scheduler's rules, ``loops.admission``),
+claim them with a lease (``store.queue``), and submit each attempt to Ray's Jobs API.
 
 Claiming is one transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
 control planes split the queue); submission happens after commit with
@@ -28,88 +15,33 @@ import json
 import logging
 import os
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import update
 
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
+from raylane.orchestrator.loops import admission
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.views import Placement
-from raylane.orchestrator.domain.routing import ClusterView, Unroutable, route
+from raylane.orchestrator.domain.routing import ClusterView
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
+from raylane.orchestrator.domain.states import FailureCause, JobStatus
 from raylane.orchestrator.domain.policy import state_excludes
-from raylane.orchestrator.store import db, quotas as store_quotas
+from raylane.orchestrator.store import db, queue, quotas as store_quotas, stats
+from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.tables import attempts, jobs
-from raylane.orchestrator.store.transitions import record_event, transition, utcnow
+from raylane.orchestrator.store.transitions import transition, utcnow
 
 log = logging.getLogger(__name__)
 
-CLAIM_BATCH = 200  # queued jobs looked at per pass; the rest wait for the next
 MAX_INFRA_RETRIES = 10  # preemptions etc. beyond max_attempts before we give up
-
-
-@dataclass
-class Claimed:
-    job_id: str
-    attempt: int
-    spec: JobSpec
-    placement: Placement
-    project: str
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.2f}".rstrip("0").rstrip(".")
-
-
-def needed(spec: JobSpec, placement: Placement) -> dict[str, float]:
-    """What must be free to admit the job: the whole gang, or one worker of an elastic job."""
-    if traits(spec.kind).elastic:
-        need = dict(placement.worker_resources)
-        if placement.driver_label_selector == placement.label_selector:
-            need["CPU"] = need.get("CPU", 0) + spec.resources.driver_cpus
-        return need
-    return dict(placement.total)
-
-
-def shortfall(need: dict[str, float], free: dict[str, float], group: str) -> str | None:
-    for res, label in (("GPU", "GPUs"), ("CPU", "CPUs"), ("memory", "bytes of memory")):
-        want = need.get(res, 0)
-        have = free.get(res, 0)
-        if want > 1e-9 and want > have + 1e-9:
-            if res == "memory":
-                return f"waiting for {want / 1024**3:.1f} GB memory in group {group}: {max(have, 0) / 1024**3:.1f} GB free"
-            return f"waiting for {_fmt(want)} {label} in group {group}: {_fmt(max(have, 0))} free"
-    return None
-
-
-def used_by_active(session) -> tuple[dict[str, dict[str, float]], int]:
-    """Resources Raylane's active jobs hold per node group, and how many drivers run."""
-    used: dict[str, dict[str, float]] = {}
-    n = 0
-    for group, placement in session.execute(
-        select(jobs.c.node_group, jobs.c.placement).where(jobs.c.status.in_([s.value for s in ACTIVE]))
-    ):
-        n += 1
-        if not placement:
-            continue
-        g = used.setdefault(group, {})
-        for k, v in (placement.get("total") or {}).items():
-            g[k] = g.get(k, 0) + v
-        drv = placement.get("driver_label_selector", {}).get("ray.io/node-group")
-        if drv and drv != group:
-            d = used.setdefault(drv, {})
-            for k, v in (placement.get("driver_resources") or {}).items():
-                d[k] = d.get(k, 0) + v
-    return used, n
 
 
 def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement: Placement,
@@ -143,109 +75,25 @@ class Dispatcher(LoopService):
     # Admission + claim -----------------------------------------------------
 
     def claim(self, view: ClusterView) -> list[Claimed]:
+        """One pass, one transaction: take over stale leases, then admit what fits."""
         now = utcnow()
         lease_until = now + timedelta(seconds=self.settings.lease_s)
-        claimed: list[Claimed] = []
+        rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips)
         with db.transaction(self.sessions) as s:
-            # 1. Attempts whose dispatcher died mid-submit: same attempt, same id, again.
-            stale = select(jobs.c.id, jobs.c.attempts, jobs.c.spec, jobs.c.placement, jobs.c.project).where(
-                jobs.c.status == JobStatus.DISPATCHING.value, jobs.c.lease_owner.is_not(None),
-                jobs.c.lease_expires_at < now,
-            ).limit(CLAIM_BATCH)
-            if s.bind.dialect.name == "postgresql":
-                stale = stale.with_for_update(skip_locked=True)
-            for jid, n, spec, placement, project in s.execute(stale).all():
-                s.execute(update(jobs).where(jobs.c.id == jid, jobs.c.status == JobStatus.DISPATCHING.value)
-                          .values(lease_owner=self.owner, lease_expires_at=lease_until))
-                claimed.append(Claimed(jid, n, JobSpec.model_validate(spec), Placement.model_validate(placement),
-                                       project))
-
-            # 2. New admissions.
-            used, drivers = used_by_active(s)
+            claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until)
+            used, drivers = stats.used_by_active(s)
             limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
             project_used = store_quotas.usage(s) if limits else {}
-            q = select(jobs).where(
-                jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
-                or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
-            ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(CLAIM_BATCH)
-            if s.bind.dialect.name == "postgresql":
-                q = q.with_for_update(skip_locked=True)
-            reserved: set[str] = set()  # groups held for a starving job this pass
-            passed_over: dict[str, list[Any]] = {}
-            for row in s.execute(q).mappings().all():
-                spec = JobSpec.model_validate(row["spec"])
-                placement = Placement.model_validate(row["placement"]) if row["placement"] else None
-                try:
-                    placement = self._maybe_reroute(spec, row, placement, view)
-                except Unroutable as e:
-                    transition(s, row["id"], JobStatus.FAILED, reason=f"can never run: {e.message}", actor="scheduler",
-                               values={"failure_cause": FailureCause.UNSCHEDULABLE.value, "finished_at": now})
-                    continue
-                group = placement.node_group
-                reason = None
-                key = (row["project"], group)
-                over_quota = store_quotas.over_quota(limits.get(key), project_used.get(key), placement.total,
-                                                     project=row["project"], group=group) if key in limits else None
-                if drivers >= self.settings.max_concurrent_drivers:
-                    reason = f"head-node guard: {drivers} jobs already hold a driver (max {self.settings.max_concurrent_drivers})"
-                elif over_quota is not None:
-                    reason = over_quota
-                elif group in reserved:
-                    reason = f"waiting: group {group} is reserved for an older job that has waited longest"
+            for d in admission.decide(queue.queued(s, now=now), view, self.profile, rules, used=used,
+                                      drivers=drivers, limits=limits, project_used=project_used):
+                if isinstance(d, admission.Fail):
+                    queue.fail_unroutable(s, d.job, d.message, now=now)
+                elif isinstance(d, admission.Wait):
+                    queue.set_waiting(s, d.job, d.reason)
                 else:
-                    free = self._free(view, used, group)
-                    reason = shortfall(needed(spec, placement), free, group)
-                    if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
-                        dgroup = placement.driver_label_selector["ray.io/node-group"]
-                        reason = shortfall(placement.driver_resources, self._free(view, used, dgroup), dgroup)
-                        if reason:
-                            reason += " (for the driver)"
-                if reason is not None:
-                    if row["status_reason"] != reason:
-                        s.execute(update(jobs).where(jobs.c.id == row["id"]).values(status_reason=reason))
-                        record_event(s, row["id"], status=JobStatus(row["status"]), reason=reason, actor="scheduler")
-                    if reason is over_quota:
-                        # Its own project holds the room: it is not passed over by
-                        # others and must not reserve the group against them.
-                        continue
-                    passed_over.setdefault(group, []).append(row)
-                    if row["skips"] >= self.settings.starvation_skips and group not in reserved:
-                        reserved.add(group)
-                    continue
-                # Admit: the job gets a new attempt and a lease.
-                n = row["attempts"] + 1
-                transition(s, row["id"], JobStatus.DISPATCHING, reason=f"admitted to {group}; attempt {n}",
-                           actor="scheduler", attempt=n,
-                           expected={JobStatus.PENDING, JobStatus.RETRYING},
-                           values={"attempts": n, "lease_owner": self.owner, "lease_expires_at": lease_until,
-                                   "node_group": group, "placement": placement.model_dump(mode="json"),
-                                   "not_before": None})
-                s.execute(insert(attempts).values(
-                    job_id=row["id"], number=n, submission_id=submission_id(row["id"], n), node_group=group,
-                    market=placement.market, status="CLAIMED", resources=placement.total, created_at=now))
-                for k, v in placement.total.items():
-                    used.setdefault(group, {})[k] = used.get(group, {}).get(k, 0) + v
-                drivers += 1
-                if key in limits:
-                    project_used.setdefault(key, store_quotas.Usage()).add(placement.total)
-                # Everyone of lower priority order that waited in this group was passed over by a later job.
-                for other in passed_over.get(group, []):
-                    s.execute(update(jobs).where(jobs.c.id == other["id"]).values(skips=jobs.c.skips + 1))
-                passed_over[group] = []
-                claimed.append(Claimed(row["id"], n, spec, placement, row["project"]))
+                    claimed.append(queue.admit(s, d.job, d.placement, passed_over=d.passed_over, owner=self.owner,
+                                               now=now, lease_until=lease_until))
         return claimed
-
-    def _free(self, view: ClusterView, used, group: str) -> dict[str, float]:
-        total = view.get(group).total if view.get(group) else {}
-        u = used.get(group, {})
-        return {k: total.get(k, 0) - u.get(k, 0) for k in ("CPU", "GPU", "memory")}
-
-    def _maybe_reroute(self, spec: JobSpec, row, placement: Placement | None, view: ClusterView) -> Placement:
-        # After repeated preemption the next attempt goes to on-demand nodes.
-        avoid_spot = row["preemptions"] >= spec.retry.spot_fallback_after > 0
-        if placement is None or (avoid_spot and placement.market == "SPOT"):
-            return route(spec, self.profile, view, avoid_spot=avoid_spot)
-        return placement
 
     # Submit ------------------------------------------------------------------
 
@@ -316,11 +164,3 @@ class Dispatcher(LoopService):
             logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
             self.submit(c)
 
-
-def count_queued(session) -> int:
-    return session.execute(select(func.count()).select_from(jobs).where(
-        jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]))).scalar_one()
-
-
-def dumps(x) -> str:
-    return json.dumps(x, sort_keys=True)

@@ -320,11 +320,7 @@ class Reconciler(LoopService):
                 set_result(s, r["job_id"], result, attempt=r["number"])
 
     def _succeeded(self, r, rj: RayJob) -> None:
-        result = None
-        try:
-            result = extract_result(self.backend.logs(r["submission_id"]))
-        except RayUnavailable:
-            raise
+        result = extract_result(self.backend.logs(r["submission_id"]))
         now = utcnow()
         with db.transaction(self.sessions) as s:
             s.execute(update(attempts).where(attempts.c.submission_id == r["submission_id"]).values(

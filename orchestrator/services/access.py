@@ -31,15 +31,12 @@ from enum import Enum
 from pathlib import Path
 
 from pydantic import SecretStr
-from sqlalchemy import text, update
-
 from raylane.orchestrator.domain.errors import Invalid, NotFound
 from raylane.orchestrator.domain.views import (
     AuditEntry, GroupLimits, GroupQuota, NewToken, Project, ProjectQuota, Token, TokenCreate,
 )
 from raylane.orchestrator.settings import Settings
-from raylane.orchestrator.store import access as store, db, quotas as store_quotas
-from raylane.orchestrator.store.tables import api_tokens
+from raylane.orchestrator.store import db, quotas as store_quotas, tokens as store
 from raylane.orchestrator.store.transitions import utcnow
 
 log = logging.getLogger(__name__)
@@ -49,7 +46,6 @@ MAX_TOKEN_LEN = 512  # longer Bearer values are refused before hashing
 ADMIN_TOKEN_FILE = "admin_token"
 FROM_SETTING = "setting RAYLANE_ADMIN_TOKEN"  # created_by of the token that setting makes
 GENERATED = "generated at first start"
-BOOTSTRAP_LOCK_ID = 0x726C5F61646D  # PostgreSQL advisory lock: one replica bootstraps at a time
 
 
 class Role(str, Enum):
@@ -139,7 +135,7 @@ class Access:
             return None
         now = utcnow()
         with db.transaction(self.sessions) as s:
-            self._lock(s)
+            store.lock_bootstrap(s)
             if store.live_admin_exists(s, now=now):
                 return None
             secret = new_secret()
@@ -154,7 +150,7 @@ class Access:
     def _ensure_setting_token(self, secret: str) -> None:
         h = hash_token(secret)
         with db.transaction(self.sessions) as s:
-            self._lock(s)
+            store.lock_bootstrap(s)
             found = store.token_id_by_hash(s, h)
             if found is None:
                 store.insert_token(s, token_id=new_token_id(), token_hash=h, name="admin", project=None,
@@ -163,14 +159,7 @@ class Access:
                 log.warning("RAYLANE_ADMIN_TOKEN was revoked (token %s); it is refused until the setting changes",
                             found[0])
             # A changed setting rotates: the token the old value made stops working.
-            s.execute(update(api_tokens).where(api_tokens.c.created_by == FROM_SETTING, api_tokens.c.token_hash != h,
-                                               api_tokens.c.revoked_at.is_(None))
-                      .values(revoked_at=utcnow(), revoked_by="RAYLANE_ADMIN_TOKEN changed"))
-
-    def _lock(self, session) -> None:
-        # SQLite transactions start with BEGIN IMMEDIATE (store.db): already serialised.
-        if session.bind.dialect.name == "postgresql":
-            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": BOOTSTRAP_LOCK_ID})
+            store.revoke_created_by_except(s, FROM_SETTING, h, revoked_by="RAYLANE_ADMIN_TOKEN changed")
 
     def _write_secret_file(self, secret: str) -> None:
         path = self.admin_token_path()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from raylane.orchestrator.domain import costs
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.profile import Profile
+from raylane.orchestrator.domain.values import require_timezone
 from raylane.orchestrator.store import db
 from raylane.orchestrator.store.jobs import get_row
 from raylane.orchestrator.store.transitions import utcnow
@@ -37,9 +38,8 @@ def profile(cp: "ControlPlane") -> Profile:
 
 def window(start: datetime | None, end: datetime | None, now: datetime | None = None) -> tuple[datetime, datetime]:
     """[start, end): default the last 7 days; both need a timezone; at most ``MAX_WINDOW``."""
-    for name, v in (("start", start), ("end", end)):
-        if v is not None and v.tzinfo is None:
-            raise Invalid(f"{name} needs a timezone (e.g. 2026-01-01T00:00:00Z)", field=name)
+    require_timezone("start", start)
+    require_timezone("end", end)
     end = end or now or utcnow()
     start = start or end - DEFAULT_WINDOW
     if start >= end:

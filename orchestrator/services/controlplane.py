@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Sequence
-
-from sqlalchemy import text
-from sqlalchemy.engine import Engine
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from raylane.orchestrator.domain import policy
 from raylane.orchestrator.services.access import Access
 from raylane.orchestrator.domain.errors import Invalid
-from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement
+from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.store import db, jobs as store_jobs, migrate
+from raylane.orchestrator.store import db, jobs as store_jobs, migrate, stats
+
+if TYPE_CHECKING:  # the store alone imports SQLAlchemy
+    from sqlalchemy.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ class ControlPlane:
 
     def ready(self) -> tuple[bool, str]:
         try:
-            with self.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            db.ping(self.engine)
         except Exception as e:  # the database is down or unreachable
             return False, f"database unreachable: {type(e).__name__}"
         try:
@@ -183,34 +182,25 @@ class ControlPlane:
         if self.backend is None:
             raise Invalid("no Ray cluster is attached (set RAYLANE_DASHBOARD_URL or run `raylane serve --local-cluster`)")
 
-    def node_groups(self) -> list[dict[str, Any]]:
-        from sqlalchemy import func, select
-
-        from raylane.orchestrator.loops.dispatcher import used_by_active
-        from raylane.orchestrator.domain.states import ACTIVE, QUEUED
-        from raylane.orchestrator.store.tables import jobs
-
+    def node_groups(self) -> list[NodeGroupStatus]:
         self._require_ray()
         self._view_cache = None
         view = self.cluster_view() or {}
         with db.transaction(self.sessions) as s:
-            used, _ = used_by_active(s)
-            counts = dict(s.execute(select(jobs.c.node_group, func.count()).where(
-                jobs.c.status.in_([x.value for x in ACTIVE])).group_by(jobs.c.node_group)).all())
-            queued = dict(s.execute(select(jobs.c.node_group, func.count()).where(
-                jobs.c.status.in_([x.value for x in QUEUED])).group_by(jobs.c.node_group)).all())
+            used, _ = stats.used_by_active(s)
+            counts, queued = stats.jobs_per_group(s)
         out = []
         for g in self.profile.groups:
             st = view.get(g.name)
-            out.append({
-                "name": g.name, "role": g.role, "market": g.market,
-                "accelerator": g.accelerator.model_dump() if g.accelerator else None,
-                "cpus_per_node": g.cpus, "memory_gb_per_node": g.memory_gb, "min_nodes": g.min_nodes,
-                "max_nodes": g.max_nodes, "price_per_hour": g.price_per_hour,
-                "alive_nodes": st.alive_nodes if st else 0, "draining_nodes": st.draining_nodes if st else 0,
-                "capacity": st.total if st else {}, "used_by_raylane": used.get(g.name, {}),
-                "active_jobs": counts.get(g.name, 0), "queued_jobs": queued.get(g.name, 0),
-            })
+            out.append(NodeGroupStatus(
+                name=g.name, role=g.role, market=g.market,
+                accelerator=g.accelerator.model_dump() if g.accelerator else None,
+                cpus_per_node=g.cpus, memory_gb_per_node=g.memory_gb, min_nodes=g.min_nodes,
+                max_nodes=g.max_nodes, price_per_hour=g.price_per_hour,
+                alive_nodes=st.alive_nodes if st else 0, draining_nodes=st.draining_nodes if st else 0,
+                capacity=st.total if st else {}, used_by_raylane=used.get(g.name, {}),
+                active_jobs=counts.get(g.name, 0), queued_jobs=queued.get(g.name, 0),
+            ))
         return out
 
     def cluster(self) -> dict[str, Any]:

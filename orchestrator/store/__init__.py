@@ -4,4 +4,8 @@
 ``db``          engines and sessions for SQLite (WAL) and PostgreSQL
 ``transitions`` the only writer of a job's status: compare-and-set + event row
 ``jobs``        submit, read, list, cancel: what the API calls
+``queue``       claim and lease: the queue's head, admissions, stale leases
+``stats``       aggregate reads: what active jobs hold, the metrics' counts
+``quotas``      per-project limits and usage; ``usage``: attempts for accounting
+``tokens``      projects, API tokens and the audit trail
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -61,3 +61,9 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     with factory() as session:
         with session.begin():
             yield session
+
+
+def ping(engine: Engine) -> None:
+    """One round trip to the database; raises when it is down or unreachable."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))

@@ -2,10 +2,10 @@
 
 Usage is what a project's *active* jobs (dispatching, running, cancelling) hold
 in a group: the sum of their placements' ``total`` (the whole gang, driver
-included when it runs in the group) and their count. The scheduler
-(``dispatcher.claim``) admits a job only when usage plus the job's total stays
-within every limit of its project in its group; GET /v1/projects/{p}/quota shows
-the same numbers, computed by the same function.
+included when it runs in the group) and their count. Admission
+(``loops.admission.over_quota``) admits a job only when usage plus the job's total
+stays within every limit of its project in its group; GET /v1/projects/{p}/quota
+shows the same numbers, computed by the same function.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.states import ACTIVE
 from raylane.orchestrator.store.tables import jobs, quotas
 from raylane.orchestrator.store.transitions import utcnow
-
-EPS = 1e-9  # float sums of fractional CPUs
 
 
 @dataclass(frozen=True)
@@ -72,23 +70,3 @@ def set_limits(session: Session, project: str, groups: Mapping[str, Limits], *, 
     if rows:
         session.execute(insert(quotas), rows)
 
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.2f}".rstrip("0").rstrip(".")
-
-
-def over_quota(limits: Limits | None, used: Usage | None, total: Mapping[str, float], *, project: str,
-               group: str) -> str | None:
-    """Why admitting a job with ``total`` would break its project's quota, or None."""
-    if limits is None:
-        return None
-    used = used or Usage()
-    if limits.max_concurrent_jobs is not None and used.jobs + 1 > limits.max_concurrent_jobs:
-        return (f"project quota reached: {project} runs {used.jobs} of {limits.max_concurrent_jobs} "
-                f"concurrent jobs in group {group}")
-    for want, have, cap, label in ((total.get("GPU", 0), used.gpus, limits.max_gpus, "GPUs"),
-                                   (total.get("CPU", 0), used.cpus, limits.max_cpus, "CPUs")):
-        if cap is not None and want > EPS and have + want > cap + EPS:
-            return (f"project quota reached: {project} holds {_fmt(have)} of {_fmt(cap)} {label} in group {group}; "
-                    f"this job needs {_fmt(want)}")
-    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -20,6 +20,7 @@ from raylane.orchestrator.store.jobs import decode_cursor, encode_cursor
 from raylane.orchestrator.store.tables import api_tokens, audit_log, projects
 from raylane.orchestrator.store.transitions import utcnow
 
+BOOTSTRAP_LOCK_ID = 0x726C5F61646D  # PostgreSQL advisory lock: one replica bootstraps at a time
 # How stale last_used_at may be: one write per token per minute, not one per request.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 MAX_AUDIT_PAGE = 500
@@ -111,6 +112,22 @@ def token_id_by_hash(session: Session, token_hash: str) -> tuple[str, bool] | No
     row = session.execute(select(api_tokens.c.id, api_tokens.c.revoked_at)
                           .where(api_tokens.c.token_hash == token_hash)).first()
     return (row.id, row.revoked_at is not None) if row else None
+
+
+def lock_bootstrap(session: Session) -> None:
+    """Hold the bootstrap lock until this transaction ends, so two replicas
+    starting together do not both create an admin token."""
+    # SQLite transactions start with BEGIN IMMEDIATE (store.db): already serialised.
+    if session.bind.dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": BOOTSTRAP_LOCK_ID})
+
+
+def revoke_created_by_except(session: Session, created_by: str, token_hash: str, *, revoked_by: str) -> None:
+    """Revoke the live tokens ``created_by`` made, all but the one with ``token_hash``."""
+    session.execute(update(api_tokens).where(api_tokens.c.created_by == created_by,
+                                             api_tokens.c.token_hash != token_hash,
+                                             api_tokens.c.revoked_at.is_(None))
+                    .values(revoked_at=utcnow(), revoked_by=revoked_by))
 
 
 # Audit -----------------------------------------------------------------------

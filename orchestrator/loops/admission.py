@@ -1,0 +1,176 @@
+"""Admission: which queued jobs start now, and why the others wait. Pure: it
+reads the queue's head, the cluster view and what is held, and returns what to
+write; ``store.queue`` writes it.
+
+Per pass, in priority order then age:
+- the head-node guard: at most ``max_concurrent_drivers`` jobs hold a driver;
+- a job is admitted when its node group has room: the group's live capacity
+  (Ray's node list, draining nodes excluded) minus what Raylane's active jobs
+  hold there (dispatched or running), for the whole gang (training, commands,
+  services) or for one worker (sweeps and batch jobs, which scale into what is free);
+- a job whose project would exceed its quota in the group (GPUs, CPUs,
+  concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
+  it does not count as passed over, so it never reserves a group;
+- a job that does not fit keeps its reason ("waiting for 2 GPUs in group gpu: 0
+  free"); lower-priority jobs may backfill past it, but once it has been passed
+  over ``starvation_skips`` times its group is reserved for it until it fits.
+
+Words: *used* is what active jobs hold per group (``store.stats.used_by_active``),
+updated within the pass as jobs are admitted; *free* is capacity minus used;
+*passed over*: a job that waited in a group where a later job was admitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from raylane.orchestrator.domain.profile import Profile
+from raylane.orchestrator.domain.routing import ClusterView, Unroutable, route
+from raylane.orchestrator.domain.kinds import traits
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.values import fmt_amount
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.store.queue import Queued
+from raylane.orchestrator.store.quotas import Limits, Usage
+
+EPS = 1e-9  # float sums of fractional CPUs: 0.1 + 0.2 must fit in 0.3
+Held = dict[str, dict[str, float]]  # node group -> resource -> amount
+
+
+@dataclass(frozen=True)
+class Rules:
+    max_concurrent_drivers: int
+    starvation_skips: int
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job can never run on this cluster."""
+
+    job: Queued
+    message: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The job waits with a new reason (an unchanged reason is not a decision)."""
+
+    job: Queued
+    reason: str
+
+
+@dataclass(frozen=True)
+class Admit:
+    job: Queued
+    placement: Placement
+    passed_over: list[str] = field(default_factory=list)  # job ids that waited one more time for it
+
+
+Decision = Fail | Wait | Admit
+
+
+def needed(spec: JobSpec, placement: Placement) -> dict[str, float]:
+    """What must be free to admit the job: the whole gang, or one worker of an elastic job."""
+    if traits(spec.kind).elastic:
+        need = dict(placement.worker_resources)
+        if placement.driver_label_selector == placement.label_selector:
+            need["CPU"] = need.get("CPU", 0) + spec.resources.driver_cpus
+        return need
+    return dict(placement.total)
+
+
+def shortfall(need: dict[str, float], free: dict[str, float], group: str) -> str | None:
+    for res, label in (("GPU", "GPUs"), ("CPU", "CPUs"), ("memory", "bytes of memory")):
+        want = need.get(res, 0)
+        have = free.get(res, 0)
+        if want > EPS and want > have + EPS:
+            if res == "memory":
+                return f"waiting for {want / 1024**3:.1f} GB memory in group {group}: {max(have, 0) / 1024**3:.1f} GB free"
+            return f"waiting for {fmt_amount(want)} {label} in group {group}: {fmt_amount(max(have, 0))} free"
+    return None
+
+
+def over_quota(limits: Limits | None, used: Usage | None, total: Mapping[str, float], *, project: str,
+               group: str) -> str | None:
+    """Why admitting a job with ``total`` would break its project's quota, or None."""
+    if limits is None:
+        return None
+    used = used or Usage()
+    if limits.max_concurrent_jobs is not None and used.jobs + 1 > limits.max_concurrent_jobs:
+        return (f"project quota reached: {project} runs {used.jobs} of {limits.max_concurrent_jobs} "
+                f"concurrent jobs in group {group}")
+    for want, have, cap, label in ((total.get("GPU", 0), used.gpus, limits.max_gpus, "GPUs"),
+                                   (total.get("CPU", 0), used.cpus, limits.max_cpus, "CPUs")):
+        if cap is not None and want > EPS and have + want > cap + EPS:
+            return (f"project quota reached: {project} holds {fmt_amount(have)} of {fmt_amount(cap)} {label} "
+                    f"in group {group}; this job needs {fmt_amount(want)}")
+    return None
+
+
+def free(view: ClusterView, used: Held, group: str) -> dict[str, float]:
+    total = view.get(group).total if view.get(group) else {}
+    u = used.get(group, {})
+    return {k: total.get(k, 0) - u.get(k, 0) for k in ("CPU", "GPU", "memory")}
+
+
+def placement_for(job: Queued, profile: Profile, view: ClusterView) -> Placement:
+    """The stored placement, or a new route: after repeated preemption the next
+    attempt goes to on-demand nodes. Raises ``Unroutable``."""
+    avoid_spot = job.preemptions >= job.spec.retry.spot_fallback_after > 0
+    if job.placement is None or (avoid_spot and job.placement.market == "SPOT"):
+        return route(job.spec, profile, view, avoid_spot=avoid_spot)
+    return job.placement
+
+
+def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rules, *, used: Held, drivers: int,
+           limits: Mapping[tuple[str, str], Limits], project_used: Mapping[tuple[str, str], Usage]) -> list[Decision]:
+    """One pass over the queue's head, in its order; the decisions in the order to write them."""
+    used = {g: dict(r) for g, r in used.items()}
+    project_used = {k: Usage(u.gpus, u.cpus, u.jobs) for k, u in project_used.items()}
+    out: list[Decision] = []
+    reserved: set[str] = set()  # groups held for a starving job this pass
+    passed_over: dict[str, list[str]] = {}
+    for job in queue:
+        try:
+            placement = placement_for(job, profile, view)
+        except Unroutable as e:
+            out.append(Fail(job, e.message))
+            continue
+        group = placement.node_group
+        key = (job.project, group)
+        quota = over_quota(limits.get(key), project_used.get(key), placement.total,
+                           project=job.project, group=group) if key in limits else None
+        if drivers >= rules.max_concurrent_drivers:
+            reason = f"head-node guard: {drivers} jobs already hold a driver (max {rules.max_concurrent_drivers})"
+        elif quota is not None:
+            reason = quota
+        elif group in reserved:
+            reason = f"waiting: group {group} is reserved for an older job that has waited longest"
+        else:
+            reason = shortfall(needed(job.spec, placement), free(view, used, group), group)
+            if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
+                dgroup = placement.driver_label_selector["ray.io/node-group"]
+                reason = shortfall(placement.driver_resources, free(view, used, dgroup), dgroup)
+                if reason:
+                    reason += " (for the driver)"
+        if reason is not None:
+            if job.status_reason != reason:
+                out.append(Wait(job, reason))
+            if reason is quota:
+                # Its own project holds the room: it is not passed over by
+                # others and must not reserve the group against them.
+                continue
+            passed_over.setdefault(group, []).append(job.id)
+            if job.skips >= rules.starvation_skips and group not in reserved:
+                reserved.add(group)
+            continue
+        # Everyone of lower priority order that waited in this group was passed over by a later job.
+        out.append(Admit(job, placement, passed_over.get(group, [])))
+        passed_over[group] = []
+        for k, v in placement.total.items():
+            used.setdefault(group, {})[k] = used.get(group, {}).get(k, 0) + v
+        drivers += 1
+        if key in limits:
+            project_used.setdefault(key, Usage()).add(placement.total)
+    return out

@@ -1,0 +1,126 @@
+"""The queue's statements: claim and lease. Functions take a session and leave
+committing to the dispatcher's one transaction per pass.
+
+Words used here:
+
+- *queued*: a job in PENDING or RETRYING whose ``not_before`` has passed, read in
+  priority order then id (age), at most ``CLAIM_BATCH`` per pass;
+- *lease*: ``lease_owner`` + ``lease_expires_at`` on a DISPATCHING job: the
+  dispatcher that claimed it is submitting it. A *stale* lease has expired: its
+  dispatcher died mid-submit, and the same attempt is taken over and submitted
+  again with the same submission id (Ray answers "already exists" if the first
+  one got through);
+- *admit*: DISPATCHING + a new attempt row (CLAIMED) + a lease, and one more skip
+  for every job this admission passed over;
+- *waiting reason*: why a queued job was not admitted, written (with an event)
+  only when it changed, so an idle queue writes nothing.
+
+On PostgreSQL both reads lock their rows ``FOR UPDATE SKIP LOCKED``, so several
+control planes split the queue instead of claiming the same job. SQLite
+serialises writers already (``store.db`` begins transactions IMMEDIATE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import insert, or_, select, update
+from sqlalchemy.orm import Session
+
+from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import FailureCause, JobStatus
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.store.tables import attempts, jobs
+from raylane.orchestrator.store.transitions import record_event, transition
+
+CLAIM_BATCH = 200  # queued jobs looked at per pass; the rest wait for the next
+
+
+@dataclass
+class Claimed:
+    """An attempt this dispatcher holds the lease of and must submit to Ray."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    placement: Placement
+    project: str
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A queued job as admission reads it (``placement`` None: not routed yet)."""
+
+    id: str
+    project: str
+    status: JobStatus
+    status_reason: str | None
+    spec: JobSpec
+    placement: Placement | None
+    attempts: int
+    skips: int
+    preemptions: int
+
+
+def _locked(session: Session, q):
+    return q.with_for_update(skip_locked=True) if session.bind.dialect.name == "postgresql" else q
+
+
+def take_stale_leases(session: Session, *, owner: str, now: datetime, lease_until: datetime,
+                      limit: int = CLAIM_BATCH) -> list[Claimed]:
+    """Attempts whose dispatcher died mid-submit, leased to ``owner``: same attempt, same id, again."""
+    stale = _locked(session, select(jobs.c.id, jobs.c.attempts, jobs.c.spec, jobs.c.placement, jobs.c.project).where(
+        jobs.c.status == JobStatus.DISPATCHING.value, jobs.c.lease_owner.is_not(None),
+        jobs.c.lease_expires_at < now,
+    ).limit(limit))
+    out = []
+    for jid, n, spec, placement, project in session.execute(stale).all():
+        session.execute(update(jobs).where(jobs.c.id == jid, jobs.c.status == JobStatus.DISPATCHING.value)
+                        .values(lease_owner=owner, lease_expires_at=lease_until))
+        out.append(Claimed(jid, n, JobSpec.model_validate(spec), Placement.model_validate(placement), project))
+    return out
+
+
+def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list[Queued]:
+    """The queue's head in admission order: priority (high first), then id (old first)."""
+    q = _locked(session, select(jobs).where(
+        jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
+        or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
+    ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
+    return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
+                   spec=JobSpec.model_validate(r["spec"]),
+                   placement=Placement.model_validate(r["placement"]) if r["placement"] else None,
+                   attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"])
+            for r in session.execute(q).mappings().all()]
+
+
+def fail_unroutable(session: Session, job: Queued, message: str, *, now: datetime) -> None:
+    """The job can never run on this cluster (its profile changed since submit)."""
+    transition(session, job.id, JobStatus.FAILED, reason=f"can never run: {message}", actor="scheduler",
+               values={"failure_cause": FailureCause.UNSCHEDULABLE.value, "finished_at": now})
+
+
+def set_waiting(session: Session, job: Queued, reason: str) -> None:
+    session.execute(update(jobs).where(jobs.c.id == job.id).values(status_reason=reason))
+    record_event(session, job.id, status=job.status, reason=reason, actor="scheduler")
+
+
+def admit(session: Session, job: Queued, placement: Placement, *, passed_over: list[str], owner: str,
+          now: datetime, lease_until: datetime) -> Claimed:
+    """Give the job its next attempt and ``owner``'s lease; the jobs it passed over wait one skip longer."""
+    n = job.attempts + 1
+    group = placement.node_group
+    transition(session, job.id, JobStatus.DISPATCHING, reason=f"admitted to {group}; attempt {n}",
+               actor="scheduler", attempt=n,
+               expected={JobStatus.PENDING, JobStatus.RETRYING},
+               values={"attempts": n, "lease_owner": owner, "lease_expires_at": lease_until,
+                       "node_group": group, "placement": placement.model_dump(mode="json"),
+                       "not_before": None})
+    session.execute(insert(attempts).values(
+        job_id=job.id, number=n, submission_id=submission_id(job.id, n), node_group=group,
+        market=placement.market, status="CLAIMED", resources=placement.total, created_at=now))
+    for other in passed_over:
+        session.execute(update(jobs).where(jobs.c.id == other).values(skips=jobs.c.skips + 1))
+    return Claimed(job.id, n, job.spec, placement, job.project)
