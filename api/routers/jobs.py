@@ -11,6 +11,7 @@ import time
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import StringConstraints
 
 from raylane.api.deps import CP, CallerDep, MemberDep
 from raylane.api.params import Text, When
@@ -19,13 +20,16 @@ from raylane.orchestrator.domain.errors import Forbidden, Invalid
 from raylane.orchestrator.domain.views import (
     Attempt, BatchSubmitRequest, Trial, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
 )
-from raylane.orchestrator.domain.specs import JobKind, JobSpec, check_exec_size
+from raylane.orchestrator.domain.specs import (
+    MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, JobKind, JobSpec, check_exec_size,
+)
 from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-z]+$", description="Job id")]
+LabelFilter = Annotated[Text, StringConstraints(max_length=MAX_LABEL_KEY_LEN + 1 + MAX_LABEL_VALUE_LEN)]
 IdemKey = Annotated[Text | None, Header(alias="Idempotency-Key", min_length=1, max_length=255,
                                        description="Retrying a submit with the same key returns the same job")]
 
@@ -83,7 +87,7 @@ def list_jobs(
     status_: Annotated[list[JobStatus] | None, Query(alias="status")] = None,
     kind: Annotated[list[JobKind] | None, Query()] = None,
     node_group: Annotated[Text | None, Query(max_length=64)] = None,
-    label: Annotated[list[Text] | None, Query(description="key=value; repeat to AND", max_length=16)] = None,
+    label: Annotated[list[LabelFilter] | None, Query(description="key=value; repeat to AND", max_length=16)] = None,
     name_prefix: Annotated[Text | None, Query(max_length=128)] = None,
     created_after: When | None = None,
     created_before: When | None = None,

@@ -45,7 +45,7 @@ DATE_MIN = datetime(1970, 1, 1)
 DATE_MAX = datetime(3000, 1, 1)
 
 
-def check_text(s: str, where: str) -> str:
+def check_text(s: str, where: str, *, max_chars: int | None = MAX_TEXT_CHARS) -> str:
     if "\x00" in s:
         raise ValueError(f"{where}: NUL characters are not allowed")
     try:
@@ -53,8 +53,8 @@ def check_text(s: str, where: str) -> str:
     except UnicodeEncodeError as e:
         raise ValueError(f"{where}: not valid UTF-8 (a lone surrogate \\u{ord(s[e.start]):04x} "
                          f"at character {e.start})") from None
-    if len(s) > MAX_TEXT_CHARS:
-        raise ValueError(f"{where}: longer than {MAX_TEXT_CHARS} characters ({len(s)})")
+    if max_chars is not None and len(s) > max_chars:
+        raise ValueError(f"{where}: longer than {max_chars} characters ({len(s)})")
     return s
 
 
@@ -114,6 +114,9 @@ class InputRule(BaseModel):
     @classmethod
     def _input_rule(cls, v: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields[info.field_name]
-        if v is not None and not (isinstance(v, dict) and _holds_model(field.annotation)):
+        if isinstance(v, str):
+            # A string field has its own max_length, whose message is the more precise one.
+            check_text(v, info.field_name, max_chars=None)
+        elif v is not None and not (isinstance(v, dict) and _holds_model(field.annotation)):
             check_value(v, info.field_name)
         return v
