@@ -8,12 +8,14 @@ from typing import Any
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel
 from fastapi.staticfiles import StaticFiles
 
 from raylane import __version__
 from raylane.api import errors, observability
 from raylane.api.auth import AuthMiddleware
+from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import SubmitLimit
 from raylane.api.routers import access, cluster, costs, health, jobs
@@ -22,6 +24,10 @@ from raylane.orchestrator.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 UI_DIR = Path(__file__).parent / "ui"  # the web page at /ui: static files, no build step
+# Swagger UI's and ReDoc's own files, served from the installed fastapi-offline
+# package instead of a CDN (no internet needed, nothing loaded without integrity);
+# under /ui, so they are public like the page, and mounted before /ui so they match first.
+DOCS_ASSETS_URL = "/ui/docs-assets"
 
 
 class ErrorBody(BaseModel):
@@ -73,7 +79,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             if cp is None:
                 plane.close()
 
-    app = FastAPI(
+    app = FastAPIOffline(
+        static_url=DOCS_ASSETS_URL,
         title="Raylane",
         version=__version__,
         summary="A job orchestrator in front of Ray: durable queue, routing to GPU gangs or spot workers, recovery.",
@@ -94,6 +101,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(cluster.router, responses=ERROR_RESPONSES)
     app.include_router(costs.router, responses=ERROR_RESPONSES)
     app.include_router(access.router, responses=ERROR_RESPONSES)
+    app.add_middleware(UIHeaders)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
     return app

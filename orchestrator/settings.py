@@ -6,6 +6,7 @@ in step with this class.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -103,8 +104,21 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{(self.data_dir / 'raylane.db').resolve()}"
+        path = private_dir(self.data_dir) / "raylane.db"
+        # Created before SQLite opens it: SQLite gives a new file the umask's mode
+        # (0644: job env values and token hashes readable by any local user), and
+        # its -wal and -shm files copy the database file's mode.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)
+        return f"sqlite:///{path.resolve()}"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created if missing and made 0700: it holds the database, the admin token
+    and every project's storage, for the server's user alone."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)  # mkdir's mode applies only to a new directory, and passes through the umask
+    return path
 
 
 @lru_cache

@@ -180,6 +180,8 @@ RULES: dict[tuple[str, str], Rule] = {
 # Whole subtrees, whatever serves them (a mounted app, static files): a GET of the
 # path itself (with a trailing slash for a mount) must answer as the rule says.
 PREFIX_RULES: dict[str, Rule] = {
+    # Swagger UI's and ReDoc's files for /docs and /redoc (a directory without an index page)
+    "/ui/docs-assets": Rule(PUBLIC, request=get("/ui/docs-assets/swagger-ui.css")),
     "/ui": Rule(PUBLIC),
     "/metrics": Rule(ADMIN),
 }

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from raylane.api.deps import CP, AdminDep, ReaderDep
+from raylane.api.params import Text, When
 from raylane.orchestrator.services.access import check_project_visible
 from raylane.orchestrator.domain.values import require_timezone
 from raylane.orchestrator.domain.views import (
@@ -32,8 +32,9 @@ def whoami(request: Request, caller: ReaderDep) -> Whoami:
 
 @router.post("/tokens", status_code=201, response_model=NewToken,
              responses={404: {"description": "No such project"}})
-def create_token(body: TokenCreate, cp: CP, caller: AdminDep, request: Request) -> NewToken:
+def create_token(body: TokenCreate, cp: CP, caller: AdminDep, request: Request, response: Response) -> NewToken:
     """A new API token. The secret is in this response only; the server keeps its sha256."""
+    response.headers["Cache-Control"] = "no-store"  # no proxy or browser cache may keep the secret
     tok = cp.access.create_token(body, actor=caller.name)
     request.state.audit_target = tok.id
     return tok
@@ -41,7 +42,7 @@ def create_token(body: TokenCreate, cp: CP, caller: AdminDep, request: Request) 
 
 @router.get("/tokens", response_model=list[Token])
 def list_tokens(cp: CP, caller: AdminDep, include_revoked: bool = False,
-                project: Annotated[str | None, Query(max_length=64)] = None) -> list[Token]:
+                project: Annotated[Text | None, Query(max_length=64)] = None) -> list[Token]:
     return cp.access.list_tokens(project=caller.project, include_revoked=include_revoked)
 
 
@@ -63,7 +64,7 @@ def create_project(body: ProjectCreate, cp: CP, caller: AdminDep, request: Reque
 
 @router.get("/projects", response_model=list[Project])
 def list_projects(cp: CP, caller: ReaderDep,
-                  project: Annotated[str | None, Query(max_length=64)] = None) -> list[Project]:
+                  project: Annotated[Text | None, Query(max_length=64)] = None) -> list[Project]:
     """Every project for an admin; a member or viewer sees their own."""
     return cp.access.list_projects(only=caller.project)
 
@@ -89,10 +90,10 @@ def set_quota(project: ProjectName, body: QuotaUpdate, cp: CP, caller: AdminDep)
 @router.get("/audit", response_model=AuditPage)
 def audit(cp: CP, caller: AdminDep,
           limit: Annotated[int, Query(ge=1, le=500)] = 100,
-          cursor: Annotated[str | None, Query(max_length=512)] = None,
-          actor: Annotated[str | None, Query(max_length=128)] = None,
-          action: Annotated[str | None, Query(max_length=128)] = None,
-          since: datetime | None = None) -> AuditPage:
+          cursor: Annotated[Text | None, Query(max_length=512)] = None,
+          actor: Annotated[Text | None, Query(max_length=128)] = None,
+          action: Annotated[Text | None, Query(max_length=128)] = None,
+          since: When | None = None) -> AuditPage:
     """Mutating requests, newest first: who, what, on which target, from where, with which status."""
     require_timezone("since", since)
     items, next_cursor = cp.access.audit(limit=limit, cursor=cursor, actor=actor, action=action, since=since)

@@ -10,13 +10,14 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 
 from raylane.api.deps import CP, CallerDep
+from raylane.api.params import Text, When
 from raylane.orchestrator.services import accounting
 
 router = APIRouter(prefix="/v1", tags=["costs"])
 
-Start = Annotated[datetime | None, Query(description="Window start (with a timezone); default end - 7 days")]
-End = Annotated[datetime | None, Query(description="Window end (with a timezone); default now")]
-ProjectQ = Annotated[str | None, Query(max_length=64, description="Admins: one project (default all)")]
+Start = Annotated[When | None, Query(description="Window start (with a timezone); default end - 7 days")]
+End = Annotated[When | None, Query(description="Window end (with a timezone); default now")]
+ProjectQ = Annotated[Text | None, Query(max_length=64, description="Admins: one project (default all)")]
 
 
 class CostRow(BaseModel):

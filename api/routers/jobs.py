@@ -1,22 +1,28 @@
-"""/v1/jobs: submit, list, read, cancel."""
+"""/v1/jobs: submit, list, read, cancel.
+
+Every query parameter and header that is stored or filtered by obeys the input
+rule (``params``); a spec too large to exec is refused here, at submit."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal
 
 import time
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import StringConstraints
 
 from raylane.api.deps import CP, CallerDep, MemberDep
+from raylane.api.params import Text, When
 from raylane.api.ratelimit import submit_limit
 from raylane.orchestrator.domain.errors import Forbidden, Invalid
 from raylane.orchestrator.domain.views import (
     Attempt, BatchSubmitRequest, Trial, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
 )
-from raylane.orchestrator.domain.specs import JobKind, JobSpec
+from raylane.orchestrator.domain.specs import (
+    MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, JobKind, JobSpec, check_exec_size,
+)
 from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.values import require_timezone
 from raylane.orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
@@ -24,7 +30,8 @@ from raylane.orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-z]+$", description="Job id")]
-IdemKey = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255,
+LabelFilter = Annotated[Text, StringConstraints(max_length=MAX_LABEL_KEY_LEN + 1 + MAX_LABEL_VALUE_LEN)]
+IdemKey = Annotated[Text | None, Header(alias="Idempotency-Key", min_length=1, max_length=255,
                                        description="Retrying a submit with the same key returns the same job")]
 
 
@@ -38,6 +45,13 @@ def _project(caller, spec_project: str | None) -> str:
     return spec_project or caller.project or caller.home_project or DEFAULT_PROJECT
 
 
+def _fits(spec: JobSpec, field: str) -> None:
+    try:
+        check_exec_size(spec)
+    except ValueError as e:
+        raise Invalid(str(e), field=field) from None
+
+
 @router.post("", status_code=201, response_model=Job, dependencies=[Depends(submit_limit)],
              responses={200: {"model": Job, "description": "Same Idempotency-Key: the job created before"},
                         403: {"description": "Another project's spec, or a policy rule refused it (`rule`)"},
@@ -45,6 +59,7 @@ def _project(caller, spec_project: str | None) -> str:
                         429: {"description": "Submit rate of this token exceeded; see Retry-After"}})
 def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request, response: Response,
                idempotency_key: IdemKey = None) -> Job:
+    _fits(spec, "spec")
     job, created = cp.submit(spec, project=_project(caller, spec.project), actor=caller.name,
                              idempotency_key=idempotency_key)
     request.state.audit_target = job.id
@@ -57,6 +72,8 @@ def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request, respo
              responses={403: {"description": "Another project's spec, or a policy rule refused one (`rule`)"},
                         429: {"description": "Submit rate of this token exceeded; see Retry-After"}})
 def submit_batch(body: BatchSubmitRequest, cp: CP, caller: MemberDep) -> BatchSubmitResponse:
+    for i, spec in enumerate(body.jobs):
+        _fits(spec, f"jobs.{i}")
     projects = {_project(caller, s.project) for s in body.jobs}
     if len(projects) != 1:
         raise Invalid("all jobs in a batch must belong to one project", field="jobs")
@@ -70,14 +87,14 @@ def list_jobs(
     caller: CallerDep,
     status_: Annotated[list[JobStatus] | None, Query(alias="status")] = None,
     kind: Annotated[list[JobKind] | None, Query()] = None,
-    node_group: Annotated[str | None, Query(max_length=64)] = None,
-    label: Annotated[list[str] | None, Query(description="key=value; repeat to AND", max_length=16)] = None,
-    name_prefix: Annotated[str | None, Query(max_length=128)] = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
-    project: Annotated[str | None, Query(max_length=64)] = None,
+    node_group: Annotated[Text | None, Query(max_length=64)] = None,
+    label: Annotated[list[LabelFilter] | None, Query(description="key=value; repeat to AND", max_length=16)] = None,
+    name_prefix: Annotated[Text | None, Query(max_length=128)] = None,
+    created_after: When | None = None,
+    created_before: When | None = None,
+    project: Annotated[Text | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    cursor: Annotated[Text | None, Query(max_length=512)] = None,
 ) -> JobPage:
     labels: dict[str, str] = {}
     for item in label or []:
@@ -113,7 +130,7 @@ def job_attempts(job_id: JobId, cp: CP, caller: CallerDep) -> list[Attempt]:
 
 @router.get("/{job_id}/trials", response_model=list[Trial])
 def job_trials(job_id: JobId, cp: CP, caller: CallerDep,
-               sort_by: Annotated[str | None, Query(max_length=128, description="Metric; default the sweep's")] = None,
+               sort_by: Annotated[Text | None, Query(max_length=128, description="Metric; default the sweep's")] = None,
                mode: Annotated[Literal["min", "max"], Query()] = "min") -> list[Trial]:
     """A sweep's trials (config, status, metrics, node), best first by the sweep's metric."""
     return cp.trials(job_id, project=caller.project, sort_by=sort_by, mode=mode)

@@ -4,7 +4,9 @@ anything is stored or routed. Settings ``RAYLANE_POLICY_*`` set the rules.
 A job runs arbitrary code, but only through the doors listed here:
 
 - ``pip``: ``runtime_env.pip`` may be switched off, or limited to an allowlist of
-  package names (then URLs, VCS links and pip options are refused too);
+  package names: then each entry must parse as one PEP 508 requirement
+  (``packaging``) naming an allowed package, so URLs, VCS links and pip options
+  are refused too. An entry never holds a line break (Ray writes one entry a line);
 - ``working_dir``: a local directory is zipped *on the control plane* and shipped
   to Ray (``backends.ray_jobs``), so it must be an absolute path without ``..``
   under one of the allowed roots, and never inside the control plane's own state
@@ -26,12 +28,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from raylane.orchestrator.domain.errors import Forbidden, Invalid
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 
-# A requirement name as pip sees it (PEP 508), before any version or marker.
-REQ_NAME_RE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*([<>=!~;].*)?$")
 URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -49,10 +52,6 @@ class PolicyInvalid(Invalid):
     def __init__(self, message: str, *, rule: str, field: str | None = None):
         super().__init__(f"{message} [{rule}]", field=field)
         self.rule = rule
-
-
-def normalise_package(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
 
 
 @dataclass(frozen=True)
@@ -93,19 +92,41 @@ def _check_pip(spec: JobSpec, settings: Settings) -> None:
     if not settings.policy_allow_pip:
         raise PolicyViolation("runtime_env.pip is not allowed on this cluster (RAYLANE_POLICY_ALLOW_PIP=false)",
                               rule="policy.pip.allowed", field="runtime_env.pip")
-    allowed = {normalise_package(p) for p in settings.policy_pip_allowlist}
+    for req in pkgs:
+        # Ray writes the list one entry a line into a requirements file: a line
+        # break inside an entry would add lines (a second index, -r another file).
+        if any(ch in req for ch in "\r\n\f\v\x85\u2028\u2029"):
+            raise PolicyInvalid(f"pip requirement {req[:120]!r} holds a line break; give one requirement per "
+                                f"entry", rule="policy.pip.one_requirement", field="runtime_env.pip")
+    allowed = {canonicalize_name(p) for p in settings.policy_pip_allowlist}
     if not allowed:
         return
     for req in pkgs:
-        m = REQ_NAME_RE.match(req.strip())
-        if m is None:
-            # Options (-r, --index-url), URLs and VCS links would bypass the allowlist.
-            raise PolicyViolation(f"pip requirement {req[:120]!r} is not a plain package name; only packages in "
-                                  f"RAYLANE_POLICY_PIP_ALLOWLIST may be installed", rule="policy.pip.allowlist",
-                                  field="runtime_env.pip")
-        if normalise_package(m.group(1)) not in allowed:
-            raise PolicyViolation(f"pip package {m.group(1)!r} is not in RAYLANE_POLICY_PIP_ALLOWLIST",
+        name = allowlisted_name(req)
+        if name is None:
+            raise PolicyViolation(f"pip requirement {req[:120]!r} is not a plain package requirement (options, "
+                                  f"URLs and VCS links are refused); only packages in RAYLANE_POLICY_PIP_ALLOWLIST "
+                                  f"may be installed", rule="policy.pip.allowlist", field="runtime_env.pip")
+        if name not in allowed:
+            raise PolicyViolation(f"pip package {name!r} is not in RAYLANE_POLICY_PIP_ALLOWLIST",
                                   rule="policy.pip.allowlist", field="runtime_env.pip")
+
+
+def allowlisted_name(entry: str) -> str | None:
+    """The canonical package name of a PEP 508 requirement that pip installs from its
+    index by name (extras, versions and markers allowed), or None: an option such as
+    ``--index-url``, a URL or path (``name @ url``, ``git+https://...``), or not a
+    requirement at all. Each of those would install something the allowlist never saw."""
+    text = entry.strip()
+    if not text or text.startswith("-"):
+        return None
+    try:
+        req = Requirement(text)
+    except InvalidRequirement:
+        return None
+    if req.url:
+        return None
+    return canonicalize_name(req.name)
 
 
 def _check_sources(spec: JobSpec, settings: Settings) -> None:

@@ -9,6 +9,11 @@ Words used here:
 - *placement hint*: what the user says about where to run (``auto`` lets the
   router decide); the router's decision is a ``routing.Placement``.
 
+Every string and number of a spec, free-form ``args`` and sweep choices
+included, obeys the input rule (``inputs``: UTF-8, no NUL, bounded, finite,
+bounded depth); a spec that would not fit on the driver's command line is
+refused at submit (``check_exec_size``).
+
 This module imports pydantic and yaml only, so the light client install can use it.
 """
 
@@ -22,7 +27,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from raylane.orchestrator.domain.inputs import InputRule
 
 from raylane.orchestrator.domain.kinds import KINDS, sections, traits
 
@@ -37,7 +44,13 @@ MAX_PIP_PACKAGES = 256
 MAX_SEARCH_PARAMS = 64
 MAX_CHOICES = 1024
 MAX_WORKERS = 4096
-MAX_SPEC_BYTES = 256 * 1024  # one spec as JSON; the API caps whole bodies too
+MAX_SPEC_DOCUMENT_BYTES = 256 * 1024  # a YAML/JSON spec file, comments included
+# Linux's MAX_ARG_STRLEN: the most one exec argument (the driver's shell command,
+# which carries the spec base64-encoded) or one environment string may hold.
+MAX_EXEC_STRING_BYTES = 128 * 1024
+# The spec's share of that string as it travels: base64 makes 80 KiB into 107 KiB,
+# leaving 21 KiB for the placement and the runner's other inputs.
+MAX_SPEC_BYTES = 80 * 1024
 
 # What a required section must hold, for the message that asks for it.
 SECTION_NEEDS = {"sweep": "with a search_space", "batch": "with input_uri and output_uri"}
@@ -58,7 +71,7 @@ class JobKind(str, Enum):
     COMMAND = "command"
 
 
-class _Model(BaseModel):
+class _Model(InputRule):
     # Unknown fields are refused: a typo in a spec must not silently do nothing.
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -310,6 +323,24 @@ class JobSpec(_Model):
         return cls.from_yaml(Path(path).read_text())
 
 
+def exec_size(spec: JobSpec) -> int:
+    """Bytes the spec takes on the driver's command line before base64: its JSON as
+    a JSON string, as the dispatcher writes it (non-ASCII escaped, ``\\uXXXX``)."""
+    return len(json.dumps(spec.model_dump_json(exclude_none=True)))
+
+
+def check_exec_size(spec: JobSpec) -> None:
+    """Refuse a spec whose job could never start: Linux refuses to exec it.
+
+    Checked at submit, not by the model: a spec stored before this bound must still load.
+    """
+    size = exec_size(spec)
+    if size > MAX_SPEC_BYTES:
+        raise ValueError(f"the spec takes {size} bytes on the driver's command line; at most {MAX_SPEC_BYTES} "
+                         f"fit in one exec string (Linux's {MAX_EXEC_STRING_BYTES}-byte limit, after base64). "
+                         f"Pass large inputs by URI (a working_dir, an input_uri) instead")
+
+
 class SpecLoadError(ValueError):
     """A spec document that is not YAML/JSON, or is too big or too nested to load."""
 
@@ -324,8 +355,8 @@ def load_spec_document(text: str) -> dict[str, Any]:
     loader; we count the nodes of the composed tree first so a billion-laughs
     document is refused before it is expanded.
     """
-    if len(text.encode("utf-8", "replace")) > MAX_SPEC_BYTES:
-        raise SpecLoadError(f"spec is larger than {MAX_SPEC_BYTES} bytes")
+    if len(text.encode("utf-8", "replace")) > MAX_SPEC_DOCUMENT_BYTES:
+        raise SpecLoadError(f"spec is larger than {MAX_SPEC_DOCUMENT_BYTES} bytes")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:

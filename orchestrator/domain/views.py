@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from raylane.orchestrator.domain.inputs import InputRule
 from raylane.orchestrator.domain.specs import JobKind, JobSpec
 from raylane.orchestrator.domain.states import FailureCause, JobStatus
 
@@ -145,8 +146,8 @@ Role = Literal["admin", "member", "viewer"]
 PROJECT_NAME = r"^[a-z0-9][a-z0-9-]*$"  # the same rule as JobSpec.project
 
 
-class _Request(BaseModel):
-    # A typo in a request body must not silently do nothing.
+class _Request(InputRule):
+    # A typo in a request body must not silently do nothing; what it stores obeys the input rule.
     model_config = ConfigDict(extra="forbid")
 
 

@@ -35,7 +35,7 @@ from raylane.orchestrator.domain.errors import Invalid, NotFound
 from raylane.orchestrator.domain.views import (
     AuditEntry, GroupLimits, GroupQuota, NewToken, Project, ProjectQuota, Token, TokenCreate,
 )
-from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.settings import Settings, private_dir
 from raylane.orchestrator.store import db, quotas as store_quotas, tokens as store
 from raylane.orchestrator.store.transitions import utcnow
 
@@ -164,7 +164,7 @@ class Access:
     def _write_secret_file(self, secret: str) -> None:
         path = self.admin_token_path()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secret + "\n")
