@@ -46,7 +46,7 @@ from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobKind, JobSpec
 from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
 from raylane.orchestrator.domain.policy import state_excludes
-from raylane.orchestrator.store import db, quotas as store_quotas
+from raylane.orchestrator.store import db, lifecycle, quotas as store_quotas
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import record_event, transition, utcnow
 
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 CLAIM_BATCH = 200  # queued jobs looked at per pass; the rest wait for the next
 ELASTIC_KINDS = frozenset({JobKind.SWEEP, JobKind.BATCH_INFERENCE})
-MAX_INFRA_RETRIES = 10  # preemptions etc. beyond max_attempts before we give up
 
 
 @dataclass
@@ -289,20 +288,21 @@ class Dispatcher(LoopService):
             return
         except Exception as e:
             with db.transaction(self.sessions) as s:
-                s.execute(update(attempts).where(attempts.c.submission_id == sid).values(
-                    status="FAILED", ended_at=utcnow(), cause=FailureCause.SUBMIT_ERROR.value, message=str(e)[-4000:]))
-                transition(s, c.job_id, JobStatus.FAILED, reason=f"Ray refused attempt {c.attempt}: {str(e)[:500]}",
-                           actor="dispatcher", attempt=c.attempt, expected={JobStatus.DISPATCHING},
-                           values={"failure_cause": FailureCause.SUBMIT_ERROR.value, "finished_at": utcnow(),
-                                   "lease_owner": None})
+                lifecycle.submit_refused(s, c.job_id, c.attempt, str(e))
             return
         if self.after_submit_hook:
             self.after_submit_hook(c)
         with db.transaction(self.sessions) as s:
-            s.execute(update(attempts).where(attempts.c.submission_id == sid, attempts.c.status == "CLAIMED")
-                      .values(status="SUBMITTED"))
-            s.execute(update(jobs).where(jobs.c.id == c.job_id, jobs.c.lease_owner == self.owner)
-                      .values(lease_owner=None, lease_expires_at=None, status_reason=note))
+            recorded = lifecycle.attempt_submitted(s, c.job_id, c.attempt, owner=self.owner, note=note)
+        if not recorded:
+            # A cancel stopped the attempt while Ray was accepting it: no one else
+            # knows this Ray job exists, so stop it here.
+            log.info("%s was cancelled while being submitted; stopping it in Ray", sid)
+            try:
+                self.backend.stop(sid)
+            except RayUnavailable as e:
+                log.warning("could not stop %s, cancelled while being submitted: %s", sid, e)
+            return
         if self.on_submitted:
             self.on_submitted()
 
