@@ -252,3 +252,30 @@ def test_an_attempt_ray_forgot_is_lost_and_retried(cp, settings):
     job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
     assert (job["status"], job["failure_cause"]) == ("RETRYING", "LOST")
     assert (att["status"], att["cause"]) == ("LOST", "LOST")
+
+
+def test_a_refused_submission_of_a_job_being_cancelled_ends_it_cancelled(cp):
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        store.cancel(s, jid, project=None)
+    with db.transaction(cp.sessions) as s:
+        assert lifecycle.submit_refused(s, jid, 1, "bad entrypoint").status is JobStatus.CANCELLED
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"]) == ("CANCELLED", "CANCELLED")
+    assert (att["status"], att["cause"]) == ("FAILED", "SUBMIT_ERROR")
+
+
+def test_only_set_attempt_writes_an_attempts_status():
+    """Nothing but store.transitions.set_attempt updates attempts.status (a grep
+    over the code; a new attempt is inserted CLAIMED by the claim)."""
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for path in list((root / "orchestrator").rglob("*.py")) + list((root / "api").rglob("*.py")):
+        if path.name == "transitions.py":
+            continue
+        text = path.read_text()
+        for m in re.finditer(r"update\(attempts\)", text):
+            statement = re.split(r"\n\s*\n|s\.execute\(", text[m.end():m.end() + 600])[0]
+            if re.search(r"\.values\([^)]*\bstatus\s*=[^=]", statement):
+                offenders.append(f"{path.relative_to(root)}: {statement[:80]}")
+    assert not offenders, offenders

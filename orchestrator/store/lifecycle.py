@@ -93,10 +93,11 @@ def submit_refused(s: Session, job_id: str, number: int, message: str) -> Decisi
     spec = _spec(s, job_id)
     d = decide(cause, spec.retry, attempts_done=number, app_attempts=_app_attempts(s, job_id),
                cancelling=_job_status(s, job_id) is JobStatus.CANCELLING)
-    reason = f"Ray refused attempt {number}: {message[:500]}" if d.status is JobStatus.FAILED else d.reason
-    transition(s, job_id, d.status, reason=reason, actor="dispatcher", attempt=number,
-               expected={JobStatus.DISPATCHING, JobStatus.CANCELLING},
-               values={"failure_cause": cause.value, "finished_at": now, "lease_owner": None})
+    # A job cancelled meanwhile ends CANCELLED with that cause, like any cancelled job.
+    job_cause = FailureCause.CANCELLED if d.status is JobStatus.CANCELLED else cause
+    transition(s, job_id, d.status, reason=f"Ray refused attempt {number}: {message[:500]}", actor="dispatcher",
+               attempt=number, expected={JobStatus.DISPATCHING, JobStatus.CANCELLING},
+               values={"failure_cause": job_cause.value, "finished_at": now, "lease_owner": None})
     return d
 
 
