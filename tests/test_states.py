@@ -221,6 +221,18 @@ def _reconcile(cp, settings, answers) -> FakeRay:
     return ray
 
 
+def test_a_job_cancelled_before_its_attempt_reached_ray_is_stopped_there_too(cp, settings):
+    """Its dispatcher may have died mid-submit, leaving the attempt in Ray."""
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        store.cancel(s, jid, project=None)
+    ray = _reconcile(cp, settings, {})
+    assert ray.stopped == [submission_id(jid, 1)]
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"]) == ("CANCELLED", "CANCELLED")
+    assert (att["status"], att["cause"]) == ("STOPPED", "CANCELLED")
+
+
 def test_an_oom_is_not_retried(cp, settings):
     spec = JobSpec(name="t", kind="command", entrypoint="true",
                    retry=RetryPolicy(max_attempts=5, retry_app_errors=True))

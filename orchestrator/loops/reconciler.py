@@ -32,6 +32,7 @@ from typing import Any
 
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
+from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.loops.classify import _tail, classify
 from raylane.orchestrator.settings import Settings
@@ -243,4 +244,11 @@ class Reconciler(LoopService):
 
     def _cancel_unsubmitted(self, job_id: str, n: int) -> None:
         with db.transaction(self.sessions) as s:
-            lifecycle.cancelled_before_submit(s, job_id, n)
+            stopped = lifecycle.cancelled_before_submit(s, job_id, n)
+        if stopped and n:
+            # A dispatcher that died mid-submit may have left the attempt in Ray;
+            # no one would stop it (a live dispatcher stops its own, see submit).
+            try:
+                self.backend.stop(submission_id(job_id, n))
+            except RayUnavailable as e:
+                log.warning("could not stop attempt %s of cancelled job %s: %s", n, job_id, e)
