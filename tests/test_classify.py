@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayNode
-from raylane.orchestrator.loops.reconciler import _tail, classify
+from raylane.orchestrator.loops.classify import _tail, classify
 from raylane.orchestrator.domain.states import FailureCause
 
 NID = "f035050c9f16273808ca3ef01e9871cae75a7e3e50337d23b147c710"
@@ -37,6 +37,13 @@ def test_other_causes():
     assert classify(job("boom", error_type="RUNTIME_ENV_SETUP_FAILURE"), {})[0] is FailureCause.RUNTIME_ENV
     assert classify(job("ValueError: bad"), {})[0] is FailureCause.APP_ERROR
     assert classify(job("x"), {}, timed_out=True)[0] is FailureCause.TIMEOUT
+
+
+def test_an_attempt_raylane_stopped_keeps_its_cause_when_ray_forgot_it():
+    """Cancelled (or timed out), then Ray has no record of it: still what Raylane
+    asked for, not LOST (the cancel is checked before Ray's silence)."""
+    assert classify(None, {}, cancelled=True)[0] is FailureCause.CANCELLED
+    assert classify(None, {}, timed_out=True)[0] is FailureCause.TIMEOUT
 
 
 def test_reason_quotes_the_exception_not_the_chatter_after_it():

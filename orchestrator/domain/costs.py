@@ -43,13 +43,14 @@ from typing import Any, Iterable, Literal
 
 from raylane.orchestrator.domain.kinds import KINDS
 from raylane.orchestrator.domain.profile import NodeGroup, Profile
+from raylane.orchestrator.domain.states import AttemptStatus
 
 GroupBy = Literal["project", "node_group", "kind"]
 GROUP_BY: tuple[str, ...] = ("project", "node_group", "kind")
 
 # Ray's terminal statuses for an attempt it ran: held resources even if the
 # reconciler never saw it RUNNING.
-RAN_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+RAN_STATUSES = frozenset({AttemptStatus.SUCCEEDED.value, AttemptStatus.FAILED.value, AttemptStatus.STOPPED.value})
 SUBMIT_ERROR = "SUBMIT_ERROR"
 # A command that asked for GPUs but whose entrypoint names none of these
 # probably did not use them (the documented heuristic; see ``gpu_unused``).

@@ -19,8 +19,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
-
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
 from raylane.orchestrator.domain.ids import submission_id
@@ -32,16 +30,12 @@ from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.routing import ClusterView
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.domain.states import FailureCause, JobStatus
 from raylane.orchestrator.domain.policy import state_excludes
-from raylane.orchestrator.store import db, queue, quotas as store_quotas, stats
+from raylane.orchestrator.store import db, lifecycle, queue, quotas as store_quotas, stats
 from raylane.orchestrator.store.queue import Claimed
-from raylane.orchestrator.store.tables import attempts, jobs
-from raylane.orchestrator.store.transitions import transition, utcnow
+from raylane.orchestrator.store.transitions import utcnow
 
 log = logging.getLogger(__name__)
-
-MAX_INFRA_RETRIES = 10  # preemptions etc. beyond max_attempts before we give up
 
 
 def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement: Placement,
@@ -137,20 +131,21 @@ class Dispatcher(LoopService):
             return
         except Exception as e:
             with db.transaction(self.sessions) as s:
-                s.execute(update(attempts).where(attempts.c.submission_id == sid).values(
-                    status="FAILED", ended_at=utcnow(), cause=FailureCause.SUBMIT_ERROR.value, message=str(e)[-4000:]))
-                transition(s, c.job_id, JobStatus.FAILED, reason=f"Ray refused attempt {c.attempt}: {str(e)[:500]}",
-                           actor="dispatcher", attempt=c.attempt, expected={JobStatus.DISPATCHING},
-                           values={"failure_cause": FailureCause.SUBMIT_ERROR.value, "finished_at": utcnow(),
-                                   "lease_owner": None})
+                lifecycle.submit_refused(s, c.job_id, c.attempt, str(e))
             return
         if self.after_submit_hook:
             self.after_submit_hook(c)
         with db.transaction(self.sessions) as s:
-            s.execute(update(attempts).where(attempts.c.submission_id == sid, attempts.c.status == "CLAIMED")
-                      .values(status="SUBMITTED"))
-            s.execute(update(jobs).where(jobs.c.id == c.job_id, jobs.c.lease_owner == self.owner)
-                      .values(lease_owner=None, lease_expires_at=None, status_reason=note))
+            recorded = lifecycle.attempt_submitted(s, c.job_id, c.attempt, owner=self.owner, note=note)
+        if not recorded:
+            # A cancel stopped the attempt while Ray was accepting it: no one else
+            # knows this Ray job exists, so stop it here.
+            log.info("%s was cancelled while being submitted; stopping it in Ray", sid)
+            try:
+                self.backend.stop(sid)
+            except RayUnavailable as e:
+                log.warning("could not stop %s, cancelled while being submitted: %s", sid, e)
+            return
         if self.on_submitted:
             self.on_submitted()
 

@@ -19,7 +19,7 @@ from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.store import db, jobs as store_jobs, migrate, stats
 
 if TYPE_CHECKING:  # the store alone imports SQLAlchemy
-    from sqlalchemy.engine import Engine
+    from raylane.orchestrator.store.db import Engine
 
 log = logging.getLogger(__name__)
 

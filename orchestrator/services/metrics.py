@@ -44,7 +44,7 @@ from raylane.orchestrator.store.stats import NONE
 from raylane.orchestrator.store.transitions import utcnow
 
 if TYPE_CHECKING:  # the store alone imports SQLAlchemy
-    from sqlalchemy.orm import Session
+    from raylane.orchestrator.store.db import Session
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 ``tables``      the schema (Alembic migrations in migrations/ build the same)
 ``db``          engines and sessions for SQLite (WAL) and PostgreSQL
-``transitions`` the only writer of a job's status: compare-and-set + event row
+``transitions`` the only writer of a job's and an attempt's status: compare-and-set + event row
+``lifecycle``   one function per observation of the loops: attempt and job in one transaction
 ``jobs``        submit, read, list, cancel: what the API calls
 ``queue``       claim and lease: the queue's head, admissions, stale leases
 ``stats``       aggregate reads: what active jobs hold, the metrics' counts

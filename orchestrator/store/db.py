@@ -15,7 +15,7 @@ from typing import Iterator
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker  # Engine and Session: the type hints of the layers above
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # longer than any write transaction we make
 

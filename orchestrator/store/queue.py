@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.domain.states import FailureCause, JobStatus
+from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import record_event, transition
@@ -120,7 +120,7 @@ def admit(session: Session, job: Queued, placement: Placement, *, passed_over: l
                        "not_before": None})
     session.execute(insert(attempts).values(
         job_id=job.id, number=n, submission_id=submission_id(job.id, n), node_group=group,
-        market=placement.market, status="CLAIMED", resources=placement.total, created_at=now))
+        market=placement.market, status=AttemptStatus.CLAIMED.value, resources=placement.total, created_at=now))
     for other in passed_over:
         session.execute(update(jobs).where(jobs.c.id == other).values(skips=jobs.c.skips + 1))
     return Claimed(job.id, n, job.spec, placement, job.project)

@@ -1,10 +1,14 @@
-"""The only writer of a job's status.
+"""The only writer of a job's status and of an attempt's.
 
 ``transition`` is a compare-and-set: it reads the current status, checks the
 arrow against ``states.ALLOWED``, and updates ``WHERE id=:id AND status=:seen``.
 If another writer got there first (rowcount 0), it re-reads and tries again a
 bounded number of times, then raises ``InvalidTransition``. Every change writes
 an event row in the same transaction.
+
+``set_attempt`` does the same for an attempt (``states.ATTEMPT_ALLOWED``), keyed
+by job id and attempt number; an attempt's change has no event of its own (the
+job's transition written with it names the attempt).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
-from raylane.orchestrator.domain.states import ALLOWED, JobStatus
-from raylane.orchestrator.store.tables import events, jobs
+from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
+from raylane.orchestrator.store.tables import attempts, events, jobs
 
 # A status can change only a few times; more lost races than this means a bug
 # (avoid an infinite loop if one happens).
@@ -83,3 +87,35 @@ def record_event(
             reason=reason, actor=actor, attempt=attempt,
         )
     )
+
+
+def set_attempt(
+    session: Session,
+    job_id: str,
+    number: int,
+    to: AttemptStatus,
+    *,
+    expected: Iterable[AttemptStatus] | None = None,
+    values: dict[str, Any] | None = None,
+) -> AttemptStatus:
+    """Move attempt ``number`` of ``job_id`` to ``to``; return the status it came from.
+
+    A compare-and-set like ``transition``: an arrow ``states.ATTEMPT_ALLOWED``
+    lacks, or a status outside ``expected``, raises ``InvalidTransition``.
+    """
+    allowed = {s for s, dsts in ATTEMPT_ALLOWED.items() if to in dsts}
+    if expected is not None:
+        allowed &= set(expected)
+    where = (attempts.c.job_id == job_id, attempts.c.number == number)
+    for _ in range(MAX_CAS_RETRIES):
+        seen = session.execute(select(attempts.c.status).where(*where)).scalar_one_or_none()
+        if seen is None:
+            raise NotFound(f"attempt {number} of job {job_id} not found")
+        src = AttemptStatus(seen)
+        if src not in allowed:
+            raise InvalidTransition(f"attempt {number} of job {job_id} is {src.value}; it cannot become {to.value}")
+        res = session.execute(update(attempts).where(*where, attempts.c.status == src.value)
+                              .values(**(values or {}), status=to.value))
+        if res.rowcount == 1:
+            return src
+    raise InvalidTransition(f"attempt {number} of job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")

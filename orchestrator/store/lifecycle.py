@@ -1,0 +1,219 @@
+"""What the loops observed, written: one function per observation.
+
+The dispatcher and the reconciler say what happened ("attempt 3 was accepted by
+Ray", "attempt 3 ended: OOM"); each function here writes the attempt
+(``transitions.set_attempt``) and the job (``transitions.transition``, with its
+event) in the caller's one transaction (``db.transaction``), so both change or
+neither. What a job does after a failed attempt is ``states.decide``'s call;
+these functions read what it needs (the job's spec, its attempts so far) and
+apply it. The job's status is read here, inside the transaction, never taken
+from the loop's earlier snapshot: a cancel may have come in between.
+
+Words: an *observation* is one thing a loop saw happen to one attempt; the
+attempt is named by its job id and number.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from raylane.orchestrator.domain.errors import InvalidTransition
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import (ATTEMPT_LIVE, INFRASTRUCTURE_CAUSES, AttemptStatus, Decision,
+                                                FailureCause, JobStatus, decide)
+from raylane.orchestrator.store.jobs import save_trials, set_result
+from raylane.orchestrator.store.tables import attempts, jobs, results
+from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
+
+MESSAGE_CHARS = 4000  # of an attempt's error message kept in its row
+
+
+# Reading what the reconciler watches ---------------------------------------------
+
+
+def live_attempts(s: Session) -> list[Any]:
+    """The current attempt of every job whose attempt Ray may be running, with its job's columns."""
+    return s.execute(
+        select(attempts.c.job_id, attempts.c.number, attempts.c.submission_id, attempts.c.status,
+               attempts.c.cause, jobs.c.status.label("job_status"), jobs.c.spec, jobs.c.started_at,
+               jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested, jobs.c.placement)
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(attempts.c.status.in_([a.value for a in ATTEMPT_LIVE]), jobs.c.attempts == attempts.c.number)
+    ).mappings().all()
+
+
+def cancelling_jobs(s: Session) -> list[tuple[str, int]]:
+    """(job id, attempts made) of every CANCELLING job."""
+    return [tuple(r) for r in s.execute(select(jobs.c.id, jobs.c.attempts)
+                                        .where(jobs.c.status == JobStatus.CANCELLING.value))]
+
+
+def has_result(s: Session, job_id: str) -> bool:
+    return s.execute(select(results.c.job_id).where(results.c.job_id == job_id)).first() is not None
+
+
+def _job_status(s: Session, job_id: str) -> JobStatus:
+    return JobStatus(s.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one())
+
+
+def _attempt_status(s: Session, job_id: str, number: int) -> AttemptStatus | None:
+    seen = s.execute(select(attempts.c.status)
+                     .where(attempts.c.job_id == job_id, attempts.c.number == number)).scalar_one_or_none()
+    return AttemptStatus(seen) if seen is not None else None
+
+
+# The dispatcher's observations -------------------------------------------------
+
+
+def attempt_submitted(s: Session, job_id: str, number: int, *, owner: str, note: str) -> bool:
+    """Ray accepted the attempt (or already had it). Returns False when the
+    attempt was stopped before this write (a cancel won the race): the caller
+    must stop the Ray job, which nothing else will."""
+    try:
+        set_attempt(s, job_id, number, AttemptStatus.SUBMITTED, expected={AttemptStatus.CLAIMED})
+    except InvalidTransition:
+        # Another dispatcher that took over the lease may have recorded it already.
+        if _attempt_status(s, job_id, number) is AttemptStatus.STOPPED:
+            return False
+    s.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.lease_owner == owner)
+              .values(lease_owner=None, lease_expires_at=None, status_reason=note))
+    return True
+
+
+def submit_refused(s: Session, job_id: str, number: int, message: str) -> Decision:
+    """Ray refused the attempt's submission."""
+    now = utcnow()
+    cause = FailureCause.SUBMIT_ERROR
+    set_attempt(s, job_id, number, AttemptStatus.FAILED, expected={AttemptStatus.CLAIMED},
+                values={"ended_at": now, "cause": cause.value, "message": message[-MESSAGE_CHARS:]})
+    spec = _spec(s, job_id)
+    d = decide(cause, spec.retry, attempts_done=number, app_attempts=_app_attempts(s, job_id),
+               cancelling=_job_status(s, job_id) is JobStatus.CANCELLING)
+    # A job cancelled meanwhile ends CANCELLED with that cause, like any cancelled job.
+    job_cause = FailureCause.CANCELLED if d.status is JobStatus.CANCELLED else cause
+    transition(s, job_id, d.status, reason=f"Ray refused attempt {number}: {message[:500]}", actor="dispatcher",
+               attempt=number, expected={JobStatus.DISPATCHING, JobStatus.CANCELLING},
+               values={"failure_cause": job_cause.value, "finished_at": now, "lease_owner": None})
+    return d
+
+
+def cancelled_before_submit(s: Session, job_id: str, number: int) -> bool:
+    """A CANCELLING job whose attempt Ray is not running: its claimed attempt
+    (if any) is STOPPED and the job CANCELLED. Returns False, writing nothing,
+    when the attempt reached Ray meanwhile: the reconciler then stops it there."""
+    now = utcnow()
+    reason = "cancelled before its attempt reached Ray"
+    seen = _attempt_status(s, job_id, number) if number else None
+    if seen in ATTEMPT_LIVE:
+        return False
+    if seen is AttemptStatus.CLAIMED:
+        set_attempt(s, job_id, number, AttemptStatus.STOPPED, expected={AttemptStatus.CLAIMED},
+                    values={"ended_at": now, "cause": FailureCause.CANCELLED.value})
+    elif seen is not None:
+        reason = f"cancelled; attempt {number} had already ended"
+    transition(s, job_id, JobStatus.CANCELLED, reason=reason, actor="reconciler", expected={JobStatus.CANCELLING},
+               values={"finished_at": now, "failure_cause": FailureCause.CANCELLED.value})
+    return True
+
+
+# The reconciler's observations -------------------------------------------------
+
+
+def attempt_pending(s: Session, job_id: str, number: int) -> None:
+    """Ray holds the attempt; its driver has not started."""
+    set_attempt(s, job_id, number, AttemptStatus.PENDING, expected={AttemptStatus.SUBMITTED})
+
+
+def attempt_running(s: Session, job_id: str, number: int, *, driver_node_id: str | None) -> None:
+    """The attempt's driver runs; a DISPATCHING job becomes RUNNING."""
+    now = utcnow()
+    if _attempt_status(s, job_id, number) is not AttemptStatus.RUNNING:
+        set_attempt(s, job_id, number, AttemptStatus.RUNNING,
+                    values={"started_at": now, "driver_node_id": driver_node_id})
+    if _job_status(s, job_id) is JobStatus.DISPATCHING:
+        transition(s, job_id, JobStatus.RUNNING, reason=f"attempt {number} running on Ray", actor="reconciler",
+                   attempt=number, expected={JobStatus.DISPATCHING}, values={"started_at": now, "lease_owner": None})
+
+
+def attempt_succeeded(s: Session, job_id: str, number: int, *, exit_code: int | None,
+                      driver_node_id: str | None, result: dict[str, Any] | None) -> JobStatus:
+    """The attempt finished cleanly; its result (if any) is stored with it.
+    Returns the job's new status: SUCCEEDED, or CANCELLED when a cancel came first."""
+    now = utcnow()
+    set_attempt(s, job_id, number, AttemptStatus.SUCCEEDED, expected=ATTEMPT_LIVE,
+                values={"ended_at": now, "exit_code": exit_code if exit_code is not None else 0,
+                        "driver_node_id": driver_node_id})
+    if result is not None:
+        if isinstance(result.get("trials"), list):
+            # Trials go to their own table (served at /trials); the result keeps the summary.
+            save_trials(s, job_id, result.pop("trials"), attempt=number)
+        set_result(s, job_id, result, attempt=number)
+    status = _job_status(s, job_id)
+    if status is JobStatus.CANCELLING:
+        transition(s, job_id, JobStatus.CANCELLED, reason="finished before the stop reached Ray",
+                   actor="reconciler", attempt=number, values={"finished_at": now})
+        return JobStatus.CANCELLED
+    if status is JobStatus.DISPATCHING:
+        transition(s, job_id, JobStatus.RUNNING, reason=f"attempt {number} ran on Ray", actor="reconciler",
+                   attempt=number, values={"started_at": now})
+    transition(s, job_id, JobStatus.SUCCEEDED, reason=f"attempt {number} succeeded", actor="reconciler",
+               attempt=number, expected={JobStatus.RUNNING},
+               values={"finished_at": now, "failure_cause": None})
+    return JobStatus.SUCCEEDED
+
+
+def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus, cause: FailureCause,
+                  message: str, headline: str, exit_code: int | None = None,
+                  driver_node_id: str | None = None) -> Decision:
+    """The attempt ended badly (``status``: FAILED, STOPPED or LOST, as Ray
+    reported it) with ``cause``; ``headline`` is the message in one line. The job
+    goes where ``states.decide`` says: RETRYING after a backoff, FAILED, or
+    CANCELLED when a cancel was asked for."""
+    now = utcnow()
+    set_attempt(s, job_id, number, status, expected=ATTEMPT_LIVE,
+                values={"ended_at": now, "cause": cause.value, "message": message,
+                        "exit_code": exit_code, "driver_node_id": driver_node_id})
+    job_status = _job_status(s, job_id)
+    job = s.execute(select(jobs.c.preemptions, jobs.c.attempts, jobs.c.spec).where(jobs.c.id == job_id)).one()
+    d = decide(cause, JobSpec.model_validate(job.spec).retry, attempts_done=job.attempts,
+               app_attempts=_app_attempts(s, job_id), cancelling=job_status is JobStatus.CANCELLING)
+    if d.status is JobStatus.CANCELLED:
+        transition(s, job_id, JobStatus.CANCELLED, reason=d.reason, actor="reconciler", attempt=number,
+                   values={"finished_at": now, "failure_cause": cause.value})
+        return d
+    if job_status is JobStatus.DISPATCHING:
+        transition(s, job_id, JobStatus.RUNNING, reason=f"attempt {number} started on Ray", actor="reconciler",
+                   attempt=number, values={"started_at": now})
+    values: dict[str, Any] = {
+        "failure_cause": cause.value,
+        "preemptions": job.preemptions + (1 if cause is FailureCause.PREEMPTED else 0)}
+    summary = f"attempt {number} ended: {cause.value}: {headline}"
+    if d.status is JobStatus.RETRYING:
+        reason = f"{summary}; {d.reason}; next in {d.delay_s:.0f}s"
+        values["not_before"] = now + timedelta(seconds=d.delay_s)
+    else:
+        reason = f"{summary}; {d.reason}"
+        values["finished_at"] = now
+    transition(s, job_id, d.status, reason=reason, actor="reconciler", attempt=number, values=values)
+    return d
+
+
+def timeout_requested(s: Session, job_id: str, number: int) -> None:
+    """The attempt ran past timeout_s and Raylane is stopping it: when Ray
+    reports it stopped, its cause is TIMEOUT (not a cancel)."""
+    s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
+              .values(cause=FailureCause.TIMEOUT.value))
+
+
+def _spec(s: Session, job_id: str) -> JobSpec:
+    return JobSpec.model_validate(s.execute(select(jobs.c.spec).where(jobs.c.id == job_id)).scalar_one())
+
+
+def _app_attempts(s: Session, job_id: str) -> int:
+    """The job's ended attempts that spent one of its max_attempts."""
+    causes = s.execute(select(attempts.c.cause).where(attempts.c.job_id == job_id)).scalars().all()
+    return sum(1 for c in causes if c and FailureCause(c) not in INFRASTRUCTURE_CAUSES)

@@ -1,0 +1,293 @@
+"""The lifecycle's rules (``domain.states``) and the store functions that apply
+them (``store.lifecycle``), on SQLite and PostgreSQL: every attempt-status arrow
+taken and every other refused, every failure cause with one rule that the docs
+show, and the reconciler's path for an OOM and for a cancelled attempt Ray has
+forgotten (a stand-in for Ray's Jobs API answers; no cluster needed)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert, select, update
+
+from raylane.orchestrator.backends.ray_jobs import RayJob
+from raylane.orchestrator.domain.errors import InvalidTransition
+from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.specs import JobSpec, RetryPolicy
+from raylane.orchestrator.domain.states import (ATTEMPT_ALLOWED, CAUSES, MAX_INFRA_RETRIES, AttemptStatus,
+                                                FailureCause, JobStatus, cause_table_markdown, decide)
+from raylane.orchestrator.loops.reconciler import Reconciler
+from raylane.orchestrator.store import db, jobs as store, lifecycle
+from raylane.orchestrator.store.tables import attempts, jobs
+from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
+
+SPEC = JobSpec(name="t", kind="command", entrypoint="true")
+DOC = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
+
+
+def _dispatched(cp, spec: JobSpec = SPEC, attempt: AttemptStatus = AttemptStatus.CLAIMED) -> str:
+    """A DISPATCHING job with attempt 1 in status ``attempt`` (test set-up writes it directly)."""
+    with db.transaction(cp.sessions) as s:
+        jid = store.submit(s, spec)[0]
+        transition(s, jid, JobStatus.DISPATCHING, reason="admitted", actor="test", attempt=1, values={"attempts": 1})
+        s.execute(insert(attempts).values(job_id=jid, number=1, submission_id=submission_id(jid, 1),
+                                          status=attempt.value, created_at=utcnow()))
+    return jid
+
+
+def _row(cp, table, job_id: str):
+    with db.transaction(cp.sessions) as s:
+        key = table.c.job_id if table is attempts else table.c.id
+        return s.execute(select(table).where(key == job_id)).mappings().one()
+
+
+# The rules ---------------------------------------------------------------------
+
+
+def test_every_failure_cause_has_one_rule():
+    assert set(CAUSES) == set(FailureCause)
+
+
+def test_the_docs_cause_table_is_the_states_table():
+    text = DOC.read_text()
+    block = re.search(r"<!-- cause-table:begin[^>]*-->\n(.*?)<!-- cause-table:end -->", text, re.S)
+    assert block is not None, "docs/reliability.md lost its cause-table markers"
+    assert block.group(1) == cause_table_markdown(), "regenerate it with states.cause_table_markdown()"
+    for cause in FailureCause:  # and the table of how each is told names every cause too
+        assert f"| `{cause.value}` | " in text[:block.start()], cause
+
+
+@pytest.mark.parametrize("cause", [FailureCause.OOM, FailureCause.RUNTIME_ENV, FailureCause.TIMEOUT,
+                                   FailureCause.CANCELLED, FailureCause.SUBMIT_ERROR, FailureCause.UNSCHEDULABLE])
+def test_causes_that_are_never_retried(cause):
+    generous = RetryPolicy(max_attempts=10, retry_app_errors=True)
+    d = decide(cause, generous, attempts_done=1, app_attempts=1)
+    assert d.status is JobStatus.FAILED and d.delay_s == 0 and "not retried" in d.reason
+
+
+def test_app_errors_retry_only_when_switched_on_and_spend_attempts():
+    off = RetryPolicy(max_attempts=3)
+    assert decide(FailureCause.APP_ERROR, off, attempts_done=1, app_attempts=1).status is JobStatus.FAILED
+    on = RetryPolicy(max_attempts=3, retry_app_errors=True, backoff_s=2, max_backoff_s=5)
+    first = decide(FailureCause.APP_ERROR, on, attempts_done=1, app_attempts=1)
+    assert first.status is JobStatus.RETRYING and first.delay_s == 2
+    assert decide(FailureCause.APP_ERROR, on, attempts_done=2, app_attempts=2).delay_s == 4
+    assert decide(FailureCause.APP_ERROR, on, attempts_done=3, app_attempts=3).status is JobStatus.FAILED
+    # Earlier preemptions did not spend attempts: the third app error is the last allowed.
+    assert decide(FailureCause.APP_ERROR, on, attempts_done=7, app_attempts=2).delay_s == 5  # capped
+
+
+@pytest.mark.parametrize("cause", [FailureCause.PREEMPTED, FailureCause.NODE_LOST, FailureCause.LOST])
+def test_infrastructure_causes_retry_past_max_attempts_up_to_their_bound(cause):
+    p = RetryPolicy(max_attempts=1)
+    assert decide(cause, p, attempts_done=5, app_attempts=1).status is JobStatus.RETRYING
+    assert decide(cause, p, attempts_done=MAX_INFRA_RETRIES, app_attempts=0).status is JobStatus.RETRYING
+    last = decide(cause, p, attempts_done=1 + MAX_INFRA_RETRIES, app_attempts=0)
+    assert last.status is JobStatus.FAILED and "giving up" in last.reason
+
+
+def test_a_job_being_cancelled_ends_cancelled_whatever_the_cause():
+    for cause in FailureCause:
+        assert decide(cause, RetryPolicy(), attempts_done=1, app_attempts=0, cancelling=True).status \
+            is JobStatus.CANCELLED
+
+
+# Attempt statuses in the store -------------------------------------------------------
+
+
+def test_every_attempt_arrow_is_taken_and_every_other_refused(cp):
+    jid = _dispatched(cp)
+    n = 1
+    for src in AttemptStatus:
+        for dst in AttemptStatus:
+            n += 1
+            with db.transaction(cp.sessions) as s:  # an attempt in status src (test set-up only)
+                s.execute(insert(attempts).values(job_id=jid, number=n, submission_id=submission_id(jid, n),
+                                                  status=src.value, created_at=utcnow()))
+            if dst in ATTEMPT_ALLOWED[src]:
+                with db.transaction(cp.sessions) as s:
+                    assert set_attempt(s, jid, n, dst) is src
+                want = dst
+            else:
+                with pytest.raises(InvalidTransition), db.transaction(cp.sessions) as s:
+                    set_attempt(s, jid, n, dst)
+                want = src
+            with db.transaction(cp.sessions) as s:
+                assert s.execute(select(attempts.c.status).where(attempts.c.job_id == jid, attempts.c.number == n)
+                                 ).scalar_one() == want.value, (src, dst)
+
+
+def test_an_attempt_observed_from_claim_to_success(cp):
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        assert lifecycle.attempt_submitted(s, jid, 1, owner="me", note="submitted to Ray")
+    with db.transaction(cp.sessions) as s:
+        lifecycle.attempt_pending(s, jid, 1)
+    with db.transaction(cp.sessions) as s:
+        lifecycle.attempt_running(s, jid, 1, driver_node_id="n1")
+    assert _row(cp, jobs, jid)["status"] == JobStatus.RUNNING.value
+    with db.transaction(cp.sessions) as s:
+        assert lifecycle.attempt_succeeded(s, jid, 1, exit_code=None, driver_node_id="n1",
+                                           result={"x": 1}) is JobStatus.SUCCEEDED
+    att = _row(cp, attempts, jid)
+    assert (att["status"], att["exit_code"], att["driver_node_id"]) == ("SUCCEEDED", 0, "n1")
+    job = cp.get(jid, project=None)
+    assert job.status is JobStatus.SUCCEEDED and job.result == {"x": 1}
+    assert [e.to_status for e in cp.events(jid, project=None)] == [
+        JobStatus.PENDING, JobStatus.DISPATCHING, JobStatus.RUNNING, JobStatus.SUCCEEDED]
+
+
+def test_an_attempt_and_its_job_change_together_or_not_at_all(cp):
+    """A refused job arrow rolls the attempt's write back with it."""
+    jid = _dispatched(cp, attempt=AttemptStatus.RUNNING)
+    with db.transaction(cp.sessions) as s:  # a job that cannot become RETRYING or FAILED (test set-up only)
+        s.execute(update(jobs).where(jobs.c.id == jid).values(status=JobStatus.PENDING.value))
+    with pytest.raises(InvalidTransition), db.transaction(cp.sessions) as s:
+        lifecycle.attempt_ended(s, jid, 1, status=AttemptStatus.FAILED, cause=FailureCause.PREEMPTED,
+                                message="gone", headline="gone")
+    att = _row(cp, attempts, jid)
+    assert (att["status"], att["cause"]) == ("RUNNING", None)
+
+
+def test_a_refused_submission_fails_the_job(cp):
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        d = lifecycle.submit_refused(s, jid, 1, "bad entrypoint")
+    assert d.status is JobStatus.FAILED
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"], job["lease_owner"]) == ("FAILED", "SUBMIT_ERROR", None)
+    assert (att["status"], att["cause"], att["message"]) == ("FAILED", "SUBMIT_ERROR", "bad entrypoint")
+
+
+def test_a_cancel_that_wins_the_race_with_submit_is_reported_to_the_dispatcher(cp):
+    """Cancelled while Ray was accepting it: the attempt stays STOPPED and the
+    dispatcher is told, so it stops the Ray job no one else knows of."""
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        store.cancel(s, jid, project=None)
+    with db.transaction(cp.sessions) as s:
+        assert lifecycle.cancelled_before_submit(s, jid, 1)
+    with db.transaction(cp.sessions) as s:
+        assert not lifecycle.attempt_submitted(s, jid, 1, owner="me", note="submitted to Ray")
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"]) == ("CANCELLED", "CANCELLED")
+    assert (att["status"], att["cause"]) == ("STOPPED", "CANCELLED")
+
+
+def test_a_cancel_after_the_attempt_reached_ray_waits_for_ray(cp):
+    jid = _dispatched(cp, attempt=AttemptStatus.SUBMITTED)
+    with db.transaction(cp.sessions) as s:
+        store.cancel(s, jid, project=None)
+    with db.transaction(cp.sessions) as s:
+        assert not lifecycle.cancelled_before_submit(s, jid, 1)
+    assert _row(cp, jobs, jid)["status"] == JobStatus.CANCELLING.value
+
+
+# The reconciler's path, with Ray's answers stood in -------------------------------------
+
+
+class FakeRay:
+    """Ray's Jobs API as the reconciler reads it: one answer per submission id
+    (None: Ray has no record of it)."""
+
+    gcs = None  # no GCS address: no drain checks
+
+    def __init__(self, answers: dict[str, RayJob | None]):
+        self.answers = answers
+        self.stopped: list[str] = []
+
+    def get(self, sid):
+        return self.answers.get(sid)
+
+    def list(self):
+        return [j for j in self.answers.values() if j is not None]
+
+    def nodes(self, **_):
+        return []
+
+    def stop(self, sid):
+        self.stopped.append(sid)
+        return True
+
+    def logs(self, sid):
+        return ""
+
+
+def _reconcile(cp, settings, answers) -> FakeRay:
+    ray = FakeRay(answers)
+    Reconciler(settings, cp.sessions, ray).run_once()
+    return ray
+
+
+def test_a_job_cancelled_before_its_attempt_reached_ray_is_stopped_there_too(cp, settings):
+    """Its dispatcher may have died mid-submit, leaving the attempt in Ray."""
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        store.cancel(s, jid, project=None)
+    ray = _reconcile(cp, settings, {})
+    assert ray.stopped == [submission_id(jid, 1)]
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"]) == ("CANCELLED", "CANCELLED")
+    assert (att["status"], att["cause"]) == ("STOPPED", "CANCELLED")
+
+
+def test_an_oom_is_not_retried(cp, settings):
+    spec = JobSpec(name="t", kind="command", entrypoint="true",
+                   retry=RetryPolicy(max_attempts=5, retry_app_errors=True))
+    jid = _dispatched(cp, spec, attempt=AttemptStatus.RUNNING)
+    sid = submission_id(jid, 1)
+    _reconcile(cp, settings, {sid: RayJob(sid, "FAILED", "killed", "JOB_ENTRYPOINT_COMMAND_ERROR",
+                                          1, 2, "aa" * 28, 137, {})})
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"], job["attempts"]) == ("FAILED", "OOM", 1)
+    assert (att["status"], att["cause"], att["exit_code"]) == ("FAILED", "OOM", 137)
+    assert "OOM is not retried" in job["status_reason"]
+
+
+def test_a_cancelled_job_whose_ray_job_vanished_ends_cancelled_not_lost(cp, settings):
+    jid = _dispatched(cp, attempt=AttemptStatus.RUNNING)
+    with db.transaction(cp.sessions) as s:
+        lifecycle.attempt_running(s, jid, 1, driver_node_id=None)
+        store.cancel(s, jid, project=None)
+    ray = _reconcile(cp, settings, {})  # Ray has no record of the attempt
+    assert ray.stopped == []
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"]) == ("CANCELLED", "CANCELLED")
+    assert (att["status"], att["cause"]) == ("LOST", "CANCELLED")
+
+
+def test_an_attempt_ray_forgot_is_lost_and_retried(cp, settings):
+    jid = _dispatched(cp, attempt=AttemptStatus.RUNNING)
+    _reconcile(cp, settings, {})
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"]) == ("RETRYING", "LOST")
+    assert (att["status"], att["cause"]) == ("LOST", "LOST")
+
+
+def test_a_refused_submission_of_a_job_being_cancelled_ends_it_cancelled(cp):
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        store.cancel(s, jid, project=None)
+    with db.transaction(cp.sessions) as s:
+        assert lifecycle.submit_refused(s, jid, 1, "bad entrypoint").status is JobStatus.CANCELLED
+    job, att = _row(cp, jobs, jid), _row(cp, attempts, jid)
+    assert (job["status"], job["failure_cause"]) == ("CANCELLED", "CANCELLED")
+    assert (att["status"], att["cause"]) == ("FAILED", "SUBMIT_ERROR")
+
+
+def test_only_set_attempt_writes_an_attempts_status():
+    """Nothing but store.transitions.set_attempt updates attempts.status (a grep
+    over the code; a new attempt is inserted CLAIMED by the claim)."""
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for path in list((root / "orchestrator").rglob("*.py")) + list((root / "api").rglob("*.py")):
+        if path.name == "transitions.py":
+            continue
+        text = path.read_text()
+        for m in re.finditer(r"update\(attempts\)", text):
+            statement = re.split(r"\n\s*\n|s\.execute\(", text[m.end():m.end() + 600])[0]
+            if re.search(r"\.values\([^)]*\bstatus\s*=[^=]", statement):
+                offenders.append(f"{path.relative_to(root)}: {statement[:80]}")
+    assert not offenders, offenders
