@@ -8,7 +8,6 @@ index scan on the primary key, and a page is stable under concurrent inserts.
 from __future__ import annotations
 
 import os
-import re
 import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -32,21 +31,6 @@ def submission_id(job_id: str, attempt: int) -> str:
     """The Ray submission id of an attempt. Derived, never random: a dispatcher
     that crashed after submitting finds the same id in Ray instead of submitting twice."""
     return f"raylane-{job_id}-{attempt}"
-
-
-# Raylane's messages to running jobs in Ray's internal key-value store: the control
-# plane writes (``raylane.orchestrator.backends.ray_gcs``), the job's runner reads
-# (``raylane.jobs.base.CheckpointSignal``).
-KV_NAMESPACE = "raylane"
-
-
-def checkpoint_key(submission_id: str) -> str:
-    """Where the control plane asks an attempt to checkpoint now (its node is draining)."""
-    return f"checkpoint/{submission_id}"
-
-
-# Ray's words when an actor or task is lost with its node, naming the node.
-RAY_NODE_DIED = re.compile(r"because its node has died\. Node Id: ([0-9a-f]{56})")
 
 
 def parse_submission_id(sid: str) -> tuple[str, int] | None:

@@ -22,18 +22,16 @@ On start-up the control plane runs one pass before dispatching anything new
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import select, update
 
-from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain import protocol
 from raylane.orchestrator import logcontext
-from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
+from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable, ResultUnavailable
 from raylane.orchestrator.loops.dispatcher import MAX_INFRA_RETRIES
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.settings import Settings
@@ -47,7 +45,6 @@ from raylane.orchestrator.store.transitions import record_event, transition, utc
 log = logging.getLogger(__name__)
 
 LIVE_ATTEMPT_STATES = ("SUBMITTED", "PENDING", "RUNNING")
-RESULT_MARKER = "RAYLANE_RESULT "
 # While attempts are live, Ray is polled this often: completion shows within
 # ~25 ms on average. One GET per live attempt (or one list above LIST_THRESHOLD).
 FAST_POLL_S = 0.05
@@ -88,6 +85,9 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
                                            f"{(node.death_message or node.death_reason or msg) if node else msg or 'node died'}"
         where = node_name if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
+    if rj.driver_exit_code == protocol.EXIT_VERSION_MISMATCH and protocol.VERSION_MISMATCH_MARKER in msg:
+        # The nodes' Raylane is not the control plane's: the runner's own line says which is which.
+        return FailureCause.RUNTIME_ENV, msg[msg.index(protocol.VERSION_MISMATCH_MARKER):].splitlines()[0]
     if rj.error_type == "RUNTIME_ENV_SETUP_FAILURE" or (
             rj.error_type == "JOB_SUPERVISOR_ACTOR_START_FAILURE" and "runtime" in msg.lower()) or \
             "is not a valid URI" in msg:
@@ -97,7 +97,7 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     # The driver lived, but the job died of a worker whose node died (a framework
     # that did not recover from it, e.g. a Ray Data actor lost before it started):
     # the cluster's fault, not the code's.
-    m = ids.RAY_NODE_DIED.search(msg)
+    m = protocol.RAY_NODE_DIED.search(msg)
     if m:
         dead = nodes.get(m.group(1))
         if dead is not None and (dead.market == "SPOT" or dead.drained):
@@ -141,20 +141,6 @@ def next_step(spec: JobSpec, *, cause: FailureCause, attempts_done: int, app_att
 
 def backoff(spec: JobSpec, n: int) -> float:
     return min(spec.retry.backoff_s * (2 ** max(0, n - 1)), spec.retry.max_backoff_s)
-
-
-def extract_result(logs: str | None) -> dict[str, Any] | None:
-    if not logs:
-        return None
-    for line in reversed(logs.splitlines()):
-        i = line.find(RESULT_MARKER)
-        if i >= 0:
-            try:
-                value = json.loads(line[i + len(RESULT_MARKER):])
-                return value if isinstance(value, dict) else {"value": value}
-            except ValueError:
-                return None
-    return None
 
 
 class Reconciler(LoopService):
@@ -233,6 +219,7 @@ class Reconciler(LoopService):
                     continue
                 if rj is not None and rj.status == "SUCCEEDED":
                     self._succeeded(r, rj)
+                    self.backend.forget_result(r["submission_id"])  # stored: Ray's copy goes
                     continue
                 if nodes is None:
                     nodes = {n.node_id: n for n in self.backend.nodes()}
@@ -240,6 +227,8 @@ class Reconciler(LoopService):
             except RayUnavailable as e:
                 log.warning("reconciler: %s", e)
                 return
+            except ResultUnavailable:
+                pass  # the backend said why; the attempt is looked at again next pass
             except Exception:
                 log.exception("reconciling %s failed; next pass tries again", r["submission_id"])
 
@@ -315,17 +304,17 @@ class Reconciler(LoopService):
         with db.transaction(self.sessions) as s:
             if s.execute(select(results.c.job_id).where(results.c.job_id == r["job_id"])).first():
                 return
-        result = extract_result(self.backend.logs(r["submission_id"]))
+        try:
+            result = self.backend.result(r["submission_id"])
+        except ResultUnavailable:
+            return  # read on a later pass; the service runs on meanwhile
         if result is not None:
             with db.transaction(self.sessions) as s:
                 set_result(s, r["job_id"], result, attempt=r["number"])
+            self.backend.forget_result(r["submission_id"])
 
     def _succeeded(self, r, rj: RayJob) -> None:
-        result = None
-        try:
-            result = extract_result(self.backend.logs(r["submission_id"]))
-        except RayUnavailable:
-            raise
+        result = self.backend.result(r["submission_id"])
         now = utcnow()
         with db.transaction(self.sessions) as s:
             s.execute(update(attempts).where(attempts.c.submission_id == r["submission_id"]).values(
