@@ -81,7 +81,8 @@ def test_a_runner_of_another_version_is_a_runtime_env_failure_not_the_jobs():
     """The runner refuses a control plane of another version with its own exit
     code and line; a command that happens to exit with the same code is the job's."""
     line = f"{protocol.VERSION_MISMATCH_MARKER} the control plane runs raylane 0.2.0 (protocol 1), this node has ..."
-    msg = f"Job entrypoint command failed with exit code {protocol.EXIT_VERSION_MISMATCH}, last available logs:\n{line}\n"
+    code = protocol.EXIT_VERSION_MISMATCH
+    msg = f"Job entrypoint command failed with exit code {code}, last available logs:\n{line}\n"
     cause, why = classify(job(msg, exit_code=protocol.EXIT_VERSION_MISMATCH), {})
     assert cause is FailureCause.RUNTIME_ENV and why == line
     assert classify(job("exit 78", exit_code=protocol.EXIT_VERSION_MISMATCH), {})[0] is FailureCause.APP_ERROR
