@@ -29,7 +29,8 @@ Invariants:
   not the user's code).
 - A result past the bound is refused by the runner (``ResultTooLargeError``,
   which fails the attempt with the limit and the size), never truncated.
-- The reconciler deletes a result key once the result is stored in the database.
+- A result key lives until the attempt's outcome is stored in the database:
+  the reconciler deletes it then (a running service's route: once stored).
 """
 
 from __future__ import annotations

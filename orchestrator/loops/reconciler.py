@@ -224,6 +224,7 @@ class Reconciler(LoopService):
                 if nodes is None:
                     nodes = {n.node_id: n for n in self.backend.nodes()}
                 self._ended_badly(r, rj, spec, nodes)
+                self.backend.forget_result(r["submission_id"])  # a stopped service's last word, if any
             except RayUnavailable as e:
                 log.warning("reconciler: %s", e)
                 return
