@@ -1,11 +1,11 @@
 """What every runner gets: the job's spec, placement and storage, and a way to
-report its result. Imports ``raylane.orchestrator.domain.specs``/``resources`` only, never the store."""
+report its result. The words, names and keys between this side and the control
+plane are ``raylane.orchestrator.domain.protocol``'s; this module is their Ray
+end inside the job. Imports the domain only, never the store."""
 
 from __future__ import annotations
 
-import base64
 import importlib
-import json
 import os
 import sys
 import time
@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain import ids, protocol
+from raylane.orchestrator.domain.protocol import Env
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.specs import JobSpec
-
-RESULT_MARKER = "RAYLANE_RESULT "  # the reconciler reads the last such line of the driver log
 
 
 @dataclass
@@ -35,16 +34,19 @@ class RunContext:
 
     @classmethod
     def from_env(cls) -> "RunContext":
-        if "RAYLANE_JOB_B64" in os.environ:
+        """The runner's inputs, after checking they come from a control plane of
+        this version (``protocol.VersionMismatchError`` otherwise)."""
+        if protocol.PAYLOAD_ENV in os.environ:
             # The dispatcher passes the runner's inputs on the driver's command line
-            # (see raylane.orchestrator.loops.dispatcher.submit); make them plain env vars here.
-            os.environ.update(json.loads(base64.b64decode(os.environ.pop("RAYLANE_JOB_B64"))))
-        storage = Path(os.environ["RAYLANE_STORAGE"])
+            # (``protocol.driver_command``); make them plain env vars here, for the user's code too.
+            os.environ.update(protocol.decode_payload(os.environ.pop(protocol.PAYLOAD_ENV)))
+        protocol.check_versions(os.environ)
+        storage = Path(os.environ[Env.STORAGE])
         storage.mkdir(parents=True, exist_ok=True)
-        return cls(job_id=os.environ["RAYLANE_JOB_ID"], attempt=int(os.environ["RAYLANE_ATTEMPT"]),
-                   project=os.environ.get("RAYLANE_PROJECT", "default"),
-                   spec=JobSpec.model_validate_json(os.environ["RAYLANE_SPEC"]),
-                   placement=Placement.model_validate_json(os.environ["RAYLANE_PLACEMENT"]), storage=storage)
+        return cls(job_id=os.environ[Env.JOB_ID], attempt=int(os.environ[Env.ATTEMPT]),
+                   project=os.environ.get(Env.PROJECT, "default"),
+                   spec=JobSpec.model_validate_json(os.environ[Env.SPEC]),
+                   placement=Placement.model_validate_json(os.environ[Env.PLACEMENT]), storage=storage)
 
 
 class CheckpointSignal:
@@ -74,7 +76,8 @@ class CheckpointSignal:
 
             if not internal_kv._internal_kv_initialized():
                 return False
-            value = internal_kv._internal_kv_get(ids.checkpoint_key(self.submission_id), namespace=ids.KV_NAMESPACE)
+            value = internal_kv._internal_kv_get(protocol.checkpoint_key(self.submission_id),
+                                                 namespace=protocol.KV_NAMESPACE)
         except Exception:  # never fail a step over a message
             return False
         if value and value != self._seen:
@@ -118,5 +121,16 @@ def load_callable(path: str) -> Callable[..., Any]:
     return obj
 
 
-def report_result(result: dict[str, Any]) -> None:
-    print(RESULT_MARKER + json.dumps(result, default=str), flush=True)
+def report_result(submission_id: str, result: dict[str, Any]) -> None:
+    """Leave the attempt's result in Ray's key-value store for the reconciler
+    (``protocol.result_key``); a later report of the same attempt replaces it.
+    Raises ``protocol.ResultTooLargeError`` past ``protocol.MAX_RESULT_BYTES``,
+    which fails the attempt with the limit and the size. Needs a connected Ray driver."""
+    value = protocol.encode_result(result)
+    from ray.experimental import internal_kv
+
+    if not internal_kv._internal_kv_initialized():
+        raise RuntimeError("raylane: a result is reported from a connected Ray driver (call ray.init() first)")
+    internal_kv._internal_kv_put(protocol.result_key(submission_id), value, overwrite=True,
+                                 namespace=protocol.KV_NAMESPACE)
+    print(f"raylane: result reported ({len(value)} bytes)", flush=True)

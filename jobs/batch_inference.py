@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from raylane.jobs.base import RunContext, load_callable
-from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain import protocol
 
 READERS = {"parquet": "read_parquet", "jsonl": "read_json", "csv": "read_csv"}
 WRITERS = {"parquet": "write_parquet", "jsonl": "write_json", "csv": "write_csv"}
@@ -90,7 +90,7 @@ def _dead_node_in(exc: BaseException) -> str | None:
     name one that is no longer alive (a code bug is never run again)."""
     text = "".join(traceback.format_exception(exc))
     alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    return next((nid for nid in ids.RAY_NODE_DIED.findall(text) if nid not in alive), None)
+    return next((nid for nid in protocol.RAY_NODE_DIED.findall(text) if nid not in alive), None)
 
 
 def _clear(uri: str) -> None:

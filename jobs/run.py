@@ -1,7 +1,9 @@
 """The driver entrypoint of every non-command job: ``python -m raylane.jobs.run``.
 
-Reads the job from the environment the dispatcher set, runs the runner of its
-kind, and prints the result marker the reconciler reads back."""
+Reads the job from the environment the dispatcher set
+(``raylane.orchestrator.domain.protocol``), refuses inputs from a control plane
+of another version, runs the runner of its kind, and leaves the result in Ray's
+key-value store for the reconciler."""
 
 from __future__ import annotations
 
@@ -12,13 +14,19 @@ import sys
 
 from raylane.jobs.base import RunContext, load_callable, report_result
 from raylane.jobs.metrics import JobMetrics
+from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.kinds import KINDS
-
 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s raylane.%(name)s: %(message)s")
-    ctx = RunContext.from_env()
+    try:
+        ctx = RunContext.from_env()
+    except protocol.VersionMismatchError as e:
+        # Before any user code or cluster resource: the reconciler reads this
+        # exit code and message as RUNTIME_ENV, not as the job's own error.
+        print(e, file=sys.stderr, flush=True)
+        return protocol.EXIT_VERSION_MISMATCH
     row = KINDS.get(ctx.spec.kind.value)
     if row is None or row.runner is None:
         print(f"raylane: no runner for kind {ctx.spec.kind.value!r} in this version", file=sys.stderr)
@@ -39,11 +47,11 @@ def main() -> int:
     # Where several Ray nodes share a host (the local cluster), the node names its
     # own address: without it Ray attaches a driver to the head's raylet, wherever
     # its job supervisor runs. On a real cluster it is unset and Ray decides.
-    ray.init(log_to_driver=True, _node_ip_address=os.environ.get("RAYLANE_NODE_IP") or None)
+    ray.init(log_to_driver=True, _node_ip_address=os.environ.get(protocol.Env.NODE_IP) or None)
     progress = JobMetrics.start(ctx)  # Ray custom metrics tagged with the job (jobs/metrics.py)
     result = runner.run(ctx)
     progress.finish(result or {})
-    report_result(result or {})
+    report_result(ctx.submission_id, result or {})
     return 0
 
 

@@ -45,7 +45,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     name = app_name(ctx)
     serve.run(app, name=name, route_prefix=svc.route_prefix, blocking=False)
     url = f"http://127.0.0.1:{SERVE_PORT}{svc.route_prefix}"
-    report_result({"app": name, "route_prefix": svc.route_prefix, "url": url, "replicas": svc.replicas})
+    report_result(ctx.submission_id,
+                  {"app": name, "route_prefix": svc.route_prefix, "url": url, "replicas": svc.replicas})
 
     stopped = threading.Event()
 

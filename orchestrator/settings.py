@@ -43,7 +43,9 @@ class Settings(BaseSettings):
 
     # Ray
     ray_address: str | None = Field(None, description="GCS address of an existing Ray cluster (host:port): "
-                                    "lets Raylane see draining nodes and ask their jobs to checkpoint.")
+                                    "where Raylane reads jobs' results, sees draining nodes and asks their jobs to "
+                                    "checkpoint. Unset: the address the head node was started with "
+                                    "(from Ray's node list).")
     dashboard_url: str | None = Field(None, description="Ray dashboard / Jobs API URL of an existing cluster.")
     ray_auth_token: str | None = Field(None, description="Ray token-auth token; unset: read ~/.ray/auth_token when present.")
     profile: Path | None = Field(None, description="Cluster profile YAML. Unset: the shipped local profile.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from raylane.jobs import base
-from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain import ids, protocol
 
 
 def test_each_request_is_seen_once_and_the_store_is_read_at_most_once_a_second(monkeypatch):
@@ -32,7 +32,7 @@ def test_each_request_is_seen_once_and_the_store_is_read_at_most_once_a_second(m
         return base.checkpoint_requested()
 
     assert not tick()  # nothing asked
-    key = (ids.checkpoint_key(sid), ids.KV_NAMESPACE)
+    key = (protocol.checkpoint_key(sid), protocol.KV_NAMESPACE)
     store[key] = json.dumps({"nodes": ["a"], "reason": "node a is draining"}).encode()
     assert base.checkpoint_requested() is False and len(reads) == 1  # within the second: not read again
     assert tick() and not tick() and not tick()  # seen once

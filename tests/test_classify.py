@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayNode
 from raylane.orchestrator.loops.classify import _tail, classify
+from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.states import FailureCause
 
 NID = "f035050c9f16273808ca3ef01e9871cae75a7e3e50337d23b147c710"
@@ -81,3 +82,14 @@ def test_a_supervisor_gone_before_its_node_is_declared_dead_is_the_nodes_fault()
     assert classify(rj, {d: node(d, "SPOT", state="ALIVE")})[0] is FailureCause.PREEMPTED
     setup_failed = job("runtime env setup failed", error_type="JOB_SUPERVISOR_ACTOR_START_FAILURE")
     assert classify(setup_failed, {})[0] is FailureCause.RUNTIME_ENV
+
+
+def test_a_runner_of_another_version_is_a_runtime_env_failure_not_the_jobs():
+    """The runner refuses a control plane of another version with its own exit
+    code and line; a command that happens to exit with the same code is the job's."""
+    line = f"{protocol.VERSION_MISMATCH_MARKER} the control plane runs raylane 0.2.0 (protocol 1), this node has ..."
+    code = protocol.EXIT_VERSION_MISMATCH
+    msg = f"Job entrypoint command failed with exit code {code}, last available logs:\n{line}\n"
+    cause, why = classify(job(msg, exit_code=protocol.EXIT_VERSION_MISMATCH), {})
+    assert cause is FailureCause.RUNTIME_ENV and why == line
+    assert classify(job("exit 78", exit_code=protocol.EXIT_VERSION_MISMATCH), {})[0] is FailureCause.APP_ERROR

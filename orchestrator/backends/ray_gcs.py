@@ -1,5 +1,6 @@
-"""What only Ray's GCS knows, over its gRPC API: which nodes are draining, and a
-place to leave jobs a message (Ray's internal key-value store).
+"""What only Ray's GCS knows, over its gRPC API: which nodes are draining, and
+Ray's internal key-value store, where Raylane and its jobs leave each other
+messages (``raylane.orchestrator.domain.protocol``'s keys).
 
 Ray's dashboard caches its node list and never shows a drain: a node that Ray's
 drain API (``ray drain-node``, a spot-termination watcher, KubeRay) marked for
@@ -9,8 +10,14 @@ token in the ``authorization`` metadata exactly as Ray's own clients send it.
 
 Raylane tells a job to checkpoint by writing ``checkpoint/<submission id>`` in the
 ``raylane`` namespace of that store; the job's runner (``raylane.jobs.base.RunContext.
-checkpoint_requested``) reads it from inside the cluster. Both sides go through
-Ray's own store, so the message survives whatever the control plane does next.
+checkpoint_requested``) reads it from inside the cluster. The runner leaves its
+result at ``result/<submission id>``; the reconciler reads it and deletes it once
+stored. Both sides go through Ray's own store, so a message survives whatever
+the control plane does next.
+
+Without ``RAYLANE_RAY_ADDRESS`` the control plane asks the dashboard's host on
+Ray's default GCS port (``Settings.resolved_ray_address``), as every deploy here
+starts its head.
 """
 
 from __future__ import annotations
@@ -22,16 +29,20 @@ from dataclasses import dataclass
 import grpc
 from ray.core.generated import gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
 
-from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain import protocol
 
 log = logging.getLogger(__name__)
 
-KV_NAMESPACE = ids.KV_NAMESPACE.encode()
+KV_NAMESPACE = protocol.KV_NAMESPACE.encode()
 RPC_TIMEOUT_S = 5.0
 
 
 def checkpoint_key(submission_id: str) -> bytes:
-    return ids.checkpoint_key(submission_id).encode()
+    return protocol.checkpoint_key(submission_id).encode()
+
+
+def result_key(submission_id: str) -> bytes:
+    return protocol.result_key(submission_id).encode()
 
 
 class GcsUnavailable(Exception):
@@ -97,3 +108,18 @@ class RayGcs:
         except grpc.RpcError as e:
             raise GcsUnavailable(f"Ray GCS at {self.address}: {e.code().name}: {e.details()}") from e
         return json.loads(reply.value) if reply.value else None  # no key: a NotFound status, no value
+
+    def result(self, submission_id: str) -> dict | None:
+        """The result the attempt's runner left (``raylane.jobs.base.report_result``); None if none."""
+        try:
+            reply = self._kv.InternalKVGet(gcs_service_pb2.InternalKVGetRequest(
+                key=result_key(submission_id), namespace=KV_NAMESPACE), timeout=RPC_TIMEOUT_S,
+                metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise GcsUnavailable(f"Ray GCS at {self.address}: {e.code().name}: {e.details()}") from e
+        return protocol.decode_result(reply.value) if reply.value else None  # no key: a NotFound status
+
+    def forget_result(self, submission_id: str) -> None:
+        """The result is stored in the database: its copy in Ray's store goes."""
+        self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
+            key=result_key(submission_id), namespace=KV_NAMESPACE))

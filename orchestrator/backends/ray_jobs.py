@@ -9,6 +9,7 @@ token stays on the server side.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ log = logging.getLogger(__name__)
 HTTP_TIMEOUT_S = 10.0  # one dashboard call; the loops retry on their next pass
 DRAINING_TTL_S = 1.0  # one GCS answer about draining nodes serves every caller this long
 GCS_BACKOFF_S = 10.0  # after the GCS could not be asked
+# How long a result the GCS cannot give is asked for again before the attempt is
+# recorded without it: a GCS that stays unreachable must not hold a finished job.
+RESULT_PATIENCE_S = 60.0
+# A raylet's command line names its GCS: how a control plane given only the
+# dashboard's URL finds the GCS (the head's own processes say where it is).
+GCS_ADDRESS_FLAG = re.compile(r"--gcs-address=([^\s\"']+)")
+RESULT_RETRY_S = 1.0  # between reads of one result while the GCS fails (the reconciler polls every 50 ms)
 
 
 class RayUnavailable(Exception):
@@ -33,6 +41,10 @@ class RayUnavailable(Exception):
 
 class AlreadySubmitted(Exception):
     """Ray already has a job with this submission id (a retried dispatch)."""
+
+
+class ResultUnavailable(Exception):
+    """An attempt's result cannot be read now (the GCS is unreachable); ask again."""
 
 
 @dataclass
@@ -94,7 +106,9 @@ def read_token(explicit: str | None = None) -> str | None:
 class RayJobsBackend:
     def __init__(self, dashboard_url: str, token: str | None = None, *, gcs=None):
         self.dashboard_url = dashboard_url.rstrip("/")
-        self.gcs = gcs  # raylane.orchestrator.backends.ray_gcs.RayGcs: draining nodes, checkpoint requests
+        self.gcs = gcs  # raylane.orchestrator.backends.ray_gcs.RayGcs: draining nodes, messages, results
+        self._token = token
+        self._gcs_search_after = 0.0  # no GCS address found in Ray's node list: look again after this
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.dashboard_url, headers=headers, timeout=HTTP_TIMEOUT_S)
         self._sdk = None  # Ray's JobSubmissionClient, only for uploading local directories
@@ -103,6 +117,9 @@ class RayJobsBackend:
         self._lock = threading.Lock()  # guards _labels, _drained and _draining_cache
         self._draining_cache: tuple[float, set[str]] = (0.0, set())  # (valid until, draining node ids)
         self.draining_ttl_s = DRAINING_TTL_S
+        # submission id -> (first, last) failed read of its result, while the GCS cannot be asked
+        self._result_failing: dict[str, tuple[float, float]] = {}
+        self.result_patience_s = RESULT_PATIENCE_S
 
     def close(self) -> None:
         self.http.close()
@@ -191,6 +208,90 @@ class RayJobsBackend:
         if r.status_code != 200:
             raise RayUnavailable(f"Ray Jobs API answered {r.status_code} for logs of {submission_id}")
         return r.json().get("logs", "")
+
+    def result(self, submission_id: str) -> dict[str, Any] | None:
+        """The result the attempt's runner left in Ray's key-value store
+        (``raylane.orchestrator.domain.protocol.result_key``); None if it left none.
+
+        While the GCS cannot be asked (unreachable, or its address neither
+        configured nor found by ``gcs_address_from_nodes``) this raises
+        ``ResultUnavailable``, asking again at most every ``RESULT_RETRY_S``, for
+        ``result_patience_s`` after the first failed read of this attempt's
+        result; after that, None, with an error logged: the attempt is recorded
+        without its result rather than held."""
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
+
+        now = time.monotonic()
+        with self._lock:
+            since, tried = self._result_failing.get(submission_id, (now, None))
+        if tried is not None and now - tried < RESULT_RETRY_S:
+            raise ResultUnavailable(f"result of {submission_id}: the GCS is asked again shortly")
+        try:
+            gcs = self._find_gcs()
+            if gcs is None:
+                raise GcsUnavailable("no GCS address: RAYLANE_RAY_ADDRESS is unset and Ray's node list "
+                                     "does not show the head node's")
+            result = gcs.result(submission_id)
+        except GcsUnavailable as e:
+            with self._lock:
+                self._result_failing[submission_id] = (since, now)
+            if now - since >= self.result_patience_s:
+                log.error("gave up reading the result of %s after %.0f s: %s", submission_id, now - since, e)
+                return None
+            log.warning("result of %s unreadable for now (giving up after %.0f s): %s", submission_id,
+                        self.result_patience_s, e)
+            raise ResultUnavailable(f"result of {submission_id} unreadable for now: {e}") from e
+        with self._lock:
+            self._result_failing.pop(submission_id, None)
+        return result
+
+    def forget_result(self, submission_id: str) -> None:
+        """The attempt's result is stored (or given up): Ray's copy goes. A copy
+        that cannot be deleted now is left behind with a warning."""
+        with self._lock:
+            self._result_failing.pop(submission_id, None)
+        if self.gcs is None:
+            return
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
+
+        try:
+            self.gcs.forget_result(submission_id)
+        except GcsUnavailable as e:
+            log.warning("could not delete the result of %s from Ray's store: %s", submission_id, e)
+
+    def _find_gcs(self):
+        """The GCS client; without a configured address, one to the address in the
+        head node's command line, looked for when first needed (and again at most
+        every ``GCS_BACKOFF_S`` while Ray's node list does not show it)."""
+        if self.gcs is not None or time.monotonic() < self._gcs_search_after:
+            return self.gcs
+        try:
+            address = self.gcs_address_from_nodes()
+        except RayUnavailable as e:
+            log.warning("GCS address unknown: %s", e)
+            address = None
+        if address is None:
+            self._gcs_search_after = time.monotonic() + GCS_BACKOFF_S
+            return None
+        from raylane.orchestrator.backends.ray_gcs import RayGcs  # Ray's protobufs: only when used
+
+        log.info("Ray's GCS is at %s (from the head node's command line)", address)
+        self.gcs = RayGcs(address, self._token)
+        return self.gcs
+
+    def gcs_address_from_nodes(self) -> str | None:
+        """The GCS address the head node's raylet was started with, from the
+        process details in the dashboard's node list; None if not shown (yet)."""
+        r = self._req("GET", "/nodes?view=summary")
+        if r.status_code != 200:
+            raise RayUnavailable(f"Ray dashboard answered {r.status_code} for nodes")
+        for n in r.json()["data"]["summary"]:
+            if not (n.get("raylet") or {}).get("isHeadNode"):
+                continue
+            m = GCS_ADDRESS_FLAG.search(" ".join(n.get("cmdline") or []))  # the raylet's
+            if m:
+                return m.group(1)
+        return None
 
     # Cluster ---------------------------------------------------------------
 

@@ -9,8 +9,6 @@ millisecond still sort in minting order (the library increments the random part)
 
 from __future__ import annotations
 
-import re
-
 from ulid import ULID
 
 
@@ -26,16 +24,3 @@ def submission_id(job_id: str, attempt: int) -> str:
     return f"raylane-{job_id}-{attempt}"
 
 
-# Raylane's messages to running jobs in Ray's internal key-value store: the control
-# plane writes (``raylane.orchestrator.backends.ray_gcs``), the job's runner reads
-# (``raylane.jobs.base.CheckpointSignal``).
-KV_NAMESPACE = "raylane"
-
-
-def checkpoint_key(submission_id: str) -> str:
-    """Where the control plane asks an attempt to checkpoint now (its node is draining)."""
-    return f"checkpoint/{submission_id}"
-
-
-# Ray's words when an actor or task is lost with its node, naming the node.
-RAY_NODE_DIED = re.compile(r"because its node has died\. Node Id: ([0-9a-f]{56})")

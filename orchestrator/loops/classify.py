@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayNode
-from raylane.orchestrator.domain import ids
+from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.states import FailureCause
 
 LOG_TAIL_CHARS = 4000  # of the driver's message kept as the attempt's message
@@ -55,6 +55,9 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
                                            f"{(node.death_message or node.death_reason or msg) if node else msg or 'node died'}"
         where = node_name if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
+    if rj.driver_exit_code == protocol.EXIT_VERSION_MISMATCH and protocol.VERSION_MISMATCH_MARKER in msg:
+        # The nodes' Raylane is not the control plane's: the runner's own line says which is which.
+        return FailureCause.RUNTIME_ENV, msg[msg.index(protocol.VERSION_MISMATCH_MARKER):].splitlines()[0]
     if rj.error_type == "RUNTIME_ENV_SETUP_FAILURE" or (
             rj.error_type == "JOB_SUPERVISOR_ACTOR_START_FAILURE" and "runtime" in msg.lower()) or \
             "is not a valid URI" in msg:
@@ -64,7 +67,7 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
     # The driver lived, but the job died of a worker whose node died (a framework
     # that did not recover from it, e.g. a Ray Data actor lost before it started):
     # the cluster's fault, not the code's.
-    m = ids.RAY_NODE_DIED.search(msg)
+    m = protocol.RAY_NODE_DIED.search(msg)
     if m:
         dead = nodes.get(m.group(1))
         if dead is not None and (dead.market == "SPOT" or dead.drained):

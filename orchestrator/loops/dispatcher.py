@@ -10,8 +10,6 @@ the same id, Ray answers "already exists", and we adopt it: one Ray job, not two
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import socket
@@ -21,6 +19,7 @@ from typing import Any
 
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.loops import admission
@@ -40,14 +39,11 @@ log = logging.getLogger(__name__)
 
 def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement: Placement,
                storage_root: Path) -> dict[str, str]:
-    return {
-        "RAYLANE_JOB_ID": job_id,
-        "RAYLANE_ATTEMPT": str(attempt),
-        "RAYLANE_PROJECT": project,
-        "RAYLANE_SPEC": spec.model_dump_json(exclude_none=True),
-        "RAYLANE_PLACEMENT": placement.model_dump_json(),
-        "RAYLANE_STORAGE": str(storage_root / project / job_id),
-    }
+    """The attempt's inputs under the runner protocol's names (``protocol.Env``)."""
+    return protocol.runner_env(job_id=job_id, attempt=attempt, project=project,
+                               spec_json=spec.model_dump_json(exclude_none=True),
+                               placement_json=placement.model_dump_json(),
+                               storage=str(storage_root / project / job_id))
 
 
 class Dispatcher(LoopService):
@@ -102,12 +98,9 @@ class Dispatcher(LoopService):
             entrypoint = spec.entrypoint
         else:
             # The runner's inputs go to the driver alone, on its command line, not
-            # into runtime_env: env vars there would give every worker of the job a
-            # runtime env of its own, so Ray could not hand trials its prestarted
-            # workers (a 200-trial sweep of short trials paid seconds for it).
+            # into runtime_env (see protocol's docstring: workers keep one runtime env).
             runtime_env = {"env_vars": dict(spec.runtime_env.env_vars)} if spec.runtime_env.env_vars else {}
-            blob = base64.b64encode(json.dumps(env).encode()).decode()
-            entrypoint = f"RAYLANE_JOB_B64={blob} python -m raylane.jobs.run"
+            entrypoint = protocol.driver_command(env)
         if spec.runtime_env.working_dir:
             runtime_env["working_dir"] = spec.runtime_env.working_dir
         if spec.runtime_env.pip:

@@ -24,16 +24,14 @@ On start-up the control plane runs one pass before dispatching anything new
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from datetime import timedelta
-from typing import Any
 
-from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator import logcontext
-from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable
+from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable, ResultUnavailable
 from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.loops.classify import _tail, classify
 from raylane.orchestrator.settings import Settings
@@ -45,26 +43,11 @@ from raylane.orchestrator.store.transitions import record_event, utcnow
 
 log = logging.getLogger(__name__)
 
-RESULT_MARKER = "RAYLANE_RESULT "
 # While attempts are live, Ray is polled this often: completion shows within
 # ~25 ms on average. One GET per live attempt (or one list above LIST_THRESHOLD).
 FAST_POLL_S = 0.05
 LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
-
-
-def extract_result(logs: str | None) -> dict[str, Any] | None:
-    if not logs:
-        return None
-    for line in reversed(logs.splitlines()):
-        i = line.find(RESULT_MARKER)
-        if i >= 0:
-            try:
-                value = json.loads(line[i + len(RESULT_MARKER):])
-                return value if isinstance(value, dict) else {"value": value}
-            except ValueError:
-                return None
-    return None
 
 
 class Reconciler(LoopService):
@@ -138,13 +121,17 @@ class Reconciler(LoopService):
                     continue
                 if rj is not None and rj.status == AttemptStatus.SUCCEEDED:
                     self._succeeded(r, rj)
+                    self.backend.forget_result(r["submission_id"])  # stored: Ray's copy goes
                     continue
                 if nodes is None:
                     nodes = {n.node_id: n for n in self.backend.nodes()}
                 self._ended_badly(r, rj, spec, nodes)
+                self.backend.forget_result(r["submission_id"])  # a stopped service's last word, if any
             except RayUnavailable as e:
                 log.warning("reconciler: %s", e)
                 return
+            except ResultUnavailable:
+                pass  # the backend said why; the attempt is looked at again next pass
             except Exception:
                 log.exception("reconciling %s failed; next pass tries again", r["submission_id"])
 
@@ -196,10 +183,6 @@ class Reconciler(LoopService):
 
     # Outcomes ----------------------------------------------------------------
 
-    def _result(self, r) -> dict[str, Any] | None:
-        """The result the attempt's runner reported, if any."""
-        return extract_result(self.backend.logs(r["submission_id"]))
-
     def _running(self, r, rj: RayJob) -> None:
         if traits(r["spec"]["kind"]).serves:
             self._service_route(r)
@@ -213,13 +196,17 @@ class Reconciler(LoopService):
         with db.transaction(self.sessions) as s:
             if lifecycle.has_result(s, r["job_id"]):
                 return
-        result = self._result(r)
+        try:
+            result = self.backend.result(r["submission_id"])
+        except ResultUnavailable:
+            return  # read on a later pass; the service runs on meanwhile
         if result is not None:
             with db.transaction(self.sessions) as s:
                 set_result(s, r["job_id"], result, attempt=r["number"])
+            self.backend.forget_result(r["submission_id"])
 
     def _succeeded(self, r, rj: RayJob) -> None:
-        result = self._result(r)
+        result = self.backend.result(r["submission_id"])
         with db.transaction(self.sessions) as s:
             lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
                                         driver_node_id=rj.driver_node_id, result=result)

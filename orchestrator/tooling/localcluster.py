@@ -42,6 +42,7 @@ from pathlib import Path
 
 import httpx
 
+from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, NodeGroup, Profile
 
 log = logging.getLogger(__name__)
@@ -385,7 +386,7 @@ class LocalCluster:
         if (shown := self._examples_path()) is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (shown, os.environ.get("PYTHONPATH")) if p)
         if head_ports is None:
-            env["RAYLANE_NODE_IP"] = ip  # see the module's doc: drivers attach to their own node
+            env[protocol.Env.NODE_IP] = ip  # see the module's doc: drivers attach to their own node
         else:
             # (Ray advertises the head at the host's address, not 127.0.0.1: its
             # drivers find it unaided.)

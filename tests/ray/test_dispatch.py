@@ -45,7 +45,7 @@ def test_command_runs_on_cpu_group_with_logs_and_ray_metadata(rapi, ray_cluster)
     assert evs[0] == "PENDING" and evs[-3:] == ["DISPATCHING", "RUNNING", "SUCCEEDED"]
 
 
-def test_gpu_training_actors_run_on_gpu_node_with_cuda_visible_devices(rapi):
+def test_gpu_training_actors_run_on_gpu_node_with_cuda_visible_devices(rapi, ray_cluster):
     spec = {"name": "gpu-where", "kind": "training", "entrypoint": "funcs:where",
             "runtime_env": {"working_dir": FUNCS},
             "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1}}
@@ -59,6 +59,30 @@ def test_gpu_training_actors_run_on_gpu_node_with_cuda_visible_devices(rapi):
     assert len({w["node_id"] for w in workers}) == 1  # co-located
     assert sorted(w["cuda_visible_devices"] for w in workers) == ["0", "1"] or \
         all(w["cuda_visible_devices"] for w in workers)
+    # The result came through Ray's key-value store, which keeps no copy once it is stored.
+    from raylane.orchestrator.backends.ray_gcs import RayGcs
+
+    gcs = RayGcs(ray_cluster.state.gcs_address, ray_cluster.state.token)
+    try:
+        assert gcs.result(done["ray_submission_id"]) is None
+    finally:
+        gcs.close()
+
+
+def test_a_runner_of_another_version_refuses_and_the_failure_is_runtime_env(rapi, monkeypatch):
+    """The control plane stamps its version on the runner's inputs; the runner on
+    the nodes (this checkout's) refuses another before running any user code, and
+    the failure is the cluster's install (RUNTIME_ENV), not the job's code."""
+    import raylane
+
+    monkeypatch.setattr(raylane, "__version__", "0.0.0+elsewhere")  # this process is the control plane
+    spec = {"name": "old-plane", "kind": "training", "entrypoint": "funcs:where",
+            "runtime_env": {"working_dir": FUNCS}, "retry": {"max_attempts": 1},
+            "resources": {"num_workers": 1, "cpus_per_worker": 0.5}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    done = wait_status(rapi, job["id"], {"FAILED"}, timeout=120)
+    assert done["failure_cause"] == "RUNTIME_ENV", done["status_reason"]
+    assert "runner version mismatch: the control plane runs raylane 0.0.0+elsewhere" in done["status_reason"]
 
 
 def test_sweep_trials_run_on_spot_nodes(rapi):

@@ -1,0 +1,159 @@
+"""The runner protocol: everything the control plane and a job's runner inside
+Ray say to each other, in the one module both sides import (as Ray's
+``dashboard/modules/job/common.py`` is for its job manager and job supervisor).
+Pure: no Ray, no SQLAlchemy; the two ends that touch Ray are
+``raylane.jobs.base`` (the runner) and ``raylane.orchestrator.backends.ray_gcs``
+(the control plane).
+
+Words:
+- *runner*: ``python -m raylane.jobs.run``, the driver of every job but a
+  command; it runs the Raylane code installed on the cluster's nodes, not the
+  control plane's.
+- *inputs*: job id, attempt, project, spec, placement and storage path, plus the
+  control plane's Raylane version and ``PROTOCOL_VERSION``, as ``RAYLANE_*``
+  environment variables (``Env``). A command job gets them in its runtime_env;
+  a runner gets them as one base64 JSON variable on its command line
+  (``driver_command``), because env vars in runtime_env would give every worker
+  of the job a runtime env of its own, so Ray could not hand trials its
+  prestarted workers (a 200-trial sweep of short trials paid seconds for it).
+- *KV*: Ray's internal key-value store, namespace ``KV_NAMESPACE``. The control
+  plane leaves checkpoint requests there (``checkpoint_key``); the runner
+  leaves the attempt's result there (``result_key``).
+- *result*: a JSON object of at most ``MAX_RESULT_BYTES`` once encoded.
+
+Invariants:
+- A runner runs only inputs of its own Raylane version and protocol version;
+  otherwise it exits with ``EXIT_VERSION_MISMATCH`` and a message that starts
+  with ``VERSION_MISMATCH_MARKER`` before touching the cluster, and the
+  reconciler classifies that as RUNTIME_ENV (the cluster's install is wrong,
+  not the user's code).
+- A result past the bound is refused by the runner (``ResultTooLargeError``,
+  which fails the attempt with the limit and the size), never truncated.
+- A result key lives until the attempt's outcome is stored in the database:
+  the reconciler deletes it then (a running service's route: once stored).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any, Mapping
+
+import raylane
+
+PROTOCOL_VERSION = 1  # bump when a name, an encoding or a key below changes meaning
+
+RUNNER_MODULE = "raylane.jobs.run"
+PAYLOAD_ENV = "RAYLANE_JOB_B64"  # the runner's inputs on its command line
+
+
+class Env:
+    """The names of the runner's inputs (and of a command job's env vars)."""
+
+    JOB_ID = "RAYLANE_JOB_ID"
+    ATTEMPT = "RAYLANE_ATTEMPT"
+    PROJECT = "RAYLANE_PROJECT"
+    SPEC = "RAYLANE_SPEC"  # JobSpec as JSON
+    PLACEMENT = "RAYLANE_PLACEMENT"  # Placement as JSON
+    STORAGE = "RAYLANE_STORAGE"  # survives attempts: checkpoints and experiment state
+    VERSION = "RAYLANE_VERSION"  # the control plane's raylane.__version__
+    PROTOCOL = "RAYLANE_PROTOCOL"  # the control plane's PROTOCOL_VERSION
+    # Set on a node by the local cluster, not by the control plane: the address
+    # the runner's driver attaches to (several nodes share one host there).
+    NODE_IP = "RAYLANE_NODE_IP"
+
+
+def runner_env(*, job_id: str, attempt: int, project: str, spec_json: str, placement_json: str,
+               storage: str) -> dict[str, str]:
+    """The inputs of one attempt, stamped with this side's versions."""
+    return {
+        Env.JOB_ID: job_id,
+        Env.ATTEMPT: str(attempt),
+        Env.PROJECT: project,
+        Env.SPEC: spec_json,
+        Env.PLACEMENT: placement_json,
+        Env.STORAGE: storage,
+        Env.VERSION: raylane.__version__,
+        Env.PROTOCOL: str(PROTOCOL_VERSION),
+    }
+
+
+def encode_payload(env: Mapping[str, str]) -> str:
+    return base64.b64encode(json.dumps(dict(env)).encode()).decode()
+
+
+def decode_payload(blob: str) -> dict[str, str]:
+    return json.loads(base64.b64decode(blob))
+
+
+def driver_command(env: Mapping[str, str]) -> str:
+    """The entrypoint of a runner's Ray job (base64 needs no shell quoting)."""
+    return f"{PAYLOAD_ENV}={encode_payload(env)} python -m {RUNNER_MODULE}"
+
+
+# Versions --------------------------------------------------------------------
+
+EXIT_VERSION_MISMATCH = 78  # sysexits' EX_CONFIG: the cluster's configuration, not the job, is wrong
+VERSION_MISMATCH_MARKER = "raylane: runner version mismatch:"
+
+
+class VersionMismatchError(RuntimeError):
+    """The runner on the cluster is not the control plane's version."""
+
+
+def check_versions(env: Mapping[str, str]) -> None:
+    """Raise ``VersionMismatchError`` unless the inputs come from a control plane
+    of this Raylane version and protocol version."""
+    theirs, ours = env.get(Env.VERSION), raylane.__version__
+    their_protocol = env.get(Env.PROTOCOL)
+    if theirs == ours and their_protocol == str(PROTOCOL_VERSION):
+        return
+    raise VersionMismatchError(
+        f"{VERSION_MISMATCH_MARKER} the control plane runs raylane {theirs or 'unknown'} (protocol "
+        f"{their_protocol or 'unknown'}), this node has raylane {ours} (protocol {PROTOCOL_VERSION}); "
+        f"install the control plane's version on the cluster's nodes (or in the job's runtime_env)")
+
+
+# Ray's key-value store -------------------------------------------------------
+
+KV_NAMESPACE = "raylane"
+
+
+def checkpoint_key(submission_id: str) -> str:
+    """Where the control plane asks an attempt to checkpoint now (its node is draining)."""
+    return f"checkpoint/{submission_id}"
+
+
+def result_key(submission_id: str) -> str:
+    """Where an attempt's runner leaves its result for the reconciler."""
+    return f"result/{submission_id}"
+
+
+# A result rides in the GCS's memory (and its Redis, with fault tolerance) until
+# the reconciler stores it; a summary fits easily, bulk output belongs in storage.
+MAX_RESULT_BYTES = 1024 * 1024
+
+
+class ResultTooLargeError(ValueError):
+    """A result past ``MAX_RESULT_BYTES``: the attempt fails with this message."""
+
+
+def encode_result(result: Mapping[str, Any]) -> bytes:
+    value = json.dumps(dict(result), default=str).encode()
+    if len(value) > MAX_RESULT_BYTES:
+        raise ResultTooLargeError(
+            f"the job's result is {len(value)} bytes as JSON; the limit is {MAX_RESULT_BYTES} bytes "
+            f"({MAX_RESULT_BYTES // 1024} KiB): return a summary and write bulk output to storage")
+    return value
+
+
+def decode_result(value: bytes) -> dict[str, Any]:
+    result = json.loads(value)
+    return result if isinstance(result, dict) else {"value": result}
+
+
+# Ray's words -----------------------------------------------------------------
+
+# Ray's words when an actor or task is lost with its node, naming the node.
+RAY_NODE_DIED = re.compile(r"because its node has died\. Node Id: ([0-9a-f]{56})")

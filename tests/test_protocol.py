@@ -1,0 +1,185 @@
+"""The runner protocol on both sides of the process boundary: the inputs on the
+driver's command line come back as they left, a runner of another version
+refuses to run (with an exit code the reconciler reads as RUNTIME_ENV), a result
+past the bound fails the attempt with the limit and the size, and the control
+plane reads a result from Ray's key-value store, finds the GCS from the
+dashboard alone, and neither hangs nor loses a finished job while it cannot."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import httpx
+import pytest
+
+import raylane
+from raylane.jobs import base, run
+from raylane.orchestrator.backends import ray_jobs
+from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
+from raylane.orchestrator.backends.ray_jobs import RayJobsBackend, ResultUnavailable
+from raylane.orchestrator.domain import protocol
+from raylane.orchestrator.domain.protocol import Env
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.loops.dispatcher import runner_env
+
+SPEC = JobSpec.model_validate({"name": "t", "kind": "training", "entrypoint": "m:f"})
+PLACEMENT = Placement(node_group="gpu", market="ON_DEMAND", strategy="STRICT_PACK", colocate=True, num_workers=1,
+                      worker_resources={"GPU": 1}, label_selector={"ray.io/node-group": "gpu"}, total={"GPU": 1},
+                      reasons=["a test"])
+
+
+def _env(tmp_path, **override) -> dict[str, str]:
+    env = runner_env("01job", 3, "vision", SPEC, PLACEMENT, tmp_path)
+    env.update(override)
+    return env
+
+
+def _clear_runner_env(monkeypatch):
+    for name in (protocol.PAYLOAD_ENV, *[v for k, v in vars(Env).items() if k.isupper()]):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_command_line_carries_the_inputs_and_the_versions_back_unchanged(tmp_path, monkeypatch):
+    env = _env(tmp_path)
+    assert env[Env.VERSION] == raylane.__version__ and env[Env.PROTOCOL] == str(protocol.PROTOCOL_VERSION)
+    command = protocol.driver_command(env)
+    assignment, *rest = shlex.split(command)  # base64 needs no quoting: the shell sees one word
+    name, _, blob = assignment.partition("=")
+    assert name == protocol.PAYLOAD_ENV and rest == ["python", "-m", protocol.RUNNER_MODULE]
+    assert protocol.decode_payload(blob) == env
+
+    _clear_runner_env(monkeypatch)
+    monkeypatch.setenv(protocol.PAYLOAD_ENV, blob)
+    ctx = base.RunContext.from_env()
+    assert (ctx.job_id, ctx.attempt, ctx.project) == ("01job", 3, "vision")
+    assert ctx.spec == SPEC and ctx.placement == PLACEMENT and ctx.storage == tmp_path / "vision" / "01job"
+    assert ctx.storage.is_dir() and protocol.PAYLOAD_ENV not in os.environ
+
+
+@pytest.mark.parametrize("override", [{Env.VERSION: "0.0.1"}, {Env.PROTOCOL: "0"}, {Env.VERSION: ""}])
+def test_a_runner_of_another_version_refuses_before_running_anything(tmp_path, monkeypatch, capsys, override):
+    env = _env(tmp_path, **override)
+    with pytest.raises(protocol.VersionMismatchError, match="runner version mismatch"):
+        protocol.check_versions(env)
+
+    _clear_runner_env(monkeypatch)
+    monkeypatch.setenv(protocol.PAYLOAD_ENV, protocol.encode_payload(env))
+    monkeypatch.setattr(run, "load_callable", lambda path: pytest.fail("user code loaded by a mismatched runner"))
+    assert run.main() == protocol.EXIT_VERSION_MISMATCH
+    err = capsys.readouterr().err
+    assert err.startswith(protocol.VERSION_MISMATCH_MARKER) and f"this node has raylane {raylane.__version__}" in err
+
+
+def test_a_result_is_bounded_with_the_limit_and_the_size_in_the_error(monkeypatch):
+    fits = {"x": "a" * (protocol.MAX_RESULT_BYTES - len(json.dumps({"x": ""})))}
+    assert protocol.decode_result(protocol.encode_result(fits)) == fits
+    assert protocol.decode_result(b"[1, 2]") == {"value": [1, 2]}
+    too_big = {"x": "a" * protocol.MAX_RESULT_BYTES}
+    with pytest.raises(protocol.ResultTooLargeError) as e:
+        base.report_result("raylane-01job-1", too_big)  # refused before Ray is touched
+    assert f"is {len(json.dumps(too_big))} bytes" in str(e.value) and "limit is 1048576 bytes" in str(e.value)
+
+
+def test_the_runner_leaves_its_result_under_the_attempts_key(monkeypatch):
+    from ray.experimental import internal_kv
+
+    store = {}
+    monkeypatch.setattr(internal_kv, "_internal_kv_initialized", lambda: True)
+    monkeypatch.setattr(internal_kv, "_internal_kv_put",
+                        lambda key, value, overwrite, namespace: store.__setitem__((key, namespace), value))
+    base.report_result("raylane-01job-1", {"loss": 0.5})
+    assert store == {(protocol.result_key("raylane-01job-1"), protocol.KV_NAMESPACE): b'{"loss": 0.5}'}
+
+    monkeypatch.setattr(internal_kv, "_internal_kv_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match="connected Ray driver"):
+        base.report_result("raylane-01job-1", {})
+
+
+class FakeGcs:
+    """The result half of ``RayGcs``, in memory; ``down`` makes it unreachable."""
+
+    def __init__(self):
+        self.kv: dict[str, bytes] = {}
+        self.down = False
+        self.reads = 0
+
+    def result(self, sid):
+        self.reads += 1
+        if self.down:
+            raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE: connection refused")
+        value = self.kv.get(protocol.result_key(sid))
+        return protocol.decode_result(value) if value else None
+
+    def forget_result(self, sid):
+        if self.down:
+            raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE: connection refused")
+        self.kv.pop(protocol.result_key(sid), None)
+
+    def close(self):
+        pass
+
+
+def test_the_control_plane_reads_a_result_and_deletes_it_once_stored():
+    gcs = FakeGcs()
+    backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
+    assert backend.result("raylane-01job-1") is None  # none reported
+    gcs.kv[protocol.result_key("raylane-01job-1")] = protocol.encode_result({"loss": 0.5})
+    assert backend.result("raylane-01job-1") == {"loss": 0.5}
+    backend.forget_result("raylane-01job-1")
+    assert gcs.kv == {}
+
+
+def test_an_unreachable_gcs_delays_a_result_then_gives_it_up_without_holding_the_job(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(ray_jobs.time, "monotonic", lambda: now[0])
+    gcs = FakeGcs()
+    gcs.down = True
+    backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
+    with pytest.raises(ResultUnavailable):
+        backend.result("raylane-01job-1")
+    with pytest.raises(ResultUnavailable):  # within RESULT_RETRY_S: the GCS is not asked again
+        backend.result("raylane-01job-1")
+    assert gcs.reads == 1
+    now[0] += ray_jobs.RESULT_RETRY_S
+    with pytest.raises(ResultUnavailable):
+        backend.result("raylane-01job-1")
+    assert gcs.reads == 2
+    now[0] += backend.result_patience_s
+    assert backend.result("raylane-01job-1") is None  # given up: the attempt ends without it
+    backend.forget_result("raylane-01job-1")  # a copy that cannot be deleted is left, with a warning
+    assert backend._result_failing == {}
+
+    gcs.down = False  # back before the patience ran out: the result arrives
+    gcs.kv[protocol.result_key("raylane-01job-2")] = protocol.encode_result({"ok": True})
+    assert backend.result("raylane-01job-2") == {"ok": True}
+
+
+def _summary(cmdline):
+    return {"data": {"summary": [
+        {"raylet": {"nodeId": "w", "isHeadNode": False}, "cmdline": ["raylet", "--gcs-address=10.0.0.1:9999"]},
+        {"raylet": {"nodeId": "h", "isHeadNode": True}, "cmdline": cmdline},
+    ]}}
+
+
+def test_without_an_address_the_gcs_is_the_one_the_head_node_was_started_with(monkeypatch):
+    listed = {"cmdline": []}
+    backend = RayJobsBackend("http://ray.invalid", token="tok")
+    backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
+        lambda req: httpx.Response(200, json=_summary(listed["cmdline"]))))
+    # Ray's node list does not show the head's processes yet: no result for now, not a lost one.
+    assert backend.gcs_address_from_nodes() is None
+    with pytest.raises(ResultUnavailable, match="no GCS address"):
+        backend.result("raylane-01job-1")
+    listed["cmdline"] = ["/ray/raylet", "--raylet_socket_name=/tmp/s", "--gcs-address=192.168.1.5:6380", "--x=1"]
+    assert backend.gcs_address_from_nodes() == "192.168.1.5:6380"
+    backend._gcs_search_after = 0.0  # the search backoff is over
+    backend._result_failing.clear()
+    gcs = backend._find_gcs()
+    try:
+        assert gcs is backend.gcs and gcs.address == "192.168.1.5:6380" and gcs._metadata == (
+            ("authorization", "Bearer tok"),)
+    finally:
+        backend.close()
