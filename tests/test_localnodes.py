@@ -133,3 +133,39 @@ def recording_cluster(tmp_path, monkeypatch):
 
     monkeypatch.setattr(localcluster.subprocess, "Popen", Proc)
     return cluster, started
+
+
+OWNER = """
+import json, os, subprocess, sys
+dir, temp = sys.argv[1], sys.argv[2]
+# A stand-in for a node: a process group whose leader names the cluster's temp dir.
+node = subprocess.Popen(["sh", "-c", "sleep 600 & wait", temp], start_new_session=True)
+json.dump({"temp_dir": temp, "nodes": [{"pid": node.pid, "ports": {}}], "owner_pid": os.getpid()},
+          open(os.path.join(dir, "state.json"), "w"))
+subprocess.Popen([sys.executable, sys.argv[3], dir, str(os.getpid())], start_new_session=True)
+print(node.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_watchdog_stops_the_nodes_when_their_owner_is_killed(tmp_path):
+    """What ``raylane serve --local-cluster`` sets up, with ``sleep`` for Ray: its
+    SIGKILL leaves no node (tests/ray/test_serve_local_cluster.py does it with Ray)."""
+    import signal
+    import subprocess
+    import sys
+
+    from raylane.orchestrator.tooling import nodeprocs
+    from tests.helpers import wait_for
+
+    temp = tmp_path / "rl-temp"
+    temp.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path), str(temp), nodeprocs.__file__],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    node = int(owner.stdout.readline())
+    assert nodeprocs.is_ours(node, str(temp))
+    owner.send_signal(signal.SIGKILL)
+    owner.wait(30)
+    wait_for(lambda: not nodeprocs.is_ours(node, str(temp)), timeout=30, what="the dead owner's node stopped")
+    wait_for(lambda: not (tmp_path / "state.json").exists() and not temp.exists(), timeout=30,
+             what="its state file and temp dir removed")
