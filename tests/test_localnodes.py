@@ -163,9 +163,13 @@ def test_the_watchdog_stops_the_nodes_when_their_owner_is_killed(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path), str(temp), nodeprocs.__file__],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     node = int(owner.stdout.readline())
-    assert nodeprocs.is_ours(node, str(temp))
-    owner.send_signal(signal.SIGKILL)
-    owner.wait(30)
-    wait_for(lambda: not nodeprocs.is_ours(node, str(temp)), timeout=30, what="the dead owner's node stopped")
-    wait_for(lambda: not (tmp_path / "state.json").exists() and not temp.exists(), timeout=30,
-             what="its state file and temp dir removed")
+    try:
+        assert nodeprocs.is_ours(node, str(temp))
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+        wait_for(lambda: not nodeprocs.is_ours(node, str(temp)), timeout=30, what="the dead owner's node stopped")
+        wait_for(lambda: not (tmp_path / "state.json").exists() and not temp.exists(), timeout=30,
+                 what="its state file and temp dir removed")
+    finally:
+        if nodeprocs.is_ours(node, str(temp)):  # a failed run leaves no sleeper behind
+            os.killpg(node, signal.SIGKILL)
