@@ -345,7 +345,8 @@ class LocalCluster:
             return
         # Workers first, the head last, so nodes do not log a storm of lost-GCS errors.
         nodes = sorted(self.state.nodes, key=lambda n: n.group == self.profile.head.name)
-        nodeprocs.stop_groups([n.pid for n in nodes if nodeprocs.is_ours(n.pid, self.state.temp_dir)])
+        nodeprocs.stop_groups([n.pid for n in nodes
+                               if nodeprocs.is_ours(n.pid, self.state.temp_dir) or nodeprocs.is_child(n.pid)])
         self._stop_watchdog()
         subprocess.run(["rm", "-rf", self.state.temp_dir], check=False)
         if self.state.redis_address and self.state.storage_namespace:

@@ -66,6 +66,15 @@ def is_ours(pid: int, temp_dir: str) -> bool:
         return False
 
 
+def is_child(pid: int) -> bool:
+    """Whether ``pid`` is this process's child: a node it started whose leader has
+    exited (a zombie names nothing) may still have a raylet in its group."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def stop_groups(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM each process group, then SIGKILL those still there after the grace."""
     for pid in pids:
@@ -84,14 +93,17 @@ def stop_groups(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
             pass
 
 
-def stop_stale(dir: str | Path) -> bool:
+def stop_stale(dir: str | Path, *, owner: int | None = None) -> bool:
     """Stop what still runs of the cluster ``DIR/state.json`` describes (only the
     groups whose leader is still one of its nodes), delete its temp dir and the
-    state file. Returns whether there was a state file."""
+    state file. With ``owner``, only a cluster of that owner (a state file a later
+    server wrote is left alone). Returns whether a cluster was stopped."""
     path = Path(dir, "state.json")
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
+        return False
+    if owner is not None and state.get("owner_pid") != owner:
         return False
     temp_dir = state["temp_dir"]
     # Workers first, the head (the one with a dashboard port) last, so nodes do not
@@ -107,15 +119,9 @@ def watch(dir: str | Path, owner: int) -> None:
     """Wait for ``owner`` (the parent) to die, then stop the cluster in ``dir``."""
     while os.getppid() == owner:
         time.sleep(WATCH_INTERVAL_S)
-    state = Path(dir, "state.json")
-    try:
-        # Stop only a cluster that is still the owner's: a clean stop removed the
-        # state file, and a later server may have started a cluster of its own here.
-        if json.loads(state.read_text()).get("owner_pid") != owner:
-            return
-    except (OSError, ValueError):
-        return
-    stop_stale(dir)
+    # Only a cluster that is still the owner's: a clean stop removed the state
+    # file, and a later server may have started a cluster of its own here.
+    stop_stale(dir, owner=owner)
 
 
 if __name__ == "__main__":
