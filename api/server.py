@@ -10,6 +10,8 @@ SIGKILL), and a stale one its last run left in data_dir is removed first.
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 import uvicorn
 
@@ -36,6 +38,9 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
         settings.dashboard_url = state.dashboard_url
         settings.ray_address = state.gcs_address
         settings.ray_auth_token = state.token
+        # uvicorn stops on SIGTERM, then raises it again with the handler it found:
+        # the default one would end the process before the `finally` below.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     app.state.startup_hooks.append(lambda cp: _announce(base, cp))
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),

@@ -100,8 +100,10 @@ def test_nodes_die_with_the_server_and_a_stale_cluster_is_removed(tmp_path):
         wait_for(lambda: not cluster_processes(stale["temp_dir"]), timeout=GONE_TIMEOUT_S,
                  what="no process of the stale cluster")
 
-        serve.signal(signal.SIGTERM)  # a clean stop takes the cluster down on its own
-        assert serve.proc.returncode == 0, serve.log_path.read_text()[-3000:]
+        serve.signal(signal.SIGTERM)  # a clean stop takes the cluster down itself, not by its watchdog
+        assert serve.proc.returncode == 128 + signal.SIGTERM, serve.log_path.read_text()[-3000:]
+        assert "Stopping the local Ray cluster" in serve.log_path.read_text()
+        assert not (serve.data_dir / "cluster" / "state.json").exists()
         wait_for(lambda: not cluster_processes(state["temp_dir"]), timeout=GONE_TIMEOUT_S,
                  what="no process of the cleanly stopped server's cluster")
     finally:
