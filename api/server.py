@@ -1,13 +1,17 @@
 """Run the control plane in this process: ``raylane-server serve``.
 
-With ``--local-cluster`` and no ``RAYLANE_DASHBOARD_URL``, it first starts (or
-re-attaches to) the local multi-node Ray cluster of the profile, and stops it
-on a clean exit.
+With ``--local-cluster`` and no ``RAYLANE_DASHBOARD_URL``, it first starts the
+local multi-node Ray cluster of the profile (or attaches to one that
+``raylane-server cluster up`` started), and stops it on a clean exit. A cluster it
+starts is owned: it dies with the server however the server dies (SIGTERM,
+SIGKILL), and a stale one its last run left in data_dir is removed first.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 import uvicorn
 
@@ -30,18 +34,21 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
 
         print("Starting the local Ray cluster (head, gpu, spot-cpu, cpu node groups)...", flush=True)
         cluster = LocalCluster(Profile.load(settings.profile), settings.data_dir / "cluster")
-        state = cluster.up()
+        state = cluster.up(owned=True)
         settings.dashboard_url = state.dashboard_url
         settings.ray_address = state.gcs_address
         settings.ray_auth_token = state.token
+        # uvicorn stops on SIGTERM, then raises it again with the handler it found:
+        # the default one would end the process before the `finally` below.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     app.state.startup_hooks.append(lambda cp: _announce(base, cp))
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                     access_log=False, log_config=None, timeout_graceful_shutdown=10)
     finally:
         if cluster is not None:
-            # A clean stop (Ctrl-C) takes the local cluster down too; a crash leaves it
-            # up, and the next `raylane-server serve --local-cluster` re-attaches to it.
+            # A clean stop (Ctrl-C, SIGTERM) takes the local cluster down here; on a
+            # crash or SIGKILL the cluster's watchdog does (localcluster.py).
             print("Stopping the local Ray cluster...", flush=True)
             cluster.down()
 

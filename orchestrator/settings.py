@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     public_url: str | None = Field(None, description="URL clients use to reach the API (for links).")
     log_level: str = Field("INFO", description="Python log level.")
     log_format: Literal["json", "text"] = Field(
-        "json", description="`raylane serve` log lines: json (one object a line, with request, job and attempt ids) or text."
+        "json", description="`raylane-server serve` log lines: json (one object a line, with request, job and attempt ids) or text."
     )
 
     # Ray

@@ -200,16 +200,73 @@ def test_wait_timeout_exits_3_and_job_keeps_going(server, sdk, tag, tmp_path):
     assert sdk.get_job(job_id).status is JobStatus.PENDING
 
 
+# What the Ctrl-C test waits for, each bounded on a loaded 2-core machine: the CLI's
+# start (imports, compiled afresh where bytecode is not written, then the submit),
+# and its exit after Ctrl-C (no more requests: unwinding, one message, closing).
+CLI_START_S = 120
+EXIT_AFTER_CTRL_C_S = 60
+
+
+class PipeLines:
+    """A child's stdout and stderr read by threads, so every wait on a line has a
+    deadline (a bare ``readline`` blocks as long as the child stays silent)."""
+
+    def __init__(self, p: subprocess.Popen):
+        import queue
+        import threading
+
+        self.queues = {"out": queue.Queue(), "err": queue.Queue()}
+        self.seen = {"out": [], "err": []}
+        for name, stream in (("out", p.stdout), ("err", p.stderr)):
+            threading.Thread(target=lambda q=self.queues[name], st=stream: [q.put(x) for x in iter(st.readline, "")]
+                             + [q.put(None)], daemon=True).start()
+
+    def until(self, name: str, pattern: str, timeout: float) -> str:
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.queues[name].get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen[name].append(line)
+            if re.search(pattern, line):
+                return line
+        raise AssertionError(f"no line matching {pattern!r} on std{name} in {timeout}s: {''.join(self.seen[name])!r}")
+
+    def rest(self, name: str, timeout: float = 10) -> str:
+        """Everything up to the end of the stream (the child has exited)."""
+        try:
+            self.until(name, r"(?!)", timeout)
+        except AssertionError:
+            pass
+        return "".join(self.seen[name])
+
+
 def test_ctrl_c_during_wait_leaves_the_job_and_says_so(server, sdk, tag, tmp_path):
-    p = start_rl("submit", spec_file(tmp_path, tag), "--wait", url=server.url)
+    # PYTHONFAULTHANDLER: a child that does not exit after Ctrl-C is sent SIGABRT
+    # and prints every thread's stack, so a hang says where it hangs.
+    p = subprocess.Popen([sys.executable, "-m", "raylane.client.cli", "submit", str(spec_file(tmp_path, tag)), "--wait"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env=env_for(server.url, PYTHONFAULTHANDLER="1"))
+    lines = PipeLines(p)
     try:
-        job_id = submitted_id(p.stdout.readline())
-        read_until(p.stderr, r"PENDING")
+        job_id = submitted_id(lines.until("out", r"Submitted job", CLI_START_S))
+        lines.until("err", r"PENDING", CLI_START_S)  # waiting: the first event is printed
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=30)
+        try:
+            p.wait(EXIT_AFTER_CTRL_C_S)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGABRT)
+            p.wait(30)
+            raise AssertionError(f"still running {EXIT_AFTER_CTRL_C_S}s after Ctrl-C:\n{lines.rest('err')}") from None
     finally:
         p.kill()
-    assert p.returncode == 130
+    err = lines.rest("err")
+    assert p.returncode == 130, err
     assert f"Stopped waiting. Job {job_id} was not cancelled and goes on without you (now PENDING)" in err
     assert f"raylane cancel {job_id}" in err and "Traceback" not in err
     assert sdk.get_job(job_id).status is JobStatus.PENDING

@@ -180,7 +180,7 @@ class ControlPlane:
 
     def _require_ray(self):
         if self.backend is None:
-            raise Invalid("no Ray cluster is attached (set RAYLANE_DASHBOARD_URL or run `raylane serve --local-cluster`)")
+            raise Invalid("no Ray cluster is attached (set RAYLANE_DASHBOARD_URL or run `raylane-server serve --local-cluster`)")
 
     def node_groups(self) -> list[NodeGroupStatus]:
         self._require_ray()

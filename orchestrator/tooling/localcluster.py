@@ -24,6 +24,23 @@ the cluster's own, and worker nodes, actors and running jobs carry on.
 
 State (pids, ports, addresses) is kept in ``<dir>/state.json`` so ``raylane-server cluster
 down|status`` works from another process.
+
+Ports: each node's ports are chosen together, every socket held until all are
+chosen, and none of them is one the cluster already handed to another node
+(``pick_ports``): two components of one node, or two nodes, never get the same.
+
+An *owned* cluster (``up(owned=True)``, what ``raylane-server serve --local-cluster``
+does) dies with its owner however the owner dies: a watchdog process
+(``nodeprocs.py``) stops its nodes when the owner is gone. A start that finds a
+cluster whose owner is dead, or whose head is gone, stops what is left of it
+before starting a new one; a cluster with no owner (``raylane-server cluster up``) is
+attached to while it is up.
+
+What a job sees: nodes start with an allowlisted environment (``node_env``), never
+the control plane's (``RAYLANE_*`` settings such as the admin token or the
+database URL), and run in the cluster's Ray temp dir, outside ``<dir>``: the
+token file and the nodes' PYTHONPATH live there too, so neither a node's
+environment nor its working directory leads to the control plane's data_dir.
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -44,18 +62,62 @@ import httpx
 
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, NodeGroup, Profile
+from raylane.orchestrator.tooling import nodeprocs
 
 log = logging.getLogger(__name__)
 
 NODE_START_TIMEOUT_S = 120  # a node on a busy 2-core machine can take a while
 GiB = 1024**3
-STOP_GRACE_S = 2  # SIGTERM, then SIGKILL: Ray nodes take >6 s to stop on SIGTERM here, and a torn-down cluster has nothing to save
+PORT_TRIES = 100  # the kernel offering only ports the cluster holds, 100 times in a row, is a machine out of ports
+
+# What a node (and so every job on it) gets of this process's environment: what
+# Ray, Python and pip need to run, nothing of the control plane's. The cluster
+# then adds its own (token path, address, node group). ``RAY_*`` are Ray's own
+# settings (an operator's tuning); ``RAYLANE_*`` is never passed.
+NODE_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+})
+NODE_ENV_PREFIXES = re.compile(r"(LC_|RAY_|PIP_|UV_)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def node_env(environ: dict[str, str]) -> dict[str, str]:
+    """The allowlisted part of ``environ``."""
+    return {k: v for k, v in environ.items() if k in NODE_ENV_NAMES or NODE_ENV_PREFIXES.match(k)}
+
+
+NODE_PORTS = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+              "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port"]
+
+
+def pick_ports(names: list[str], taken: set[int] = frozenset()) -> dict[str, int]:
+    """A free port for each name, no two alike and none in ``taken``.
+
+    Every socket stays bound until all ports are chosen, so the kernel cannot hand
+    one port out twice (binding port 0 and letting it go, once per port, gave one
+    node the same port for two of its components). ``taken`` holds the ports
+    already handed to the cluster's other nodes, which a node may not have bound
+    yet; a port the kernel offers from it is kept bound and another one asked for."""
+    held: list[socket.socket] = []
+    chosen: dict[str, int] = {}
+    try:
+        for name in names:
+            for _ in range(PORT_TRIES):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+                if port not in taken:
+                    chosen[name] = port
+                    break
+            else:
+                raise RuntimeError(f"no free port for {name} outside the {len(taken)} the cluster holds")
+    finally:
+        for s in held:
+            s.close()
+    return chosen
 
 
 @dataclass
@@ -85,6 +147,9 @@ class ClusterState:
     next_ip: int = 2  # the last octet of the next worker's loopback address
     redis_address: str | None = None  # GCS fault tolerance: the Redis the head keeps its state in
     storage_namespace: str | None = None  # ... and the key namespace of this cluster there
+    owner_pid: int | None = None  # an owned cluster: the process whose death ends it ...
+    owner_start: str | None = None  # ... (its start time: a pid alone may be reused) ...
+    watchdog_pid: int | None = None  # ... and the watchdog that ends it then (``nodeprocs.watch``)
 
     def save(self) -> None:
         Path(self.dir, "state.json").write_text(json.dumps(asdict(self), indent=2))
@@ -106,22 +171,16 @@ class ClusterState:
         """What a process needs to talk to this cluster with token auth on."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path, "RAY_ADDRESS": self.gcs_address}
 
+    def ports_in_use(self) -> set[int]:
+        """Every port handed to a node of this cluster (bound or about to be)."""
+        return {v for n in self.nodes for k, v in n.ports.items() if k != "node_id"} | set(self.head_ports.values())
 
-def _alive(pid: int) -> bool:
-    try:
-        # A node this process started and killed is a zombie until reaped, and a
-        # zombie answers kill(0): reap it first, or `down` waits out its grace.
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child (another process started the cluster)
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
+    def orphaned(self) -> bool:
+        """An owned cluster whose owner is gone."""
+        return self.owner_pid is not None and nodeprocs.proc_start(self.owner_pid) != self.owner_start
+
+
+_alive = nodeprocs.alive
 
 
 class LocalCluster:
@@ -137,23 +196,43 @@ class LocalCluster:
 
     # Public ----------------------------------------------------------------
 
-    def up(self) -> ClusterState:
-        if self.state and self.is_up():
-            return self.state
+    def up(self, *, owned: bool = False) -> ClusterState:
+        """Start the cluster, or attach to the one ``<dir>`` names while it is up and
+        not orphaned. ``owned``: the cluster dies with this process, however it dies
+        (a watchdog stops it); what ``raylane-server serve --local-cluster`` starts."""
+        if self.state:
+            if self.is_up() and not self.state.orphaned():
+                return self.state
+            # A cluster whose server died, or whose head is gone: what is left of it
+            # would hold memory and ports for nothing (and a new cluster beside it).
+            log.warning("stopping what is left of the stale local cluster in %s", self.dir)
+            self._stop_watchdog()
+            nodeprocs.stop_stale(self.dir)
+            self.state = None
         self.dir.mkdir(parents=True, exist_ok=True)
-        token_path = self.dir / "auth_token"
-        if not token_path.exists():
-            token_path.write_text(secrets.token_hex(32))
-            token_path.chmod(0o600)
-        # Unix socket paths are limited to ~107 bytes: keep the temp dir short.
+        # Unix socket paths are limited to ~107 bytes: keep the temp dir short. The
+        # nodes run in it and find the token there, outside the control plane's tree.
         temp_dir = f"/tmp/rl-{secrets.token_hex(4)}"
-        gcs_port, dash_port = free_port(), free_port()
+        os.makedirs(temp_dir, mode=0o700)
+        token_path = Path(temp_dir, "auth_token")
+        token_path.touch(mode=0o600)
+        token_path.write_text(secrets.token_hex(32))
+        head_ports = pick_ports(["port", "dashboard-port", "ray-client-server-port"])
         self.state = ClusterState(
-            dir=str(self.dir), gcs_address=f"127.0.0.1:{gcs_port}", dashboard_url=f"http://127.0.0.1:{dash_port}",
-            token_path=str(token_path), temp_dir=temp_dir,
+            dir=str(self.dir), gcs_address=f"127.0.0.1:{head_ports['port']}",
+            dashboard_url=f"http://127.0.0.1:{head_ports['dashboard-port']}",
+            token_path=str(token_path), temp_dir=temp_dir, head_ports=head_ports,
             redis_address=self.gcs_ft_redis,
             storage_namespace=f"raylane-{secrets.token_hex(6)}" if self.gcs_ft_redis else None,
         )
+        if owned:
+            # Before any node starts: an owner killed during the start leaves nothing either.
+            self.state.owner_pid, self.state.owner_start = os.getpid(), nodeprocs.proc_start(os.getpid())
+            self.state.save()
+            self.state.watchdog_pid = subprocess.Popen(
+                [sys.executable, nodeprocs.__file__, str(self.dir), str(os.getpid())], start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
+        self.state.save()
         try:
             self._start_head()
             for group in self.profile.workers:
@@ -174,7 +253,7 @@ class LocalCluster:
         src = Path(__file__).resolve().parents[2] / "examples"
         if not (src / "__init__.py").is_file():
             return None
-        d = self.dir / "pythonpath"
+        d = Path(self.state.temp_dir, "pythonpath")
         d.mkdir(parents=True, exist_ok=True)
         link = d / "examples"
         if not link.exists():
@@ -266,26 +345,26 @@ class LocalCluster:
         if not self.state:
             return
         # Workers first, the head last, so nodes do not log a storm of lost-GCS errors.
-        for node in sorted(self.state.nodes, key=lambda n: n.group == self.profile.head.name):
-            for sig in (signal.SIGTERM,):
-                try:
-                    os.killpg(node.pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + STOP_GRACE_S
-        for node in self.state.nodes:
-            while _alive(node.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(node.pid):
-                try:
-                    os.killpg(node.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        nodes = sorted(self.state.nodes, key=lambda n: n.group == self.profile.head.name)
+        nodeprocs.stop_groups([n.pid for n in nodes
+                               if nodeprocs.is_ours(n.pid, self.state.temp_dir) or nodeprocs.is_child(n.pid)])
+        self._stop_watchdog()
         subprocess.run(["rm", "-rf", self.state.temp_dir], check=False)
         if self.state.redis_address and self.state.storage_namespace:
             self._drop_redis_namespace()
         Path(self.dir, "state.json").unlink(missing_ok=True)
         self.state = None
+
+    def _stop_watchdog(self) -> None:
+        """End the watchdog of an owned cluster (only ours: it is a child of the owner)."""
+        pid = self.state.watchdog_pid if self.state else None
+        if pid is None or self.state.owner_pid != os.getpid():
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
 
     def _drop_redis_namespace(self) -> None:
         """Delete this cluster's keys from the shared Redis (only its own namespace)."""
@@ -329,10 +408,10 @@ class LocalCluster:
         """Start the head on the cluster's GCS and dashboard ports (the first time,
         or again after it was killed)."""
         assert self.state is not None
-        if not self.state.head_ports:
+        if not self.state.head_ports:  # a state file written before ``up`` chose all three
             self.state.head_ports = {"port": int(self.state.gcs_address.rsplit(":", 1)[1]),
                                      "dashboard-port": int(self.state.dashboard_url.rsplit(":", 1)[1]),
-                                     "ray-client-server-port": free_port()}
+                                     **pick_ports(["ray-client-server-port"], self.state.ports_in_use())}
         # `ray start --head` refuses to start where its temp dir names a cluster
         # whose GCS address some local raylet still uses (a worker of the killed
         # head, waiting for it to come back): that is exactly a restart.
@@ -345,14 +424,7 @@ class LocalCluster:
 
     def _start_node(self, group: NodeGroup, index: int, head_ports: dict[str, int] | None = None) -> NodeProc:
         assert self.state is not None
-        ports = {
-            "node-manager-port": free_port(),
-            "object-manager-port": free_port(),
-            "dashboard-agent-listen-port": free_port(),
-            "dashboard-agent-grpc-port": free_port(),
-            "metrics-export-port": free_port(),
-            "runtime-env-agent-port": free_port(),
-        }
+        ports = pick_ports(NODE_PORTS, self.state.ports_in_use())
         args = [self._ray_bin(), "start", "--block", f"--temp-dir={self.state.temp_dir}",
                 "--min-worker-port=0", "--max-worker-port=0",
                 f"--num-cpus={int(group.cpus)}", f"--num-gpus={group.gpus}",
@@ -372,7 +444,7 @@ class LocalCluster:
             # What Ray itself advertises on a node it detects the accelerator on.
             args.append(f"--resources={json.dumps({'accelerator_type:' + group.accelerator.type: 1})}")
         env = {
-            **os.environ,
+            **node_env(dict(os.environ)),
             **self.state.env(),
             # KubeRay sets these; Ray turns them into ray.io/node-group and ray.io/market-type labels.
             "RAY_NODE_TYPE_NAME": group.name,
@@ -397,7 +469,7 @@ class LocalCluster:
         log_path = self.dir / f"node-{group.name}-{index}.log"
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(args, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=str(self.dir))
+                                    cwd=self.state.temp_dir)
         node = NodeProc(group=group.name, index=index, pid=proc.pid, ports=ports, log_path=str(log_path), ip=ip)
         self.state.nodes.append(node)
         self.state.save()

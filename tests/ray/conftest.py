@@ -7,10 +7,28 @@ half a core, which the rest of the suite needs on a 2-core machine."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, WORKING_DIR_ROOTS
 from tests.helpers import wait_for
+
+
+# What an operator may well have in the server's environment: every node of the
+# shared cluster is started with these set, so a job that could see the control
+# plane's environment would see them (tests/ray/test_job_secrets.py looks).
+CONTROL_PLANE_SECRETS = {"RAYLANE_ADMIN_TOKEN": "fake-admin-token-not-for-jobs-0123",
+                         "RAYLANE_DATABASE_URL": "postgresql://raylane:fake-db-password@127.0.0.1:5432/raylane"}
+
+
+@contextlib.contextmanager
+def control_plane_env():
+    """os.environ holds CONTROL_PLANE_SECRETS inside the block, as it was after."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in CONTROL_PLANE_SECRETS.items():
+            mp.setenv(k, v)
+        yield
 
 
 @pytest.fixture(scope="package")
@@ -19,7 +37,8 @@ def ray_cluster(tmp_path_factory):
     from raylane.orchestrator.domain.profile import default_profile
 
     cluster = LocalCluster(default_profile(), tmp_path_factory.mktemp("cluster"))
-    cluster.up()
+    with control_plane_env():
+        cluster.up()
     yield cluster
     cluster.down()
 
@@ -33,7 +52,8 @@ def _restore_shared_cluster(request):
     if "ray_cluster" in request.fixturenames:
         cluster = request.getfixturevalue("ray_cluster")
         if cluster.state is not None:
-            cluster.restore()
+            with control_plane_env():
+                cluster.restore()
 
 
 @pytest.fixture
