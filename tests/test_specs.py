@@ -85,3 +85,20 @@ def test_yaml_bomb_is_refused_before_expansion():
 def test_bad_documents(text, words):
     with pytest.raises(SpecLoadError, match=words):
         load_spec_document(text)
+
+
+def test_a_stored_spec_loads_though_the_input_rule_refuses_it_at_submit():
+    """Rows stored before the input rule (a NUL in an env value, deep args) must
+    still list and run: the rule guards submit, not the database."""
+    deep: dict = {}
+    node = deep
+    for _ in range(40):
+        node["x"] = {}
+        node = node["x"]
+    row = {"name": "old", "kind": "command", "entrypoint": "true",
+           "runtime_env": {"env_vars": {"A": "a\x00b"}}, "args": deep}
+    with pytest.raises(ValidationError) as e:
+        JobSpec.model_validate(row)
+    assert "NUL" in str(e.value)
+    spec = JobSpec.from_stored(row)
+    assert spec.runtime_env.env_vars["A"] == "a\x00b"

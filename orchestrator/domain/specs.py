@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from raylane.orchestrator.domain.inputs import InputRule
+from raylane.orchestrator.domain.inputs import STORED, InputRule
 
 from raylane.orchestrator.domain.kinds import KINDS, sections, traits
 
@@ -247,6 +247,12 @@ class ServiceSpec(_Model):
 
 class JobSpec(_Model):
     """A job as submitted. The three specs of DESIGN.md are accepted as written."""
+
+    @classmethod
+    def from_stored(cls, data: Any) -> "JobSpec":
+        """A spec read back from the database: validated as a spec, but not held
+        to the input rule again (a row stored before a rule tightened still loads)."""
+        return cls.model_validate(data, context={STORED: True})
 
     name: str = Field(..., min_length=1, max_length=MAX_NAME_LEN)
     kind: JobKind

@@ -97,7 +97,7 @@ class Reconciler(LoopService):
         for r in live:
             logcontext.bind_job(r["job_id"], r["number"])  # every log line about this attempt names it
             rj = ray_jobs[r["submission_id"]]
-            spec = JobSpec.model_validate(r["spec"])
+            spec = JobSpec.from_stored(r["spec"])
             try:
                 # Ray's job statuses are spelled as AttemptStatus's (its values are Ray's).
                 if JobStatus(r["job_status"]) is JobStatus.CANCELLING and \

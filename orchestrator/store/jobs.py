@@ -262,7 +262,7 @@ def _views(session: Session, rows, dashboard_url: str | None) -> list[Job]:
             finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
             preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
             placement=r["placement"], ray_submission_id=sid, dashboard_url=job_dashboard_url(dashboard_url, sid),
-            result=res.get(r["id"]), spec=JobSpec.model_validate(r["spec"]),
+            result=res.get(r["id"]), spec=JobSpec.from_stored(r["spec"]),
         ))
     return out
 

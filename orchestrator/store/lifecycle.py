@@ -179,7 +179,7 @@ def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus
                         "exit_code": exit_code, "driver_node_id": driver_node_id})
     job_status = _job_status(s, job_id)
     job = s.execute(select(jobs.c.preemptions, jobs.c.attempts, jobs.c.spec).where(jobs.c.id == job_id)).one()
-    d = decide(cause, JobSpec.model_validate(job.spec).retry, attempts_done=job.attempts,
+    d = decide(cause, JobSpec.from_stored(job.spec).retry, attempts_done=job.attempts,
                app_attempts=_app_attempts(s, job_id), cancelling=job_status is JobStatus.CANCELLING)
     if d.status is JobStatus.CANCELLED:
         transition(s, job_id, JobStatus.CANCELLED, reason=d.reason, actor="reconciler", attempt=number,
@@ -210,7 +210,7 @@ def timeout_requested(s: Session, job_id: str, number: int) -> None:
 
 
 def _spec(s: Session, job_id: str) -> JobSpec:
-    return JobSpec.model_validate(s.execute(select(jobs.c.spec).where(jobs.c.id == job_id)).scalar_one())
+    return JobSpec.from_stored(s.execute(select(jobs.c.spec).where(jobs.c.id == job_id)).scalar_one())
 
 
 def _app_attempts(s: Session, job_id: str) -> int:

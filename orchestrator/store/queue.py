@@ -79,7 +79,7 @@ def take_stale_leases(session: Session, *, owner: str, now: datetime, lease_unti
     for jid, n, spec, placement, project in session.execute(stale).all():
         session.execute(update(jobs).where(jobs.c.id == jid, jobs.c.status == JobStatus.DISPATCHING.value)
                         .values(lease_owner=owner, lease_expires_at=lease_until))
-        out.append(Claimed(jid, n, JobSpec.model_validate(spec), Placement.model_validate(placement), project))
+        out.append(Claimed(jid, n, JobSpec.from_stored(spec), Placement.model_validate(placement), project))
     return out
 
 
@@ -90,7 +90,7 @@ def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list
         or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
     ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
-                   spec=JobSpec.model_validate(r["spec"]),
+                   spec=JobSpec.from_stored(r["spec"]),
                    placement=Placement.model_validate(r["placement"]) if r["placement"] else None,
                    attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"])
             for r in session.execute(q).mappings().all()]
