@@ -20,6 +20,7 @@ from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import SubmitLimit
 from raylane.api.routers import access, cluster, costs, health, jobs
 from raylane.orchestrator.services.controlplane import ControlPlane
+from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
 from raylane.orchestrator.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         try:
             yield
         finally:
+            await app.state.log_followers.close()
             for hook in getattr(app.state, "shutdown_hooks", []):
                 hook(plane)
             plane.stop_loops()
@@ -91,6 +93,11 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.state.shutdown_hooks = []
     app.state.submit_limit = SubmitLimit(settings.submit_rate_per_s, settings.submit_burst,
                                          settings.rate_limit_storage)
+    app.state.log_followers = LogFollowers(lambda: app.state.cp, poll_s=settings.log_follow_poll_s,
+                                           heartbeat_s=settings.log_follow_heartbeat_s,
+                                           max_s=settings.log_follow_max_s,
+                                           per_token=settings.log_streams_per_token,
+                                           max_streams=settings.log_streams_max)
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Outside the body limit (an unauthenticated request is refused before its
@@ -103,6 +110,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(access.router, responses=ERROR_RESPONSES)
     app.add_middleware(UIHeaders)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
+    app.state.metrics_registry.register(LogFollowersCollector(app.state.log_followers))
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
     return app
 

@@ -405,8 +405,10 @@ class _Api:
         params = [("attempt", str(attempt))] if attempt is not None else []
         if follow:
             params.append(("follow", "true"))
-        # A followed stream is silent while the job waits: no read timeout.
+        # A followed stream may be silent for a long time (a server of an older
+        # version sends no heartbeat): no read timeout. NDJSON carries heartbeats.
         return _Call("GET", f"/v1/jobs/{job_id}/logs", lambda r: r.text, params=params,
+                     headers={"Accept": f"{NDJSON}, text/plain;q=0.5"} if follow else {},
                      timeout=None if follow else "default")
 
     @staticmethod
@@ -528,6 +530,18 @@ def _headers(token: str | None, extra: Mapping[str, str] | None) -> dict[str, st
         h["Authorization"] = f"Bearer {token}"
     h.update(extra or {})
     return h
+
+
+NDJSON = "application/x-ndjson"  # a followed log: {"text": ...} per line, blank lines are heartbeats
+
+
+def _is_ndjson(resp) -> bool:
+    return resp.headers.get("content-type", "").startswith(NDJSON)
+
+
+def _log_text(line: str) -> str:
+    """The text of one NDJSON line of a followed log ("" for a heartbeat)."""
+    return json.loads(line)["text"] if line.strip() else ""
 
 
 def _skip_seen(chunk: str, pos: int, received: int) -> tuple[str, int]:
@@ -936,7 +950,8 @@ class Client:
                     resp.read()
                     raise _error_from(resp)
                 pos = 0
-                for chunk in resp.iter_text():
+                chunks = map(_log_text, resp.iter_lines()) if _is_ndjson(resp) else resp.iter_text()
+                for chunk in chunks:
                     new, pos = _skip_seen(chunk, pos, received)
                     if new:
                         received += len(new)
@@ -1223,7 +1238,10 @@ class AsyncClient:
                     await resp.aread()
                     raise _error_from(resp)
                 pos = 0
-                async for chunk in resp.aiter_text():
+                ndjson = _is_ndjson(resp)
+                async for chunk in (resp.aiter_lines() if ndjson else resp.aiter_text()):
+                    if ndjson:
+                        chunk = _log_text(chunk)
                     new, pos = _skip_seen(chunk, pos, received)
                     if new:
                         received += len(new)

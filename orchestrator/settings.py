@@ -41,6 +41,13 @@ class Settings(BaseSettings):
         "json", description="`raylane-server serve` log lines: json (one object a line, with request, job and attempt ids) or text."
     )
 
+    # Followed logs (orchestrator/services/logfollow.py)
+    log_follow_poll_s: float = Field(0.5, gt=0, le=60, description="How often a followed job's status and Ray log are read (once per job, whatever the number of streams).")
+    log_follow_heartbeat_s: float = Field(15.0, gt=0, le=300, description="A followed stream in NDJSON sends a blank line after this long without log text.")
+    log_follow_max_s: float = Field(3600.0, gt=0, description="A followed stream ends after this long; the SDK and CLI reconnect.")
+    log_streams_per_token: int = Field(16, ge=1, description="Followed log streams one token may hold open at once (then 429 + Retry-After).")
+    log_streams_max: int = Field(1000, ge=1, description="Followed log streams this server process holds open at once (then 429 + Retry-After).")
+
     # Ray
     ray_address: str | None = Field(None, description="GCS address of an existing Ray cluster (host:port): "
                                     "where Raylane reads jobs' results, sees draining nodes and asks their jobs to "

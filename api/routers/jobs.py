@@ -5,18 +5,20 @@ rule (``params``); a spec too large to exec is refused here, at submit."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
-import time
+import anyio
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import StringConstraints
 
-from raylane.api.deps import CP, CallerDep, MemberDep
+from raylane.api.deps import CP, CallerDep, MemberDep, get_caller
 from raylane.api.params import Text, When
 from raylane.api.ratelimit import submit_limit
 from raylane.orchestrator.domain.errors import Forbidden, Invalid
+from raylane.orchestrator.services.logfollow import HEARTBEAT
 from raylane.orchestrator.domain.views import (
     Attempt, BatchSubmitRequest, Trial, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage,
 )
@@ -143,35 +145,43 @@ def cancel_job(job_id: JobId, cp: CP, caller: MemberDep) -> CancelResponse:
     return CancelResponse(job=job, message=message)
 
 
-LOG_FOLLOW_POLL_S = 0.5  # how often a followed log is re-read from Ray
-LOG_FOLLOW_MAX_S = 3600  # a followed stream ends after an hour; reconnect to go on
+NDJSON = "application/x-ndjson"
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse,
-            responses={200: {"content": {"text/plain": {}}, "description": "The attempt's driver log"}})
-def job_logs(job_id: JobId, cp: CP, caller: CallerDep,
-             attempt: Annotated[int | None, Query(ge=1, le=10_000)] = None,
-             follow: bool = False):
-    """Ray's driver log of the job's latest (or given) attempt; ``follow=true`` streams until the job ends."""
-    text, job = cp.logs(job_id, project=caller.project, attempt=attempt)
+            responses={200: {"content": {"text/plain": {}, NDJSON: {}},
+                             "description": "The attempt's driver log; followed in NDJSON when the request accepts it"},
+                       429: {"description": "A cap on followed log streams (per token or per server); see Retry-After"}})
+async def job_logs(job_id: JobId, request: Request,
+                   attempt: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+                   follow: bool = False):
+    """Ray's driver log of the job's latest (or given) attempt; ``follow=true`` streams until the job ends.
+
+    A followed stream is plain text, or with ``Accept: application/x-ndjson`` one
+    JSON object per line (``{"text": ...}``) and a blank line as a heartbeat.
+    Async, and the dependencies are called here rather than declared: a sync
+    dependency would take a thread of the pool that sync endpoints share."""
+    caller = get_caller(request)
+    cp = request.app.state.cp
     if not follow:
+        text, _ = await anyio.to_thread.run_sync(lambda: cp.logs(job_id, project=caller.project, attempt=attempt))
         return PlainTextResponse(text)
+    followers = request.app.state.log_followers
+    stream = await followers.open(job_id, project=caller.project, attempt=attempt,
+                                  owner=caller.token_id or caller.name)
+    if NDJSON in request.headers.get("accept", ""):
+        return StreamingResponse(_ndjson(stream), media_type=NDJSON)
+    return StreamingResponse(_plain(stream), media_type="text/plain")
 
-    def stream():
-        sent = 0
-        deadline = time.monotonic() + LOG_FOLLOW_MAX_S
-        current = text
-        while True:
-            if len(current) > sent:
-                yield current[sent:]
-                sent = len(current)
-            j = cp.get(job_id, project=caller.project)
-            if j.status.is_terminal() or time.monotonic() > deadline:
-                final, _ = cp.logs(job_id, project=caller.project, attempt=attempt)
-                if len(final) > sent:
-                    yield final[sent:]
-                return
-            time.sleep(LOG_FOLLOW_POLL_S)
-            current, _ = cp.logs(job_id, project=caller.project, attempt=attempt)
 
-    return StreamingResponse(stream(), media_type="text/plain")
+async def _plain(stream):
+    # Plain text has no heartbeat that would not change the log; a client that
+    # goes is still seen (the server listens for its disconnect).
+    async for chunk in stream:
+        if chunk is not HEARTBEAT:
+            yield chunk
+
+
+async def _ndjson(stream):
+    async for chunk in stream:
+        yield "\n" if chunk is HEARTBEAT else json.dumps({"text": chunk}) + "\n"

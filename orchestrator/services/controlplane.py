@@ -223,6 +223,19 @@ class ControlPlane:
         self._require_ray()
         return self.backend.logs(submission_id(job_id, n)) or "", job
 
+    def progress(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, int]]:
+        """(status, attempts) of each existing job, unscoped: for the log
+        followers, whose streams were authorised when they opened."""
+        with db.transaction(self.sessions) as s:
+            return store_jobs.progress(s, job_ids)
+
+    def attempt_log(self, job_id: str, attempt: int) -> str:
+        """Ray's driver log of one attempt ("" when Ray has none), unscoped like ``progress``."""
+        from raylane.orchestrator.domain.ids import submission_id
+
+        self._require_ray()
+        return self.backend.logs(submission_id(job_id, attempt)) or ""
+
     def start_loops(self) -> None:
         # Re-attach to every attempt Ray may be running before dispatching anything new.
         try:

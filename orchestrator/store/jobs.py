@@ -342,3 +342,12 @@ def list_trials(session: Session, job_id: str, *, project: str | None = DEFAULT_
         have.sort(key=lambda t: t.metrics[metric], reverse=(mode == "max"))
         items = have + rest
     return items
+
+
+def progress(session: Session, job_ids: Sequence[str]) -> dict[str, tuple[JobStatus, int]]:
+    """(status, attempts started) of each job in ``job_ids`` that exists, in one
+    indexed read: what the log followers ask for all their jobs at once."""
+    if not job_ids:
+        return {}
+    rows = session.execute(select(jobs.c.id, jobs.c.status, jobs.c.attempts).where(jobs.c.id.in_(list(job_ids))))
+    return {r.id: (JobStatus(r.status), r.attempts) for r in rows}

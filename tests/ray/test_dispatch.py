@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +28,12 @@ def test_command_runs_on_cpu_group_with_logs_and_ray_metadata(rapi, ray_cluster)
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["placement"]["node_group"] == "cpu" and job["placement"]["reasons"]
+    # Followed from before it starts: the shared poller reads Ray's log and the stream ends with the job.
+    with rapi.stream("GET", f"/v1/jobs/{job['id']}/logs", params={"follow": "true"},
+                     headers={"Accept": "application/x-ndjson"}) as followed:
+        assert followed.status_code == 200
+        text = "".join(json.loads(line)["text"] for line in followed.iter_lines() if line.strip())
+    assert "42" in text
     done = wait_status(rapi, job["id"], TERMINAL)
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert "42" in rapi.get(f"/v1/jobs/{job['id']}/logs").text
