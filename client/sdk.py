@@ -1051,11 +1051,14 @@ class Client:
         return self._call(_Api.cluster())
 
     def health(self) -> Health:
-        """Whether the server is ready (up, database reachable and migrated).
+        """Whether the server is ready to accept jobs (up, database reachable and
+        migrated), and whether it can run them (``ray``).
 
         Returns:
             ``Health``: ``ok``, and ``reason`` when not ready. Not ready is an
-            answer, not an exception.
+            answer, not an exception. ``status`` is ``degraded`` and
+            ``ray.state`` ``unreachable`` while the server cannot reach Ray
+            (jobs are accepted and wait).
 
         Raises:
             ConnectionFailed: nothing answers at the URL.
