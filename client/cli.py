@@ -153,9 +153,13 @@ class _Elapsed:
 
     def __init__(self, job_id: str, status: str):
         self.job_id, self.status, self.start = job_id, status, time.monotonic()
+        self.reason = ""  # the latest event's: why a job waits ("Ray cluster unreachable since ...") stays in sight
 
     def __rich__(self) -> str:
-        return f"job {self.job_id} {_styled(self.status)} ({_duration(time.monotonic() - self.start)})"
+        from rich.markup import escape
+
+        why = f": {escape(self.reason)}" if self.reason else ""
+        return f"job {self.job_id} {_styled(self.status)} ({_duration(time.monotonic() - self.start)}){why}"
 
 
 def _wait_with_progress(client, job_id: str, timeout: Optional[float]):
@@ -166,7 +170,7 @@ def _wait_with_progress(client, job_id: str, timeout: Optional[float]):
     spinner = _Elapsed(job_id, "PENDING")
 
     def on_event(e) -> None:
-        spinner.status = e.to_status.value
+        spinner.status, spinner.reason = e.to_status.value, e.reason or ""
         said = e.attempt is None or f"attempt {e.attempt}" in (e.reason or "")
         attempt = "" if said else f" [dim](attempt {e.attempt})[/]"
         err.print(f"{e.at.astimezone():%H:%M:%S}  {_styled(e.to_status, 11)}  {escape(e.reason or '')}{attempt}")

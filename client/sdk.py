@@ -263,12 +263,26 @@ class ClusterInfo(_Open):
     nodes: list[ClusterNode] = Field(default_factory=list)
 
 
+class ReadyPart(_Open):
+    """One part of ``/readyz``: the database or Ray. ``state`` and ``since`` are Ray's
+    (``reachable``, ``unreachable`` since when, ``not attached``)."""
+
+    ok: bool
+    reason: str | None = None
+    state: str | None = None
+    since: datetime | None = None
+
+
 class Health(_Open):
-    """``GET /readyz``: ``ok`` when the server is up, its database reachable and migrated."""
+    """``GET /readyz``: ``ok`` when the server accepts jobs (up, its database reachable
+    and migrated); ``ray`` says whether they can run (``status`` ``degraded``: Ray is
+    unreachable, jobs are stored and wait)."""
 
     ok: bool
     status: str
     reason: str | None = None
+    database: ReadyPart | None = None
+    ray: ReadyPart | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -436,7 +450,7 @@ class _Api:
             except ValueError:
                 body = {}
             return Health(ok=r.status_code == 200, status=str(body.get("status", r.status_code)),
-                          reason=body.get("reason"))
+                          reason=body.get("reason"), database=body.get("database"), ray=body.get("ray"))
 
         # 503 is an answer here ("not ready, because ..."), not a reason to retry.
         return _Call("GET", "/readyz", parse, ok=frozenset({200, 503}), retry_statuses=frozenset())
@@ -1052,11 +1066,14 @@ class Client:
         return self._call(_Api.cluster())
 
     def health(self) -> Health:
-        """Whether the server is ready (up, database reachable and migrated).
+        """Whether the server is ready to accept jobs (up, database reachable and
+        migrated), and whether it can run them (``ray``).
 
         Returns:
             ``Health``: ``ok``, and ``reason`` when not ready. Not ready is an
-            answer, not an exception.
+            answer, not an exception. ``status`` is ``degraded`` and
+            ``ray.state`` ``unreachable`` while the server cannot reach Ray
+            (jobs are accepted and wait).
 
         Raises:
             ConnectionFailed: nothing answers at the URL.

@@ -165,6 +165,9 @@ def test_jobs_list_job_page_trials_chart_and_costs(server_factory, tmp_path, pag
     row = page.locator(f'#jobs tr[data-job="{ids["lr-sweep"]}"]')
     assert row.locator(".badge").inner_text() == "SUCCEEDED"
     assert page.locator(f'#jobs tr[data-job="{ids["finetune"]}"] .badge').inner_text() == "RUNNING"
+    # Nothing listens at the dashboard's address: the page says so above every view (from /readyz).
+    page.wait_for_selector("#ray-banner:not([hidden])")
+    assert page.locator("#ray-banner").inner_text().startswith("Ray cluster unreachable since ")
     shot(page, "ui-jobs.png")
 
     # Filters.

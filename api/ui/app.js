@@ -4,10 +4,13 @@
  * token comes from ?token= (then kept in localStorage and removed from the URL)
  * or the token box, and goes out as "Authorization: Bearer <token>".
  * Views (hash routes): #/jobs, #/jobs/<id>, #/nodes, #/costs.
+ * Beside any view, a banner says when the server cannot reach Ray (GET /readyz,
+ * public: it shows before a token is given too).
  */
 "use strict";
 
 const POLL_MS = 3000;          // live status: how often an open view re-reads the API
+const RAY_POLL_MS = 10000;     // Ray's reachability: the server itself re-checks about this often
 const TOKEN_KEY = "raylane_token";
 const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 const STATUSES = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED"];
@@ -82,6 +85,8 @@ function h(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") el.className = v;
+    // Through the CSSOM: the page's CSP (style-src 'self') blocks style attributes, not this.
+    else if (k === "style") el.style.cssText = v;
     else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else el.setAttribute(k, v === true ? "" : v);
   }
@@ -460,5 +465,22 @@ function costsView(view) {
   load().catch(() => {});
 }
 
+// Ray's reachability ---------------------------------------------------------
+
+async function checkRay() {
+  const b = document.getElementById("ray-banner");
+  if (!document.hidden) {
+    try {
+      const r = await fetch("/readyz", { headers: { "Accept": "application/json" } });
+      const ray = (await r.json()).ray;
+      b.textContent = ray && ray.state === "unreachable"
+        ? `${ray.reason}: jobs are accepted and wait; they start when Ray is back.` : "";
+      b.hidden = !b.textContent;
+    } catch (e) { /* the server itself did not answer: the open view says so */ }
+  }
+  setTimeout(checkRay, RAY_POLL_MS);
+}
+
 showTokenState();
 route();
+checkRay();

@@ -18,12 +18,14 @@ from typing import Any
 
 import httpx
 
+from raylane.orchestrator.backends.reachability import Reachability
 from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL
 from raylane.orchestrator.domain.routing import ClusterView, GroupState
 
 log = logging.getLogger(__name__)
 
 HTTP_TIMEOUT_S = 10.0  # one dashboard call; the loops retry on their next pass
+PING_TIMEOUT_S = 2.0  # /readyz asking Ray itself: a load balancer's probe must not hang on a dead host
 DRAINING_TTL_S = 1.0  # one GCS answer about draining nodes serves every caller this long
 GCS_BACKOFF_S = 10.0  # after the GCS could not be asked
 # How long a result the GCS cannot give is asked for again before the attempt is
@@ -120,6 +122,8 @@ class RayJobsBackend:
         # submission id -> (first, last) failed read of its result, while the GCS cannot be asked
         self._result_failing: dict[str, tuple[float, float]] = {}
         self.result_patience_s = RESULT_PATIENCE_S
+        # Outages of the dashboard: a failed connection begins one, a node listing that worked ends it.
+        self.reachability = Reachability(self.dashboard_url)
 
     def close(self) -> None:
         self.http.close()
@@ -130,7 +134,22 @@ class RayJobsBackend:
         try:
             return self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
-            raise RayUnavailable(f"Ray dashboard at {self.dashboard_url} unreachable: {type(e).__name__}: {e}") from e
+            err = RayUnavailable(f"Ray dashboard at {self.dashboard_url} unreachable: {type(e).__name__}: {e}")
+            self.reachability.down(err)
+            raise err from e
+
+    def ping(self) -> bool:
+        """Ask Ray now whether it answers (``/api/version``, short timeout); the answer
+        is recorded in ``reachability``."""
+        try:
+            r = self._req("GET", "/api/version", timeout=PING_TIMEOUT_S)
+        except RayUnavailable:
+            return False
+        if r.status_code != 200:
+            self.reachability.down(f"Ray dashboard at {self.dashboard_url} answered {r.status_code}")
+            return False
+        self.reachability.up()
+        return True
 
     # Jobs ------------------------------------------------------------------
 
@@ -375,8 +394,10 @@ class RayJobsBackend:
         return out
 
     def cluster_view(self) -> ClusterView:
+        nodes = self.nodes()
+        self.reachability.up()  # the dispatcher lists nodes every pass: how an outage is seen to end
         view: ClusterView = {}
-        for n in self.nodes():
+        for n in nodes:
             if n.group is None or n.state != "ALIVE":
                 continue
             st = view.setdefault(n.group, GroupState())

@@ -6,6 +6,10 @@ control planes split the queue); submission happens after commit with
 ``submission_id = raylane-<job id>-<attempt>``. If the process dies between
 Ray accepting the job and our write, the lease expires, a dispatcher re-submits
 the same id, Ray answers "already exists", and we adopt it: one Ray job, not two.
+
+While Ray cannot be reached nothing is admitted: the outage is recorded in the
+backend's ``reachability`` (one warning when it begins), and every queued job
+says "Ray cluster unreachable since <start>", written once per job per outage.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.backends.reachability import unreachable_reason
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
@@ -120,7 +125,8 @@ class Dispatcher(LoopService):
             note = "Ray already had this attempt (a retried dispatch); adopted it"
         except RayUnavailable as e:
             # Keep the claim; the lease expires and this attempt is re-submitted with the same id.
-            log.warning("submit %s: %s; will retry when the lease expires", sid, e)
+            self.backend.reachability.down(e)  # warns once per outage, not once per attempt
+            log.info("submit %s: %s; will retry when the lease expires", sid, e)
             return
         except Exception as e:
             with db.transaction(self.sessions) as s:
@@ -146,9 +152,15 @@ class Dispatcher(LoopService):
         try:
             view = self.backend.cluster_view()
         except RayUnavailable as e:
-            log.warning("dispatcher: %s", e)
+            self.ray_unreachable(e)
             return
         for c in self.claim(view):
             logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
             self.submit(c)
 
+
+    def ray_unreachable(self, e: RayUnavailable) -> None:
+        """No admission without Ray's view: the queue says why, once per job per outage."""
+        reason = unreachable_reason(self.backend.reachability.down(e))
+        with db.transaction(self.sessions) as s:
+            queue.wait_all(s, reason, now=utcnow())

@@ -87,7 +87,7 @@ class Reconciler(LoopService):
                 ray_jobs = {r["submission_id"]: self.backend.get(r["submission_id"]) for r in live}
             nodes = None
         except RayUnavailable as e:
-            log.warning("reconciler: %s", e)
+            self.backend.reachability.down(e)  # warns once per outage; this loop polls every 50 ms
             return
         try:
             self._drains(live, ray_jobs)
@@ -128,7 +128,7 @@ class Reconciler(LoopService):
                 self._ended_badly(r, rj, spec, nodes)
                 self.backend.forget_result(r["submission_id"])  # a stopped service's last word, if any
             except RayUnavailable as e:
-                log.warning("reconciler: %s", e)
+                self.backend.reachability.down(e)
                 return
             except ResultUnavailable:
                 pass  # the backend said why; the attempt is looked at again next pass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from raylane.orchestrator.domain import policy
@@ -24,6 +25,9 @@ if TYPE_CHECKING:  # the store alone imports SQLAlchemy
 log = logging.getLogger(__name__)
 
 VIEW_CACHE_S = 2.0  # how stale the node-group view used for routing reasons may be
+# /readyz asks Ray itself only when nothing has for this long: the dispatcher lists
+# Ray's nodes every pass, so with the loops running its answer is always fresher.
+RAY_FRESH_S = 10.0
 
 
 class ControlPlane:
@@ -63,6 +67,43 @@ class ControlPlane:
         except Exception as e:
             return False, f"migration check failed: {type(e).__name__}"
         return True, "ok"
+
+    def readiness(self) -> dict[str, Any]:
+        """``/readyz``: the database (can jobs be accepted?) and Ray (can they run?), each
+        with ``ok`` and a ``reason``; ``status`` is ``unavailable`` without the
+        database, ``degraded`` when Ray is unreachable (jobs are accepted and wait),
+        else ``ok``."""
+        db_ok, db_reason = self.ready()
+        ray = self.ray_state()
+        if not db_ok:
+            status, reason = "unavailable", db_reason
+        elif ray["state"] == "unreachable":
+            status, reason = "degraded", f"{ray['reason']}: jobs are accepted and wait until it is back"
+        else:
+            status, reason = "ok", "ok"
+        return {"status": status, "reason": reason, "accepting_jobs": db_ok, "running_jobs": db_ok and ray["ok"],
+                "database": {"ok": db_ok, "reason": db_reason}, "ray": ray}
+
+    def ray_state(self) -> dict[str, Any]:
+        """Ray's reachability as the backend last saw it, asked afresh when that is old."""
+        from raylane.orchestrator.backends.reachability import REACHABLE, UNREACHABLE, unreachable_reason
+
+        if self.backend is None:
+            return {"ok": False, "state": "not attached", "since": None,
+                    "reason": "no Ray cluster attached (RAYLANE_DASHBOARD_URL unset): jobs are queued, none run"}
+        tracker = getattr(self.backend, "reachability", None)  # a stand-in backend may keep none
+        if tracker is None:
+            return {"ok": True, "state": "unknown", "since": None, "reason": "not tracked by this backend"}
+        seen = tracker.now()
+        if seen.checked_at is None or time.monotonic() - seen.checked_at > RAY_FRESH_S:
+            self.backend.ping()
+            seen = tracker.now()
+        since = seen.since.isoformat() if seen.since else None
+        if seen.state == UNREACHABLE:
+            return {"ok": False, "state": seen.state, "since": since,
+                    "reason": unreachable_reason(seen.since), "error": seen.error}
+        return {"ok": seen.state == REACHABLE, "state": seen.state, "since": since,
+                "reason": f"Ray dashboard at {self.dashboard_url} answers"}
 
     def close(self) -> None:
         if self.backend is not None:
@@ -164,8 +205,6 @@ class ControlPlane:
 
     def cluster_view(self):
         """Ray's node groups now, cached briefly so a burst of submits makes one call."""
-        import time
-
         from raylane.orchestrator.backends.ray_jobs import RayUnavailable
 
         now = time.monotonic()

@@ -13,7 +13,9 @@ Words used here:
 - *admit*: DISPATCHING + a new attempt row (CLAIMED) + a lease, and one more skip
   for every job this admission passed over;
 - *waiting reason*: why a queued job was not admitted, written (with an event)
-  only when it changed, so an idle queue writes nothing.
+  only when it changed, so an idle queue writes nothing. ``wait_all`` gives every
+  queued job one reason at once (Ray unreachable: no job is looked at one by
+  one), at most ``CLAIM_BATCH`` jobs per pass, those that say something else.
 
 On PostgreSQL both reads lock their rows ``FOR UPDATE SKIP LOCKED``, so several
 control planes split the queue instead of claiming the same job. SQLite
@@ -105,6 +107,20 @@ def fail_unroutable(session: Session, job: Queued, message: str, *, now: datetim
 def set_waiting(session: Session, job: Queued, reason: str) -> None:
     session.execute(update(jobs).where(jobs.c.id == job.id).values(status_reason=reason))
     record_event(session, job.id, status=job.status, reason=reason, actor="scheduler")
+
+
+def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM_BATCH) -> int:
+    """Queued jobs not already saying ``reason`` now say it (with an event each). Returns how many."""
+    q = _locked(session, select(jobs.c.id, jobs.c.status).where(
+        jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
+        or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
+        or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason),
+    ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
+    rows = session.execute(q).all()
+    for jid, status in rows:
+        session.execute(update(jobs).where(jobs.c.id == jid, jobs.c.status == status).values(status_reason=reason))
+        record_event(session, jid, status=JobStatus(status), reason=reason, actor="scheduler")
+    return len(rows)
 
 
 def admit(session: Session, job: Queued, placement: Placement, *, passed_over: list[str], owner: str,
