@@ -50,6 +50,12 @@ LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many g
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
 
 
+def reports_result(r) -> bool:
+    """Only Raylane's runner leaves a result in Ray's store; a command job (no
+    runner) never does, so its end needs no GCS at all."""
+    return traits(r["spec"]["kind"]).runner is not None
+
+
 class Reconciler(LoopService):
     name = "reconciler"
 
@@ -121,12 +127,14 @@ class Reconciler(LoopService):
                     continue
                 if rj is not None and rj.status == AttemptStatus.SUCCEEDED:
                     self._succeeded(r, rj)
-                    self.backend.forget_result(r["submission_id"])  # stored: Ray's copy goes
+                    if reports_result(r):
+                        self.backend.forget_result(r["submission_id"])  # stored: Ray's copy goes
                     continue
                 if nodes is None:
                     nodes = {n.node_id: n for n in self.backend.nodes()}
                 self._ended_badly(r, rj, spec, nodes)
-                self.backend.forget_result(r["submission_id"])  # a stopped service's last word, if any
+                if reports_result(r):
+                    self.backend.forget_result(r["submission_id"])  # a stopped service's last word, if any
             except RayUnavailable as e:
                 self.backend.reachability.down(e)
                 return
@@ -206,7 +214,7 @@ class Reconciler(LoopService):
             self.backend.forget_result(r["submission_id"])
 
     def _succeeded(self, r, rj: RayJob) -> None:
-        result = self.backend.result(r["submission_id"])
+        result = self.backend.result(r["submission_id"]) if reports_result(r) else None
         with db.transaction(self.sessions) as s:
             lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
                                         driver_node_id=rj.driver_node_id, result=result)
