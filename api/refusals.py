@@ -38,13 +38,14 @@ class _Bucket:
 
 
 class RefusalTally:
-    def __init__(self, access):
+    def __init__(self, access, *, clock=time.time):
         self.access = access
+        self.clock = clock  # wall-clock seconds: buckets are UTC minutes
         self._buckets: dict[tuple[str, int, int], _Bucket] = {}
 
     async def refused(self, entry: dict) -> None:
         """Count one refused request; ``entry`` is its audit row (``api.auth._entry``)."""
-        minute = int(time.time() // 60)
+        minute = int(self.clock() // 60)
         key = (entry["client"] or "-", minute, entry["status_code"])
         bucket = self._buckets.get(key)
         if bucket is None and sum(1 for k in self._buckets if k[1] == minute) >= MAX_BUCKETS:
@@ -62,7 +63,7 @@ class RefusalTally:
 
     async def flush(self) -> None:
         """Add the pending counts to their rows; drop buckets of past minutes."""
-        minute = int(time.time() // 60)
+        minute = int(self.clock() // 60)
         counts = {}
         for key, b in list(self._buckets.items()):
             if b.row_id is not None and b.pending:

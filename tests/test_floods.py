@@ -144,3 +144,62 @@ def test_bad_token_flood_gets_429_and_a_bounded_audit(settings, cp):
     assert sum(r["count"] for r in rows) == 500
     assert {r["status_code"] for r in rows} == {401, 429}
     assert all(r["client"] == "testclient" and r["path"] == "/v1/jobs" for r in rows)
+
+
+def test_a_token_seen_valid_passes_the_gate_until_it_is_refused(settings, cp):
+    cp.access.create_project(OWN, description=None, actor="t")
+    tok = cp.access.create_token(TokenCreate(name="m", project=OWN, role="member"), actor="t")
+    gated = settings.model_copy(update={"address_rate_per_s": 0.001, "address_burst": 1})
+    with TestClient(create_app(gated, cp=cp)) as c:
+        assert c.get("/v1/jobs", headers=bearer(tok.token)).status_code == 200  # spends the address's only one
+        assert c.get("/v1/jobs", headers=bearer(tok.token)).status_code == 200  # known valid: not gated
+        assert c.get("/v1/jobs", headers=bearer("rl_made-up")).status_code == 429
+        cp.access.revoke_token(tok.id, actor="t")
+        assert c.get("/v1/jobs", headers=bearer(tok.token)).status_code == 401  # still authenticated
+        assert c.get("/v1/jobs", headers=bearer(tok.token)).status_code == 429  # and forgotten by the gate
+
+
+class MemoryAudit:
+    """The two audit calls of ``services.access.Access`` the tally makes, in memory."""
+
+    def __init__(self):
+        self.rows: dict[int, dict] = {}
+
+    def record(self, entry: dict) -> int:
+        row_id = len(self.rows) + 1
+        self.rows[row_id] = {**entry, "count": 1}
+        return row_id
+
+    def add_to_counts(self, counts: dict[int, int]) -> None:
+        for row_id, n in counts.items():
+            self.rows[row_id]["count"] += n
+
+
+def test_refusals_are_one_row_per_client_minute_and_status(monkeypatch):
+    import anyio
+
+    from raylane.api import refusals
+
+    monkeypatch.setattr(refusals, "MAX_BUCKETS", 2)
+    audit, now = MemoryAudit(), [600.0]  # minute 10
+    tally = refusals.RefusalTally(audit, clock=lambda: now[0])
+
+    def entry(client: str, status: int) -> dict:
+        return {"actor": "anonymous", "client": client, "status_code": status, "method": "POST", "path": "/v1/jobs"}
+
+    async def scenario():
+        for _ in range(3):
+            await tally.refused(entry("a", 401))
+        await tally.refused(entry("a", 429))
+        assert [(r["client"], r["status_code"], r["count"]) for r in audit.rows.values()] == [("a", 401, 1), ("a", 429, 1)]
+        await tally.flush()
+        assert audit.rows[1]["count"] == 3
+        now[0] = 661.0  # minute 11: new rows; past MAX_BUCKETS, new addresses share client "*"
+        for client in ("a", "b", "c", "d", "c"):
+            await tally.refused(entry(client, 401))
+        await tally.flush()
+        await tally.flush()  # nothing pending: nothing added twice
+
+    anyio.run(scenario)
+    assert [(r["client"], r["status_code"], r["count"]) for r in audit.rows.values()] == [
+        ("a", 401, 3), ("a", 429, 1), ("a", 401, 1), ("b", 401, 1), ("*", 401, 3)]
