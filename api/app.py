@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,10 +18,12 @@ from raylane.api import errors, observability
 from raylane.api.auth import AuthMiddleware
 from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
-from raylane.api.ratelimit import SubmitLimit
+from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
+from raylane.api.refusals import RefusalTally
 from raylane.api.routers import access, cluster, costs, health, jobs
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
+from raylane.orchestrator.services.ratelimits import DatabaseWindows
 from raylane.orchestrator.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "content": {"application/json": {}}, "description": "The object's state forbids it"},
     413: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Body larger than RAYLANE_MAX_BODY_BYTES"},
     422: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Invalid input; `detail` names each field"},
-    429: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Submit rate limit; see Retry-After"},
+    429: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Submit rate limit, or too many requests without a valid token from one address; see Retry-After"},
     503: {"model": ErrorBody, "content": {"application/json": {}}, "description": "Ray is unreachable; see Retry-After"},
 }
 
@@ -59,6 +62,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         if settings.auto_migrate:
             plane.migrate()
         app.state.cp = plane
+        app.state.submit_limit.bind(DatabaseWindows(plane.sessions))
+        app.state.refusals = RefusalTally(plane.access)
         _bootstrap_access(plane, settings)
         if settings.dashboard_url:
             from raylane.orchestrator.backends.ray_jobs import read_token
@@ -71,9 +76,12 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         hooks = getattr(app.state, "startup_hooks", [])
         for hook in hooks:
             hook(plane)
+        flusher = asyncio.create_task(app.state.refusals.run())
         try:
             yield
         finally:
+            flusher.cancel()
+            await app.state.refusals.flush()
             await app.state.log_followers.close()
             for hook in getattr(app.state, "shutdown_hooks", []):
                 hook(plane)
@@ -92,7 +100,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
     app.state.submit_limit = SubmitLimit(settings.submit_rate_per_s, settings.submit_burst,
-                                         settings.rate_limit_storage)
+                                         resolve_storage(settings.rate_limit_storage, settings.database_url))
+    app.state.address_gate = AddressGate(settings.address_rate_per_s, settings.address_burst)
     app.state.log_followers = LogFollowers(lambda: app.state.cp, poll_s=settings.log_follow_poll_s,
                                            heartbeat_s=settings.log_follow_heartbeat_s,
                                            max_s=settings.log_follow_max_s,

@@ -8,19 +8,26 @@ dependencies (``raylane.api.deps``) decide the rest.
 
 It resolves ``Authorization: Bearer <token>`` to a ``Caller`` (one indexed read by
 the token's sha256: a revoked token is refused on its next request) and leaves
-it in the request state. Every mutating request (POST, PUT, PATCH, DELETE), also
-a refused one, writes an audit row: who, which action on what, from where, and
-the status code, committed before the response goes out.
+it in the request state. Every mutating request (POST, PUT, PATCH, DELETE) with
+a valid token, also a refused one, writes an audit row: who, which action on
+what, from where, and the status code, committed before the response goes out.
+
+The refusal path is cheap: a request without a token this replica has seen
+valid first passes the address gate (``api.ratelimit.AddressGate``, memory
+only: 429 once its address spent its burst); a refused mutating request without
+a valid token (401, or that 429) is counted in an aggregated audit row per
+client and minute (``api.refusals``), not written as a row of its own.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 
 import anyio
 
-from raylane.orchestrator.services.access import LOCAL_ADMIN, Caller, Role
+from raylane.orchestrator.services.access import LOCAL_ADMIN, MAX_TOKEN_LEN, Caller, Role, hash_token
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +72,32 @@ class AuthMiddleware:
             return await self.app(scope, receive, send)
         app = scope["app"]
         cp = app.state.cp
+        mutating = scope["method"] not in SAFE_METHODS
         if not app.state.settings.auth_enabled:
             caller: Caller | None = LOCAL_ADMIN
         else:
             token = _bearer(scope)
-            caller = await anyio.to_thread.run_sync(cp.access.authenticate, token) if token else None
-        mutating = scope["method"] not in SAFE_METHODS
+            digest = hash_token(token) if token and len(token) <= MAX_TOKEN_LEN else None
+            gate = app.state.address_gate
+            if not gate.knows(digest):
+                wait = gate.take(_address(scope))
+                if wait > 0:
+                    await _reply(send, 429, f"too many requests without a valid API token from this address: at most "
+                                            f"{gate.rate:g}/s (bursts of {gate.burst}); retry in {wait:.1f}s",
+                                 {"retry-after": str(math.ceil(wait))})
+                    if mutating:
+                        await app.state.refusals.refused(_entry(scope, None, 429))
+                    return
+            caller = await anyio.to_thread.run_sync(cp.access.authenticate, token) if digest else None
+            if caller is not None:
+                gate.vouch(digest)
+            else:
+                gate.forget(digest)
         if caller is None:
             await _reply(send, 401, "missing, unknown, expired or revoked API token: send 'Authorization: Bearer <token>'",
                          {"www-authenticate": "Bearer"})
             if mutating:
-                await _audit(cp, scope, None, 401)
+                await app.state.refusals.refused(_entry(scope, None, 401))
             return
         if is_admin_only(scope["path"]) and caller.role != Role.ADMIN.value:
             await _reply(send, 403, "this needs an admin token")
@@ -128,9 +150,15 @@ def _target(scope) -> str | None:
     return None
 
 
-async def _audit(cp, scope, caller: Caller | None, status: int) -> None:
+def _address(scope) -> str:
     client = scope.get("client")
-    entry = {
+    return client[0] if client else "-"
+
+
+def _entry(scope, caller: Caller | None, status: int) -> dict:
+    """The audit row of a request."""
+    client = scope.get("client")
+    return {
         "actor": caller.name if caller else ANONYMOUS,
         "token_id": caller.token_id if caller else None,
         "role": caller.role if caller else None,
@@ -142,6 +170,10 @@ async def _audit(cp, scope, caller: Caller | None, status: int) -> None:
         "status_code": status,
         "client": f"{client[0]}"[:128] if client else None,
     }
+
+
+async def _audit(cp, scope, caller: Caller | None, status: int) -> None:
+    entry = _entry(scope, caller, status)
     try:
         await anyio.to_thread.run_sync(cp.access.record, entry)
     except Exception:  # the request happened; losing its audit row must be loud, not fatal

@@ -79,7 +79,9 @@ class Settings(BaseSettings):
     )
     submit_rate_per_s: float = Field(20.0, ge=0, description="Submit requests (single or batch) per second per token; 0: unlimited.")
     submit_burst: int = Field(100, ge=1, description="Submit requests a token may make at once before the rate applies (then 429 + Retry-After).")
-    rate_limit_storage: str = Field("memory://", description="Where submit rate limits are counted (the limits package's storage URI): memory:// per process, redis://host:6379/0 shared by every replica.")
+    rate_limit_storage: str = Field("auto", description="Where submit rate limits are counted: database (a table shared by every replica on it), memory:// (this process), redis://host:6379/0 (shared through Redis), or auto: database on PostgreSQL, memory:// on SQLite (one server).")
+    address_rate_per_s: float = Field(20.0, ge=0, description="Requests per second per client address without a token this server has seen valid (checked before authentication, in memory per replica; then 429 + Retry-After); 0: unlimited.")
+    address_burst: int = Field(100, ge=1, description="Such requests an address may make at once before address_rate_per_s applies.")
 
     # Policy: what a job may run (orchestrator/domain/policy.py)
     policy_allow_pip: bool = Field(True, description="Allow runtime_env.pip at all.")

@@ -240,6 +240,8 @@ class AuditEntry(BaseModel):
     target: str | None = None
     status_code: int
     client: str | None = None
+    count: int = Field(1, description="Requests this row stands for: refusals without a valid token are one row "
+                                      "per client, minute and status code")
 
 
 class AuditPage(BaseModel):

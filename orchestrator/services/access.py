@@ -233,9 +233,15 @@ class Access:
 
     # Audit -------------------------------------------------------------------------
 
-    def record(self, entry: dict) -> None:
+    def record(self, entry: dict) -> int:
+        """Write one audit row; return its id."""
         with db.transaction(self.sessions) as s:
-            store.record(s, {**entry, "at": entry.get("at") or utcnow()})
+            return store.record(s, {**entry, "at": entry.get("at") or utcnow()})
+
+    def add_to_counts(self, counts: dict[int, int]) -> None:
+        """Add requests to aggregated audit rows (``api.refusals``): row id -> how many."""
+        with db.transaction(self.sessions) as s:
+            store.add_to_counts(s, counts)
 
     def audit(self, *, limit: int, cursor: str | None, actor: str | None = None, action: str | None = None,
               since=None) -> tuple[list[AuditEntry], str | None]:

@@ -218,6 +218,21 @@ audit_log = Table(
     Column("target", String(512), nullable=True),  # the object acted on (job id, token id, project)
     Column("status_code", Integer, nullable=False),
     Column("client", String(128), nullable=True),  # the client's address as the server saw it
+    # Requests this row stands for: 1, or refusals without a valid token from one
+    # client in one minute, counted in memory and added here (api.auth).
+    Column("count", Integer, nullable=False, server_default="1"),
 )
 # GET /v1/audit?actor=
 Index("ix_audit_log_actor_id", audit_log.c.actor, audit_log.c.id)
+
+# Rate limits shared by every replica on this database (store.ratelimits): one
+# row per key and fixed window, pruned once the window can no longer count.
+rate_windows = Table(
+    "rate_windows",
+    metadata,
+    Column("key", String(255), primary_key=True),  # "<namespace>:<window_s>:<who>"
+    Column("window_start", Integer, primary_key=True),  # epoch seconds, a multiple of the window
+    Column("n", Integer, nullable=False),  # hits taken in this window
+)
+# The prune: DELETE ... WHERE window_start < :before
+Index("ix_rate_windows_window_start", rate_windows.c.window_start)

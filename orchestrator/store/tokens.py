@@ -133,8 +133,15 @@ def revoke_created_by_except(session: Session, created_by: str, token_hash: str,
 # Audit -----------------------------------------------------------------------
 
 
-def record(session: Session, entry: dict[str, Any]) -> None:
-    session.execute(insert(audit_log).values(**entry))
+def record(session: Session, entry: dict[str, Any]) -> int:
+    """Insert one audit row; return its id."""
+    return session.execute(insert(audit_log).values(**entry)).inserted_primary_key[0]
+
+
+def add_to_counts(session: Session, counts: dict[int, int]) -> None:
+    """Add ``n`` to the ``count`` of audit row ``id``, for each id: n in ``counts``."""
+    for row_id, n in sorted(counts.items()):  # one order for every replica: no deadlock between them
+        session.execute(update(audit_log).where(audit_log.c.id == row_id).values(count=audit_log.c.count + n))
 
 
 def list_audit(session: Session, *, limit: int = 100, cursor: str | None = None, actor: str | None = None,
