@@ -18,7 +18,7 @@ from raylane.api.auth import AuthMiddleware
 from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import SubmitLimit
-from raylane.api.routers import access, cluster, costs, health, jobs
+from raylane.api.routers import access, cluster, costs, health, jobs, packages
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.settings import Settings, get_settings
 
@@ -92,7 +92,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.state.submit_limit = SubmitLimit(settings.submit_rate_per_s, settings.submit_burst,
                                          settings.rate_limit_storage)
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       per_prefix={packages.PREFIX: settings.package_max_bytes})
     # Outside the body limit (an unauthenticated request is refused before its
     # body is read), inside observability's request ids (a 401 has one too).
     app.add_middleware(AuthMiddleware)
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(cluster.router, responses=ERROR_RESPONSES)
     app.include_router(costs.router, responses=ERROR_RESPONSES)
     app.include_router(access.router, responses=ERROR_RESPONSES)
+    app.include_router(packages.router, responses=ERROR_RESPONSES)
     app.add_middleware(UIHeaders)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
