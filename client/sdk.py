@@ -1238,7 +1238,7 @@ class AsyncClient:
             pkg = await asyncio.to_thread(packaging.build, local)  # zipping is disk and CPU work
             if not await self._call(_Api.package_exists(pkg.sha256)):
                 await self._call(_Api.upload_package(pkg.sha256, pkg.data))
-            spec = _with_working_dir(spec, UploadedPackage.of(pkg, True).uri)
+            spec = _with_working_dir(spec, package_uri(pkg.sha256))
         return await self.submit(spec, idempotency_key=idempotency_key)
 
     async def get_job(self, job_id: str) -> Job:

@@ -33,7 +33,9 @@ def package_exists(sha256: Sha256, cp: CP, caller: CallerDep) -> Response:
 @router.put("/{sha256}", summary="Upload a package (a zip of a working dir)", status_code=201,
             responses={200: {"description": "Already stored; nothing written"},
                        413: {"description": "Larger than RAYLANE_PACKAGE_MAX_BYTES"},
-                       422: {"description": "The body's sha256 is not the one in the path"}})
+                       422: {"description": "The body's sha256 is not the one in the path"}},
+            openapi_extra={"requestBody": {"required": True, "content": {
+                "application/zip": {"schema": {"type": "string", "format": "binary"}}}}})
 async def upload_package(sha256: Sha256, request: Request, cp: CP, caller: MemberDep) -> Response:
     data = await request.body()
     request.state.audit_target = sha256

@@ -209,7 +209,8 @@ class RayJobsBackend:
                 raise PackageMissing(f"package {sha256} is no longer stored; upload it again and resubmit")
             r = self._req("PUT", path, content=data, timeout=max(HTTP_TIMEOUT_S, len(data) / PACKAGE_UPLOAD_BYTES_PER_S))
         if r.status_code != 200:
-            if r.status_code >= 500:
+            # As for a submit: a 500 is Ray's own refusal (its traceback), a 502-504 a proxy's "not now".
+            if r.status_code > 500:
                 raise RayUnavailable(f"Ray's package store answered {r.status_code} for {name}")
             raise RuntimeError(f"Ray refused package {name} ({r.status_code}): {r.text[-2000:]}")
         return f"gcs://{name}"
