@@ -181,3 +181,60 @@ def test_the_sweep_keeps_what_a_live_job_or_a_recent_use_needs(api, cp):
     with db.transaction(cp.sessions) as s:
         store_packages.touch(s, sha[live], now=old)
     assert cp.packages.sweep() == [sha[live]]  # its job has ended
+
+
+# The handoff to Ray ---------------------------------------------------------------
+
+
+def test_a_package_goes_to_rays_package_store_once(tmp_path):
+    import httpx
+
+    from raylane.orchestrator.backends.ray_jobs import PackageMissing, RayJobsBackend
+
+    ray_has: dict[str, bytes] = {}
+    seen: list[tuple[str, str]] = []
+
+    def ray(req: httpx.Request) -> httpx.Response:
+        seen.append((req.method, req.url.path))
+        name = req.url.path.rsplit("/", 1)[-1]
+        if req.method == "PUT":
+            ray_has[name] = req.content
+            return httpx.Response(200)
+        return httpx.Response(200 if name in ray_has else 404)
+
+    backend = RayJobsBackend("http://ray.invalid:8265")
+    backend.http = httpx.Client(base_url=backend.dashboard_url, transport=httpx.MockTransport(ray))
+    data = b"PK the zip"
+    sha = hashlib.sha256(data).hexdigest()
+    loads = []
+    load = lambda: loads.append(1) or data  # noqa: E731
+    assert backend.ensure_package(sha, load) == f"gcs://_ray_pkg_{sha}.zip"
+    assert backend.ensure_package(sha, load) == f"gcs://_ray_pkg_{sha}.zip"
+    assert ray_has == {f"_ray_pkg_{sha}.zip": data} and len(loads) == 1
+    assert [m for m, _ in seen] == ["GET", "PUT", "GET"]
+    with pytest.raises(PackageMissing):
+        backend.ensure_package("0" * 64, lambda: None)
+
+
+def test_the_dispatcher_hands_ray_the_package_a_spec_names(cp, settings):
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.loops.dispatcher import Dispatcher
+
+    class Backend:
+        def __init__(self):
+            self.got: dict[str, bytes | None] = {}
+
+        def ensure_package(self, sha, load):
+            self.got[sha] = load()
+            return f"gcs://_ray_pkg_{sha}.zip"
+
+    data = b"PK code"
+    sha = hashlib.sha256(data).hexdigest()
+    assert cp.packages.upload(sha, data, project="default", actor="t")
+    backend = Backend()
+    d = Dispatcher(settings, cp.sessions, backend, default_profile())
+    env = d._packages_to_ray({"working_dir": f"raylane://packages/{sha}", "py_modules": ["s3://b/m.zip"],
+                              "env_vars": {"A": "1"}})
+    assert env == {"working_dir": f"gcs://_ray_pkg_{sha}.zip", "py_modules": ["s3://b/m.zip"], "env_vars": {"A": "1"}}
+    assert backend.got == {sha: data}
+    assert d._packages_to_ray({"working_dir": "/srv/code"}) == {"working_dir": "/srv/code"}
