@@ -14,7 +14,9 @@ Words used here:
   for it), so it is only retried when the request never left this machine.
 
 This module imports pydantic, yaml and the pure-pydantic ``raylane.orchestrator.domain.specs``,
-``states`` and ``resources``; httpx is imported when a client is made. Never Ray,
+``states`` and ``resources`` (and ``packages``), and ``raylane.client.packaging``
+(the standard library's zip) for working dirs sent from this machine; httpx is
+imported when a client is made. Never Ray,
 SQLAlchemy or FastAPI: ``pip install raylane`` must stay light.
 """
 
