@@ -20,7 +20,7 @@ from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
 from raylane.api.refusals import RefusalTally
-from raylane.api.routers import access, cluster, costs, health, jobs
+from raylane.api.routers import access, cluster, costs, health, jobs, packages
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
 from raylane.orchestrator.services.ratelimits import DatabaseWindows
@@ -108,7 +108,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
                                            per_token=settings.log_streams_per_token,
                                            max_streams=settings.log_streams_max)
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       per_prefix={packages.PREFIX: settings.package_max_bytes})
     # Outside the body limit (an unauthenticated request is refused before its
     # body is read), inside observability's request ids (a 401 has one too).
     app.add_middleware(AuthMiddleware)
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(cluster.router, responses=ERROR_RESPONSES)
     app.include_router(costs.router, responses=ERROR_RESPONSES)
     app.include_router(access.router, responses=ERROR_RESPONSES)
+    app.include_router(packages.router, responses=ERROR_RESPONSES)
     app.add_middleware(UIHeaders)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.state.metrics_registry.register(LogFollowersCollector(app.state.log_followers))

@@ -2,7 +2,9 @@
 
 By Content-Length when the client sends one; otherwise by counting chunks as
 they arrive, raising HTTPException(413), which FastAPI passes through its body
-parsing to the error handlers in ``raylane.api.errors``.
+parsing to the error handlers in ``raylane.api.errors``. A path under a prefix
+in ``per_prefix`` has that prefix's limit instead (code packages are larger
+than any JSON body).
 """
 
 from __future__ import annotations
@@ -13,21 +15,24 @@ from starlette.exceptions import HTTPException
 
 
 class BodySizeLimit:
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, per_prefix: dict[str, int] | None = None):
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_max_bytes = max_bytes
+        self.per_prefix = dict(per_prefix or {})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        max_bytes = next((v for p, v in self.per_prefix.items() if path.startswith(p)), self.default_max_bytes)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > self.max_bytes
+                    too_big = int(value) > max_bytes
                 except ValueError:
                     return await self._reject(send, 400, "Content-Length is not a number")
                 if too_big:
-                    return await self._reject(send, 413, f"request body is larger than {self.max_bytes} bytes")
+                    return await self._reject(send, 413, f"request body is larger than {max_bytes} bytes")
         seen = 0
 
         async def limited_receive():
@@ -35,8 +40,8 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise HTTPException(413, f"request body is larger than {self.max_bytes} bytes")
+                if seen > max_bytes:
+                    raise HTTPException(413, f"request body is larger than {max_bytes} bytes")
             return message
 
         await self.app(scope, limited_receive, send)

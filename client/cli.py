@@ -1,5 +1,5 @@
-"""The ``raylane`` command: the user's commands (submit, ls, status, logs, wait,
-cancel, trials, plan, nodes, report), each a call of ``raylane.client.sdk``.
+"""The ``raylane`` command: the user's commands (submit, run, ls, status, logs,
+wait, cancel, trials, plan, nodes, report), each a call of ``raylane.client.sdk``.
 
 It imports the client's dependencies only (typer, rich, httpx, pydantic, pyyaml;
 never Ray, SQLAlchemy or FastAPI). The server's commands are ``raylane-server``
@@ -200,6 +200,11 @@ def _stream_logs(job_id: str, problems: list) -> None:
         problems.append(e)
 
 
+_WORKING_DIR_HELP = ("A local directory to run the job in: zipped here (.gitignore honoured), uploaded unless the "
+                     "server has the same tree already, and set as runtime_env.working_dir.")
+_EXCLUDE_HELP = "With --working-dir: leave out files matching this .gitignore-style pattern (repeatable)."
+
+
 @app.command()
 @_client_command
 def submit(
@@ -212,13 +217,60 @@ def submit(
         "key per run; the retries inside one run are always safe)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="With --wait/--follow: give up after "
                                             "this many seconds (exit 3); the job keeps running."),
+    working_dir: Optional[Path] = typer.Option(None, "--working-dir", file_okay=False, help=_WORKING_DIR_HELP),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help=_EXCLUDE_HELP),
     output: Output = _OUTPUT,
 ) -> None:
     """Submit the job in FILE; with --wait or --follow, stay until it ends."""
+    from raylane.client.sdk import spec_body
+
+    _submit_and_watch(spec_body(file), wait=wait, follow=follow, idempotency_key=idempotency_key, timeout=timeout,
+                      working_dir=working_dir, exclude=exclude or [], output=output)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_client_command
+def run(
+    command: List[str] = typer.Argument(..., help="The command to run, after `--`: a command job's entrypoint."),
+    working_dir: Optional[Path] = typer.Option(None, "--working-dir", file_okay=False, help=_WORKING_DIR_HELP),
+    exclude: Optional[List[str]] = typer.Option(None, "--exclude", help=_EXCLUDE_HELP),
+    name: Optional[str] = typer.Option(None, "--name", help="Job name (default: the command's first word)."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to end (the exit code says how)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Also stream the job's log to stdout (implies --wait)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="With --wait/--follow: give up after "
+                                            "this many seconds (exit 3); the job keeps running."),
+    output: Output = _OUTPUT,
+) -> None:
+    """Run a command as a job, like `ray job submit`: raylane run --working-dir . -- python train.py --lr 1e-3"""
+    import shlex
+
+    if not command:
+        raise _fail("give the command to run after `--`", EXIT_USAGE)
+    base = Path(command[0]).name or "command"
+    spec = {"name": name or base[:128], "kind": "command", "entrypoint": shlex.join(command)}
+    _submit_and_watch(spec, wait=wait, follow=follow, idempotency_key=None, timeout=timeout, working_dir=working_dir,
+                      exclude=exclude or [], output=output)
+
+
+def _submit_and_watch(spec: dict, *, wait: bool, follow: bool, idempotency_key: Optional[str],
+                      timeout: Optional[float], working_dir: Optional[Path], exclude: List[str],
+                      output: Output) -> None:
     from rich.markup import escape
 
+    from raylane.client.sdk import PackageTooLarge
+
     with _client() as c:
-        job = c.submit(file, idempotency_key=idempotency_key)
+        if working_dir is not None:
+            try:
+                pkg = c.upload_package(working_dir, excludes=exclude)
+            except (PackageTooLarge, NotADirectoryError) as e:
+                raise _fail(str(e), EXIT_USAGE) from None
+            spec = {**spec, "runtime_env": {**(spec.get("runtime_env") or {}), "working_dir": pkg.uri}}
+            what = "uploaded" if pkg.sent else "already on the server, nothing sent"
+            _console(stderr=True).print(
+                f"Working dir {escape(str(working_dir))}: {pkg.files} files, {pkg.size_bytes} bytes, package "
+                f"{pkg.sha256[:12]} ({what})", soft_wrap=True)
+        job = c.submit(spec, idempotency_key=idempotency_key)
         if output is Output.json and not (wait or follow):
             _print_json(job)
             return

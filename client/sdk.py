@@ -14,7 +14,9 @@ Words used here:
   for it), so it is only retried when the request never left this machine.
 
 This module imports pydantic, yaml and the pure-pydantic ``raylane.orchestrator.domain.specs``,
-``states`` and ``resources``; httpx is imported when a client is made. Never Ray,
+``states`` and ``resources`` (and ``packages``), and ``raylane.client.packaging``
+(the standard library's zip) for working dirs sent from this machine; httpx is
+imported when a client is made. Never Ray,
 SQLAlchemy or FastAPI: ``pip install raylane`` must stay light.
 """
 
@@ -38,7 +40,10 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic import ValidationError as _PydanticValidationError
 
+from raylane.client import packaging
+from raylane.client.packaging import PackageTooLarge
 from raylane.orchestrator.domain import views
+from raylane.orchestrator.domain.packages import package_uri
 from raylane.orchestrator.domain.views import (
     Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
 )
@@ -53,7 +58,7 @@ __all__ = [
     "RaylaneError", "NotFound", "Conflict", "ValidationFailed", "Unauthorized", "Forbidden", "RateLimited",
     "ServerError", "ConnectionFailed", "WaitTimeout",
     "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial",
-    "DEFAULT_URL", "MAX_ATTEMPTS",
+    "DEFAULT_URL", "MAX_ATTEMPTS", "PackageTooLarge", "UploadedPackage",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -307,6 +312,7 @@ class _Call(Generic[T]):
     parse: Callable[["httpx.Response"], T]
     params: list[tuple[str, str]] = field(default_factory=list)
     json: Any = None
+    content: bytes | None = None  # a raw body (a package's zip) instead of JSON
     headers: dict[str, str] = field(default_factory=dict)
     resendable: bool = True
     ok: frozenset[int] = frozenset({200, 201})
@@ -392,6 +398,16 @@ class _Api:
     def submit_batch(specs: Iterable[SpecLike]) -> _Call[BatchSubmitResponse]:
         return _Call("POST", "/v1/jobs/batch", _model(BatchSubmitResponse),
                      json={"jobs": [spec_body(s) for s in specs]}, resendable=False)
+
+    @staticmethod
+    def package_exists(sha256: str) -> _Call[bool]:
+        return _Call("HEAD", f"/v1/packages/{sha256}", lambda r: r.status_code == 200, ok=frozenset({200, 404}))
+
+    @staticmethod
+    def upload_package(sha256: str, data: bytes) -> _Call[bool]:
+        # Content-addressed: a second PUT of the same bytes stores nothing, so resendable.
+        return _Call("PUT", f"/v1/packages/{sha256}", lambda r: r.status_code == 201, content=data,
+                     headers={"Content-Type": "application/zip"})
 
     @staticmethod
     def get_job(job_id: str) -> _Call[Job]:
@@ -621,7 +637,8 @@ class Client:
         import httpx
         import tenacity
 
-        kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers}
+        kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers,
+                                  "content": call.content}
         if call.timeout != "default":
             kwargs["timeout"] = call.timeout
         tries = 0
@@ -648,7 +665,39 @@ class Client:
 
     # Jobs ----------------------------------------------------------------------
 
-    def submit(self, spec: SpecLike, *, idempotency_key: str | None = None) -> Job:
+    def upload_package(self, working_dir: str | os.PathLike[str], *, excludes: Iterable[str] = (),
+                       max_bytes: int = packaging.DEFAULT_MAX_BYTES) -> UploadedPackage:
+        """Zip a local directory here and upload it as a code package, unless the
+        server has it already (same tree, same sha256: nothing is sent).
+
+        Args:
+            working_dir: the directory; ``.gitignore`` files in it are honoured.
+            excludes: more patterns to leave out, in ``.gitignore`` syntax.
+            max_bytes: refuse a tree larger than this before zipping or sending.
+
+        Returns:
+            ``UploadedPackage``: ``uri`` (``raylane://packages/<sha256>``, for a
+            spec's ``runtime_env.working_dir``) and whether it was sent.
+
+        Raises:
+            PackageTooLarge: the tree is over ``max_bytes``; names its biggest files.
+            Forbidden: the token may not upload (a viewer).
+            ConnectionFailed: the server could not be reached.
+
+        Example::
+
+            pkg = client.upload_package(".", excludes=["data/"])
+            client.submit({..., "runtime_env": {"working_dir": pkg.uri}})
+        """
+        pkg = packaging.build(working_dir, excludes=excludes, max_bytes=max_bytes)
+        sent = False
+        if not self._call(_Api.package_exists(pkg.sha256)):
+            self._call(_Api.upload_package(pkg.sha256, pkg.data))
+            sent = True
+        return UploadedPackage.of(pkg, sent)
+
+    def submit(self, spec: SpecLike, *, idempotency_key: str | None = None,
+               working_dir: str | os.PathLike[str] | None = None, excludes: Iterable[str] = ()) -> Job:
         """Submit a job.
 
         The request carries an ``Idempotency-Key`` (a fresh uuid4 unless given),
@@ -659,6 +708,10 @@ class Client:
             spec: a ``JobSpec``, a dict of the same shape, or the path of a YAML
                 (or JSON) spec file.
             idempotency_key: reuse it to get the job a previous submit created.
+            working_dir: a local directory to run the job in: zipped here,
+                uploaded (``upload_package``) and set as the spec's
+                ``runtime_env.working_dir``. No filesystem is shared with the server.
+            excludes: with ``working_dir``, patterns to leave out (``.gitignore`` syntax).
 
         Returns:
             The stored job, ``PENDING`` with its ``status_reason`` and, once
@@ -668,12 +721,15 @@ class Client:
             ValidationFailed: the spec is invalid; ``errors`` names each field.
             Conflict: the key was used before with a different spec.
             ConnectionFailed: the server could not be reached.
+            PackageTooLarge: ``working_dir`` is over the size limit (nothing sent).
 
         Example::
 
             job = client.submit({"name": "hello", "kind": "command",
                                  "entrypoint": "python -c 'print(42)'"})
         """
+        if working_dir is not None:
+            spec = _with_working_dir(spec, self.upload_package(working_dir, excludes=excludes).uri)
         return self._call(_Api.submit(spec, idempotency_key))
 
     def submit_batch(self, specs: Iterable[SpecLike]) -> BatchSubmitResponse:
@@ -724,7 +780,11 @@ class Client:
             job = client.submit_function(train, args={"lr": 1e-3}, gpus=1)
         """
         jf = fn.options(**options) if isinstance(fn, JobFunction) else JobFunction(fn, **options)
-        return self.submit(jf.spec(**dict(args or {})), idempotency_key=idempotency_key)
+        spec = jf.spec(**dict(args or {}))
+        local = _local_working_dir(spec)
+        if local is not None:
+            spec = _with_working_dir(spec, self.upload_package(local).uri)
+        return self.submit(spec, idempotency_key=idempotency_key)
 
     def get_job(self, job_id: str) -> Job:
         """One job.
@@ -1085,6 +1145,34 @@ class Client:
         return self._call(_Api.health())
 
 
+@dataclass(frozen=True)
+class UploadedPackage:
+    """A working dir uploaded as a code package; ``sent`` is False when the server had it."""
+
+    uri: str
+    sha256: str
+    files: int
+    size_bytes: int
+    sent: bool
+
+    @classmethod
+    def of(cls, pkg: "packaging.Package", sent: bool) -> "UploadedPackage":
+        return cls(uri=package_uri(pkg.sha256), sha256=pkg.sha256, files=pkg.files, size_bytes=pkg.size_bytes,
+                   sent=sent)
+
+
+def _local_working_dir(spec: JobSpec) -> str | None:
+    """The spec's working_dir if it is a directory on this machine (not a URI)."""
+    wd = spec.runtime_env.working_dir
+    return wd if wd and "://" not in wd else None
+
+
+def _with_working_dir(spec: SpecLike, uri: str) -> dict[str, Any]:
+    body = spec_body(spec)
+    body["runtime_env"] = {**(body.get("runtime_env") or {}), "working_dir": uri}
+    return body
+
+
 def _wait_timeout(job_id: str, timeout: float | None, last: JobStatus | None) -> WaitTimeout:
     state = last.value if last else "unknown"
     return WaitTimeout(f"job {job_id} is still {state} after {timeout:g}s; it keeps running",
@@ -1140,7 +1228,8 @@ class AsyncClient:
         import httpx
         import tenacity
 
-        kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers}
+        kwargs: dict[str, Any] = {"params": call.params or None, "json": call.json, "headers": call.headers,
+                                  "content": call.content}
         if call.timeout != "default":
             kwargs["timeout"] = call.timeout
         tries = 0
@@ -1174,8 +1263,17 @@ class AsyncClient:
 
     async def submit_function(self, fn: Callable[..., Any], *, args: Mapping[str, Any] | None = None,
                               idempotency_key: str | None = None, **options: Any) -> Job:
+        import asyncio
+
         jf = fn.options(**options) if isinstance(fn, JobFunction) else JobFunction(fn, **options)
-        return await self.submit(jf.spec(**dict(args or {})), idempotency_key=idempotency_key)
+        spec = jf.spec(**dict(args or {}))
+        local = _local_working_dir(spec)
+        if local is not None:
+            pkg = await asyncio.to_thread(packaging.build, local)  # zipping is disk and CPU work
+            if not await self._call(_Api.package_exists(pkg.sha256)):
+                await self._call(_Api.upload_package(pkg.sha256, pkg.data))
+            spec = _with_working_dir(spec, package_uri(pkg.sha256))
+        return await self.submit(spec, idempotency_key=idempotency_key)
 
     async def get_job(self, job_id: str) -> Job:
         return await self._call(_Api.get_job(job_id))
@@ -1413,11 +1511,10 @@ class JobFunction:
 
             job = train.submit(lr=1e-3, epochs=3)
         """
-        spec = self.spec(**args)
         if client is not None:
-            return client.submit(spec, idempotency_key=idempotency_key)
+            return client.submit_function(self, args=args, idempotency_key=idempotency_key)
         with Client() as c:
-            return c.submit(spec, idempotency_key=idempotency_key)
+            return c.submit_function(self, args=args, idempotency_key=idempotency_key)
 
 
 @overload
@@ -1445,11 +1542,12 @@ def job(fn: Callable[..., Any] | None = None, /, **options: Any):
     The return values are in ``job.result["workers"][i]["return"]``.
 
     The job's entrypoint is ``module:function``, and the directory holding the
-    function's top-level package is shipped as ``runtime_env.working_dir``. The
-    server zips and uploads that local directory to Ray, so this works when the
-    server runs on the same machine (or sees the same files); otherwise pass
-    ``working_dir=`` a URI Ray can fetch (``s3://...zip``, ``https://...zip``).
-    Keep the directory small: all of it is uploaded.
+    function's top-level package is shipped as ``runtime_env.working_dir``:
+    zipped on this machine (``.gitignore`` honoured), uploaded to the server as
+    a code package unless it has that tree already, and handed to Ray by the
+    server; no filesystem is shared. ``working_dir=`` another local directory,
+    or a URI Ray can fetch (``s3://...zip``, ``https://...zip``), overrides it.
+    Keep the directory small: all of it is uploaded (at most 100 MiB).
 
     Args:
         gpus: GPUs per worker (fractions share a GPU).

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     policy_working_dir_uri_schemes: list[str] = Field(
         ["s3", "gs", "https"], description="URI schemes a remote working_dir / py_modules may use (JSON list)."
     )
+    # 100 MiB: Ray's own default cap for a working_dir it zips; a package is held in
+    # memory once on upload and once when handed to Ray.
+    package_max_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="Largest code package (zipped working_dir) a member may upload to PUT /v1/packages/{sha256}.")
+    package_retention_s: float = Field(7 * 24 * 3600, ge=0, description="An uploaded package no live job refers to is deleted once unused this long (seconds since its last upload, submit or dispatch).")
     policy_reserved_env_prefixes: list[str] = Field(
         ["RAYLANE_", "RAY_"], description="runtime_env.env_vars names with these prefixes are refused (JSON list)."
     )

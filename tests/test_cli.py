@@ -495,7 +495,8 @@ def test_local_cluster_up_then_jobs_run_then_down(server_factory, tmp_path):
 
             with Client(srv.url, token=ADMIN_TOKEN) as c:
                 job = sdk_e2e_fn.square.submit(client=c, x=7)
-                assert job.spec.runtime_env.working_dir == str(mod_dir)
+                # Zipped here and uploaded: the server is not asked to read the client's disk.
+                assert job.spec.runtime_env.working_dir == c.upload_package(mod_dir).uri
                 done = c.wait(job.id, timeout=240)
                 assert done.status is JobStatus.SUCCEEDED, (done.status_reason, c.logs(job.id))
                 assert done.result["workers"][0]["return"] == 49

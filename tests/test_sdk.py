@@ -42,7 +42,7 @@ ADMIN_TOKEN = "sdk-test-admin-token-0123456789"
 def server_env(db_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
     return {"RAYLANE_DATABASE_URL": db_url, "RAYLANE_DATA_DIR": str(data_dir), "RAYLANE_LOOPS_ENABLED": "false",
             "RAYLANE_ADMIN_TOKEN": ADMIN_TOKEN, "RAYLANE_AUTH_ENABLED": "true",
-            # Functions as jobs ship a local working_dir; the server's policy must allow where it is.
+            # Functions as jobs upload their directory; local paths are for tests that still send one.
             "RAYLANE_POLICY_WORKING_DIR_ROOTS": json.dumps([str(ROOT), str(data_dir)]), **extra}
 
 
@@ -485,7 +485,10 @@ def test_decorated_function_submits_as_training_job(client, tag):
     job = decorated.submit(client=client, lr=0.01)
     spec = job.spec
     assert spec.kind.value == "training" and spec.entrypoint == "tests.test_sdk:decorated"
-    assert spec.runtime_env.working_dir == str(ROOT)  # the directory holding the `tests` package
+    # The directory holding the `tests` package, zipped here and uploaded: asked for
+    # again, the server has it and nothing is sent.
+    again = client.upload_package(ROOT)
+    assert spec.runtime_env.working_dir == again.uri and not again.sent
     assert spec.resources.gpus_per_worker == 1 and spec.resources.num_workers == 1
     assert spec.args == {"lr": 0.01} and spec.labels["team"] == "sdk" and job.name == "fn-train"
     assert job.placement.node_group == "gpu"

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from raylane.orchestrator.backends.reachability import Reachability
+from raylane.orchestrator.domain.packages import ray_package_name
 from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL
 from raylane.orchestrator.domain.routing import ClusterView, GroupState
 
@@ -34,11 +35,18 @@ RESULT_PATIENCE_S = 60.0
 # A raylet's command line names its GCS: how a control plane given only the
 # dashboard's URL finds the GCS (the head's own processes say where it is).
 GCS_ADDRESS_FLAG = re.compile(r"--gcs-address=([^\s\"']+)")
+# A package PUT to Ray may take longer than one call's timeout: at least this
+# rate (a slow link to the head) before it counts as unreachable.
+PACKAGE_UPLOAD_BYTES_PER_S = 1024 * 1024
 RESULT_RETRY_S = 1.0  # between reads of one result while the GCS fails (the reconciler polls every 50 ms)
 
 
 class RayUnavailable(Exception):
     """The dashboard / Jobs API could not be reached."""
+
+
+class PackageMissing(Exception):
+    """An uploaded package a job names is stored neither here nor in Ray."""
 
 
 class AlreadySubmitted(Exception):
@@ -199,6 +207,32 @@ class RayJobsBackend:
         except (ValueError, OSError) as e:
             raise RuntimeError(f"runtime_env: could not package a local directory: {e}") from e
         return env
+
+    def ensure_package(self, sha256: str, load) -> str:
+        """The Ray URI of an uploaded package (``domain.packages``), handing its
+        bytes to Ray's package store first if Ray has not got them: the same
+        ``GET``/``PUT /api/packages/gcs/<name>`` that ``ray job submit
+        --working-dir`` uses, so a package goes to Ray once per cluster, not once
+        per job. ``load()`` gives the bytes, or None if the package is gone.
+
+        Raises:
+            RayUnavailable: the dashboard could not be reached.
+            PackageMissing: Ray has not got it and ``load`` has nothing.
+        """
+        name = ray_package_name(sha256)
+        path = f"/api/packages/gcs/{name}"
+        r = self._req("GET", path)
+        if r.status_code == 404:
+            data = load()
+            if data is None:
+                raise PackageMissing(f"package {sha256} is no longer stored; upload it again and resubmit")
+            r = self._req("PUT", path, content=data, timeout=max(HTTP_TIMEOUT_S, len(data) / PACKAGE_UPLOAD_BYTES_PER_S))
+        if r.status_code != 200:
+            # As for a submit: a 500 is Ray's own refusal (its traceback), a 502-504 a proxy's "not now".
+            if r.status_code > 500:
+                raise RayUnavailable(f"Ray's package store answered {r.status_code} for {name}")
+            raise RuntimeError(f"Ray refused package {name} ({r.status_code}): {r.text[-2000:]}")
+        return f"gcs://{name}"
 
     def get(self, submission_id: str) -> RayJob | None:
         r = self._req("GET", f"/api/jobs/{submission_id}")

@@ -11,7 +11,10 @@ A job runs arbitrary code, but only through the doors listed here:
   to Ray (``backends.ray_jobs``), so it must be an absolute path without ``..``
   under one of the allowed roots, and never inside the control plane's own state
   (``data_dir``: the database, the admin token, every project's storage); a URI
-  must use an allowed scheme. ``py_modules`` entries follow the same rules;
+  must use an allowed scheme. ``raylane://packages/<sha256>``, a package the
+  client uploaded (``domain.packages``), is always allowed: uploading is the
+  door for code from a laptop, and whether it exists is checked at submit.
+  ``py_modules`` entries follow the same rules;
 - ``env_vars``: names Raylane or Ray read (``RAYLANE_*``, ``RAY_*``) are refused,
   so a job cannot override its own job id, project or storage, or Ray's settings;
 - resources: most GPUs, CPUs and workers one job may hold.
@@ -32,6 +35,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from raylane.orchestrator.domain.errors import Forbidden, Invalid
+from raylane.orchestrator.domain.packages import is_package_uri, package_sha
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 
@@ -134,6 +138,12 @@ def _check_sources(spec: JobSpec, settings: Settings) -> None:
     items = ([("runtime_env.working_dir", env.working_dir)] if env.working_dir else []) + \
         [("runtime_env.py_modules", m) for m in env.py_modules]
     for field, value in items:
+        if is_package_uri(value):
+            if package_sha(value) is None:
+                raise PolicyInvalid(f"{field} {value[:200]!r} is not a package URI: raylane://packages/ and the "
+                                    f"package's sha256 (64 lower-case hex digits)",
+                                    rule="policy.working_dir.package", field=field)
+            continue
         m = URI_RE.match(value)
         if m:
             scheme = m.group(1).lower()

@@ -27,6 +27,7 @@ from raylane.orchestrator.backends.reachability import unreachable_reason
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
+from raylane.orchestrator.domain.packages import package_sha
 from raylane.orchestrator.loops import admission
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.domain.profile import Profile
@@ -35,7 +36,7 @@ from raylane.orchestrator.domain.routing import ClusterView
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.policy import state_excludes
-from raylane.orchestrator.store import db, lifecycle, queue, quotas as store_quotas, stats
+from raylane.orchestrator.store import db, lifecycle, packages as store_packages, queue, quotas as store_quotas, stats
 from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.transitions import utcnow
 
@@ -92,6 +93,30 @@ class Dispatcher(LoopService):
 
     # Submit ------------------------------------------------------------------
 
+    def _packages_to_ray(self, runtime_env: dict[str, Any]) -> dict[str, Any]:
+        """Uploaded packages (``raylane://packages/<sha256>``) become Ray URIs,
+        handed to Ray's package store on first use, and are marked used so the
+        sweep keeps them while a job may still be retried."""
+        def to_ray(value: str) -> str:
+            sha = package_sha(value)
+            if sha is None:
+                return value
+            with db.transaction(self.sessions) as s:
+                store_packages.touch(s, sha, now=utcnow())
+
+            def load() -> bytes | None:
+                with db.transaction(self.sessions) as s:
+                    return store_packages.read(s, sha)
+
+            return self.backend.ensure_package(sha, load)
+
+        out = dict(runtime_env)
+        if out.get("working_dir"):
+            out["working_dir"] = to_ray(out["working_dir"])
+        if out.get("py_modules"):
+            out["py_modules"] = [to_ray(m) for m in out["py_modules"]]
+        return out
+
     def submit(self, c: Claimed) -> None:
         sid = submission_id(c.job_id, c.attempt)
         spec, pl = c.spec, c.placement
@@ -117,6 +142,7 @@ class Dispatcher(LoopService):
             runtime_env["excludes"] = excludes  # never ship the control plane's own state
         drv = pl.driver_resources
         try:
+            runtime_env = self._packages_to_ray(runtime_env)
             self.backend.submit(submission_id=sid, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata,
                                 entrypoint_num_cpus=drv.get("CPU", 0), entrypoint_num_gpus=drv.get("GPU", 0),
                                 entrypoint_label_selector=pl.driver_label_selector)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from raylane.orchestrator.domain import policy
 from raylane.orchestrator.services.access import Access
+from raylane.orchestrator.services.packages import Packages
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
@@ -50,6 +51,8 @@ class ControlPlane:
         self._view_cache = None
         # Identities, projects, quotas, audit (raylane.orchestrator.services.access).
         self.access = Access(settings, self.sessions)
+        # Code uploaded by clients (raylane.orchestrator.services.packages).
+        self.packages = Packages(settings, self.sessions)
 
     # Lifecycle -------------------------------------------------------------
 
@@ -117,6 +120,7 @@ class ControlPlane:
 
     def submit(self, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None = None) -> tuple[Job, bool]:
         policy.check(spec, self.settings)
+        self.packages.claim_for(spec)
         placement = self._route(spec)
         with db.transaction(self.sessions) as s:
             job_id, created = store_jobs.submit(s, spec, project=project, actor=actor,
@@ -131,6 +135,7 @@ class ControlPlane:
             raise Invalid(f"at most {self.settings.max_batch_jobs} jobs in one batch, got {len(specs)}", field="jobs")
         for i, spec in enumerate(specs):
             policy.check(spec, self.settings, where=f"jobs[{i}]")
+            self.packages.claim_for(spec)
         placements = [self._route(s) for s in specs] if self.router else None
         with db.transaction(self.sessions) as s:
             ids = store_jobs.submit_batch(s, specs, project=project, actor=actor, placements=placements)

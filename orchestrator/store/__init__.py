@@ -9,4 +9,5 @@
 ``stats``       aggregate reads: what active jobs hold, the metrics' counts
 ``quotas``      per-project limits and usage; ``usage``: attempts for accounting
 ``tokens``      projects, API tokens and the audit trail
+``packages``    code packages uploaded by clients, and their sweep
 """

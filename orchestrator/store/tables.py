@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -236,3 +237,20 @@ rate_windows = Table(
 )
 # The prune: DELETE ... WHERE window_start < :before
 Index("ix_rate_windows_window_start", rate_windows.c.window_start)
+
+# Code packages (raylane.orchestrator.store.packages): zipped working dirs uploaded by
+# clients, named by the sha256 of their bytes. In the database, not on one
+# replica's disk: any replica's dispatcher hands any package to Ray.
+packages = Table(
+    "packages",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("size_bytes", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("project", String(64), nullable=True),  # the uploader's project (None: an admin of every project)
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("last_used_at", UTCDateTime(), nullable=False),  # upload, submit or dispatch
+)
+# The sweep: packages unused since a cutoff.
+Index("ix_packages_last_used_at", packages.c.last_used_at)
