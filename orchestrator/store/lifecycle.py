@@ -39,7 +39,8 @@ def live_attempts(s: Session) -> list[Any]:
     """The current attempt of every job whose attempt Ray may be running, with its job's columns."""
     return s.execute(
         select(attempts.c.job_id, attempts.c.number, attempts.c.submission_id, attempts.c.status,
-               attempts.c.cause, jobs.c.status.label("job_status"), jobs.c.spec, jobs.c.started_at,
+               attempts.c.cause, attempts.c.message, attempts.c.created_at,
+               jobs.c.status.label("job_status"), jobs.c.spec, jobs.c.started_at,
                jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested, jobs.c.placement)
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(attempts.c.status.in_([a.value for a in ATTEMPT_LIVE]), jobs.c.attempts == attempts.c.number)
@@ -207,6 +208,14 @@ def timeout_requested(s: Session, job_id: str, number: int) -> None:
     reports it stopped, its cause is TIMEOUT (not a cancel)."""
     s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
               .values(cause=FailureCause.TIMEOUT.value))
+
+
+def scale_up_overdue(s: Session, job_id: str, number: int, message: str) -> None:
+    """The attempt waited for a scale-up past its deadline and Raylane is
+    stopping it: when Ray reports it stopped, its cause is SCALE_UP_TIMEOUT."""
+    s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
+              .values(cause=FailureCause.SCALE_UP_TIMEOUT.value, message=message))
+    s.execute(update(jobs).where(jobs.c.id == job_id).values(status_reason=message))
 
 
 def _spec(s: Session, job_id: str) -> JobSpec:
