@@ -94,10 +94,15 @@ def test_a_group_at_zero_nodes_admits_one_job_ahead_of_its_scale_up_and_no_more(
     # and a job already waiting in Ray counts against it on the next pass.
     two = at_zero([queued("a", 2), queued("b", 2)], profile_with(gpu=2))
     assert [type(d) for d in two] == [Admit, Wait]
-    assert two[1].reason == ("waiting for the autoscaler: 0 of 1 gpu nodes up; 1 jobs already wait for it in Ray "
+    assert two[1].reason == ("waiting for the autoscaler: 0 of 2 gpu nodes up; 1 jobs already wait for it in Ray "
                              "(max 1)")
     later = at_zero([queued("b", 2)], profile_with(gpu=2), ahead={"gpu": 1})
     assert [type(d) for d in later] == [Wait]
+    # With a bound of two, the second job waits in Ray for a second node.
+    bound_2 = Rules(max_concurrent_drivers=64, starvation_skips=3, scale_ahead=2)
+    both = at_zero([queued("a", 2), queued("b", 2)], profile_with(gpu=2), rules=bound_2)
+    assert [d.scale_up for d in both] == ["waiting for the autoscaler: 0 of 1 gpu nodes up",
+                                          "waiting for the autoscaler: 0 of 2 gpu nodes up"]
 
 
 def test_without_scale_ahead_only_live_nodes_count():
@@ -137,7 +142,10 @@ def test_a_sweep_for_spot_cpu_at_zero_nodes_runs_on_its_fallback_cpu_with_room()
     pl = out[0].placement
     assert (pl.node_group, pl.market, pl.label_selector) == ("cpu", "ON_DEMAND", {"ray.io/node-group": "cpu"})
     assert pl.reasons[-1] == "spot-cpu has no room now: runs on its fallback cpu"
-    # With no room on cpu either, it waits for spot-cpu's scale-up instead.
-    full = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
+    # With no room for a trial on cpu (only for the driver), it waits for spot-cpu's scale-up instead.
+    full = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0.5})})
     assert [type(d) for d in full] == [Admit] and full[0].placement.node_group == "spot-cpu"
     assert full[0].scale_up == "waiting for the autoscaler: 0 of 1 spot-cpu nodes up"
+    # Its driver still needs room on its own (on-demand) group, scale-up or not.
+    no_driver = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
+    assert summary(no_driver) == [("Wait", "s", "waiting for 0.1 CPUs in group cpu: 0 free (for the driver)")]

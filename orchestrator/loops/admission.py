@@ -148,7 +148,8 @@ def scale_up_reason(view: ClusterView, profile: Profile, group: str, need: dict[
     per_node = {"CPU": g.cpus, "GPU": float(g.gpus), "memory": g.memory_gb * GiB}
     more = 1
     for k, v in per_node.items():
-        short = need.get(k, 0) - max(free_now.get(k, 0), 0)
+        # Below zero, free counts what jobs already admitted ahead took of the room.
+        short = need.get(k, 0) - free_now.get(k, 0)
         if short > EPS and v > 0:
             more = max(more, -int(-short // v))
     return f"waiting for the autoscaler: {up} of {up + more} {group} nodes up"
@@ -194,8 +195,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
         else:
             reason, scale_up, placement = _fits(job, placement, view, profile, used, ahead, rules)
             group = placement.node_group
-            if reason is None and scale_up is None and \
-                    placement.driver_label_selector.get("ray.io/node-group") != group:
+            if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
                 dgroup = placement.driver_label_selector["ray.io/node-group"]
                 reason = shortfall(placement.driver_resources, free(view, used, dgroup), dgroup)
                 if reason:

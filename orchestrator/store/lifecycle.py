@@ -133,8 +133,9 @@ def attempt_running(s: Session, job_id: str, number: int, *, driver_node_id: str
     """The attempt's driver runs; a DISPATCHING job becomes RUNNING."""
     now = utcnow()
     if _attempt_status(s, job_id, number) is not AttemptStatus.RUNNING:
+        # message: its wait for a scale-up (``queue.admit``) is over.
         set_attempt(s, job_id, number, AttemptStatus.RUNNING,
-                    values={"started_at": now, "driver_node_id": driver_node_id})
+                    values={"started_at": now, "driver_node_id": driver_node_id, "message": None})
     if _job_status(s, job_id) is JobStatus.DISPATCHING:
         transition(s, job_id, JobStatus.RUNNING, reason=f"attempt {number} running on Ray", actor="reconciler",
                    attempt=number, expected={JobStatus.DISPATCHING}, values={"started_at": now, "lease_owner": None})
