@@ -115,13 +115,14 @@ class Reconciler(LoopService):
                     self.backend.stop(r["submission_id"])
                     continue
                 if rj is not None and rj.status == AttemptStatus.PENDING and r["message"] and \
-                        r["cause"] != FailureCause.SCALE_UP_TIMEOUT.value and \
                         now - r["created_at"] > timedelta(seconds=self.settings.scale_up_deadline_s):
-                    group = (r["placement"] or {}).get("node_group")
-                    with db.transaction(self.sessions) as s:
-                        lifecycle.scale_up_overdue(s, r["job_id"], r["number"], (
-                            f"scale-up of group {group} did not come within {self.settings.scale_up_deadline_s:g} s "
-                            f"(scale_up_deadline_s); {r['message']}"))
+                    if r["cause"] != FailureCause.SCALE_UP_TIMEOUT.value:
+                        group = (r["placement"] or {}).get("node_group")
+                        with db.transaction(self.sessions) as s:
+                            lifecycle.scale_up_overdue(s, r["job_id"], r["number"], (
+                                f"scale-up of group {group} did not come within "
+                                f"{self.settings.scale_up_deadline_s:g} s (scale_up_deadline_s); {r['message']}"))
+                    # Asked again each pass until Ray reports it stopped (a stop may not reach Ray).
                     self.backend.stop(r["submission_id"])
                     continue
                 if rj is not None and rj.status == AttemptStatus.PENDING:
