@@ -105,15 +105,19 @@ cluster_app = typer.Typer(help="The local multi-node Ray cluster of the profile 
 app.add_typer(cluster_app, name="cluster")
 
 
-def _local_cluster():
+def _local_cluster(autoscale: bool = False):
     # Imported here, as in every command: `raylane-server --help` need not load Ray.
     from raylane.orchestrator.domain.profile import Profile
     from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.tooling.autoscaling import AUTOSCALE_PROFILE, AUTOSCALING_CONFIG, AutoscalingCluster
     from raylane.orchestrator.tooling.localcluster import LocalCluster
 
     settings = Settings()
     if not Path(sys.executable).with_name("ray").exists():
         raise fail(f"no `ray` next to {sys.executable}; install 'raylane[server]'", EXIT_USAGE)
+    if autoscale or (settings.data_dir / "cluster" / AUTOSCALING_CONFIG).exists():  # down/status of one
+        # The server must read the same profile (RAYLANE_PROFILE): it is what admission counts.
+        return AutoscalingCluster(Profile.load(settings.profile or AUTOSCALE_PROFILE), settings.data_dir / "cluster")
     return LocalCluster(Profile.load(settings.profile), settings.data_dir / "cluster")
 
 
@@ -179,11 +183,19 @@ def _print_cluster(view: dict) -> None:
 
 
 @cluster_app.command("up")
-def cluster_up(output: Output = OUTPUT) -> None:
+def cluster_up(output: Output = OUTPUT,
+               autoscale: bool = typer.Option(False, "--autoscale", help="Ray's autoscaler (fake multi-node "
+                                              "provider) starts and stops the worker nodes between each group's "
+                                              "min_nodes and max_nodes; without RAYLANE_PROFILE, the "
+                                              "local-autoscale profile (gpu and spot-cpu from zero). Serve with "
+                                              "the same RAYLANE_PROFILE and RAYLANE_AUTOSCALE_AHEAD_JOBS > 0. Experimental: Ray's "
+                                              "v1 autoscaler here does not yet add a node for a driver that a "
+                                              "label selector pins to an empty group (docs/deploy.md).")) -> None:
     """Start the local cluster (one node after another); a no-op if it is up."""
-    cluster = _local_cluster()
+    cluster = _local_cluster(autoscale)
     if not cluster.is_up():
-        groups = ", ".join(f"{g.name} x{g.local_nodes}" for g in cluster.profile.workers)
+        groups = ", ".join(f"{g.name} {g.min_nodes}..{g.max_nodes}" if autoscale else f"{g.name} x{g.local_nodes}"
+                           for g in cluster.profile.workers)
         console(stderr=True).print(f"Starting the local Ray cluster (profile {cluster.profile.name}: head, {groups})...")
         try:
             cluster.up()

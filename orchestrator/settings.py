@@ -63,6 +63,13 @@ class Settings(BaseSettings):
     lease_s: float = Field(30.0, gt=0, description="How long a claimed job is held by one control plane.")
     max_concurrent_drivers: int = Field(64, ge=1, description="Head-node guard: most Ray drivers at once.")
     starvation_skips: int = Field(20, ge=0, description="Times a big job may be passed over before it reserves capacity.")
+    autoscale_ahead_jobs: int = Field(
+        0, ge=0, le=1000, description="Per node group, most jobs submitted to Ray ahead of a scale-up (beyond live "
+        "capacity, up to what the profile's max_nodes lets Ray's autoscaler or KubeRay add), so that the autoscaler "
+        "sees their demand. 0: admission counts live nodes only, as on a static cluster.")
+    scale_up_deadline_s: float = Field(
+        900.0, gt=0, description="A job submitted ahead of a scale-up whose driver has not started after this long "
+        "fails with cause SCALE_UP_TIMEOUT and a reason naming the group.")
     loops_enabled: bool = Field(True, description="Run the dispatcher and reconciler in this process.")
 
     # Accounting

@@ -64,3 +64,88 @@ def test_a_job_that_no_longer_fits_the_profile_fails():
                          update={"gpus_per_worker": 64})})})
     out = run([gone])
     assert [type(d) for d in out] == [Fail] and "64" in out[0].message
+
+
+# Groups that scale from zero (issue #13): capacity is what is live plus what
+# the profile's max_nodes lets the autoscaler add, with a bound on how many jobs
+# wait in Ray for it.
+
+AHEAD = Rules(max_concurrent_drivers=64, starvation_skips=3, scale_ahead=1)
+CPU_ROOM = {"cpu": GroupState(alive_nodes=1, total={"CPU": 4, "memory": 2 * 1024**3})}
+
+
+def profile_with(**max_nodes):
+    return PROFILE.model_copy(update={"groups": [
+        g.model_copy(update={"max_nodes": max_nodes[g.name.replace("-", "_")], "min_nodes": 0})
+        if g.name.replace("-", "_") in max_nodes else g for g in PROFILE.groups]})
+
+
+def at_zero(queue, profile, rules=AHEAD, *, view=None, ahead=None):
+    return decide(queue, view or {}, profile, rules, used={}, drivers=0, limits={}, project_used={}, ahead=ahead)
+
+
+def test_a_group_at_zero_nodes_admits_one_job_ahead_of_its_scale_up_and_no_more():
+    out = at_zero([queued("a", 2), queued("b", 1)], profile_with(gpu=1))
+    assert summary(out) == [("Admit", "a", []),
+                            ("Wait", "b", "waiting for 1 GPUs in group gpu: 0 free, counting the 1 more the "
+                                          "autoscaler may add (max_nodes 1)")]
+    assert out[0].scale_up == "waiting for the autoscaler: 0 of 1 gpu nodes up"
+    # Room for two nodes, but the bound (one job ahead per group) holds the second back,
+    # and a job already waiting in Ray counts against it on the next pass.
+    two = at_zero([queued("a", 2), queued("b", 2)], profile_with(gpu=2))
+    assert [type(d) for d in two] == [Admit, Wait]
+    assert two[1].reason == ("waiting for the autoscaler: 0 of 2 gpu nodes up; 1 jobs already wait for it in Ray "
+                             "(max 1)")
+    later = at_zero([queued("b", 2)], profile_with(gpu=2), ahead={"gpu": 1})
+    assert [type(d) for d in later] == [Wait]
+    # With a bound of two, the second job waits in Ray for a second node.
+    bound_2 = Rules(max_concurrent_drivers=64, starvation_skips=3, scale_ahead=2)
+    both = at_zero([queued("a", 2), queued("b", 2)], profile_with(gpu=2), rules=bound_2)
+    assert [d.scale_up for d in both] == ["waiting for the autoscaler: 0 of 1 gpu nodes up",
+                                          "waiting for the autoscaler: 0 of 2 gpu nodes up"]
+
+
+def test_without_scale_ahead_only_live_nodes_count():
+    out = at_zero([queued("a", 1)], profile_with(gpu=1), rules=RULES)
+    assert summary(out) == [("Wait", "a", "waiting for 1 GPUs in group gpu: 0 free")]
+
+
+def test_a_group_with_max_nodes_0_and_no_node_never_admits_and_says_so():
+    out = at_zero([queued("a", 1)], profile_with(gpu=0))
+    assert [type(d) for d in out] == [Fail]
+    assert out[0].message == "group gpu has no node and max_nodes 0: the autoscaler may add none"
+
+
+def test_priority_order_and_starvation_hold_across_the_scale_up_boundary():
+    # The older, starving job reserves its group: the newer one does not jump
+    # ahead of it into the autoscaler's room.
+    starving = at_zero([queued("big", 2, skips=3), queued("small", 1)], profile_with(gpu=1),
+                       ahead={"gpu": 1})
+    assert [type(d) for d in starving] == [Wait, Wait]
+    assert starving[1].reason == "waiting: group gpu is reserved for an older job that has waited longest"
+
+
+def sweep(job_id: str) -> Queued:
+    spec = JobSpec(name=job_id, kind="sweep", entrypoint="examples.sweep:objective",
+                   resources={"cpus_per_worker": 1},
+                   sweep={"metric": "loss", "mode": "min", "num_samples": 4, "max_concurrent_trials": 2,
+                          "search_space": {"lr": {"choice": [0.1, 0.2]}}})
+    return Queued(id=job_id, project="default", status=JobStatus.PENDING, status_reason=None, spec=spec,
+                  placement=route(spec, PROFILE), attempts=0, skips=0, preemptions=0)
+
+
+def test_a_sweep_for_spot_cpu_at_zero_nodes_runs_on_its_fallback_cpu_with_room():
+    job = sweep("s")
+    assert job.placement.node_group == "spot-cpu" and job.placement.fallback_node_groups == ["cpu"]
+    out = at_zero([job], PROFILE, rules=RULES, view=CPU_ROOM)
+    assert [type(d) for d in out] == [Admit] and out[0].scale_up is None
+    pl = out[0].placement
+    assert (pl.node_group, pl.market, pl.label_selector) == ("cpu", "ON_DEMAND", {"ray.io/node-group": "cpu"})
+    assert pl.reasons[-1] == "spot-cpu has no room now: runs on its fallback cpu"
+    # With no room for a trial on cpu (only for the driver), it waits for spot-cpu's scale-up instead.
+    full = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0.5})})
+    assert [type(d) for d in full] == [Admit] and full[0].placement.node_group == "spot-cpu"
+    assert full[0].scale_up == "waiting for the autoscaler: 0 of 1 spot-cpu nodes up"
+    # Its driver still needs room on its own (on-demand) group, scale-up or not.
+    no_driver = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
+    assert summary(no_driver) == [("Wait", "s", "waiting for 0.1 CPUs in group cpu: 0 free (for the driver)")]

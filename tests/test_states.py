@@ -7,6 +7,7 @@ forgotten (a stand-in for Ray's Jobs API answers; no cluster needed)."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,31 @@ def test_only_set_attempt_writes_an_attempts_status():
             if re.search(r"\.values\([^)]*\bstatus\s*=[^=]", statement):
                 offenders.append(f"{path.relative_to(root)}: {statement[:80]}")
     assert not offenders, offenders
+
+
+def test_a_scale_up_that_never_comes_ends_the_job_with_the_reason(cp, settings):
+    """An attempt admitted ahead of a scale-up (its message says so) whose driver
+    is still pending in Ray past scale_up_deadline_s is stopped, and ends FAILED
+    with cause SCALE_UP_TIMEOUT and a reason naming the group; an attempt
+    pending in Ray for another reason (a runtime env being set up) is left alone."""
+    waiting = "waiting for the autoscaler: 0 of 1 gpu nodes up"
+    ahead, other = _dispatched(cp, attempt=AttemptStatus.SUBMITTED), _dispatched(cp, attempt=AttemptStatus.SUBMITTED)
+    long_ago = utcnow() - timedelta(seconds=120)
+    with db.transaction(cp.sessions) as s:
+        s.execute(update(jobs).where(jobs.c.id == ahead).values(placement={"node_group": "gpu"}))
+        s.execute(update(attempts).where(attempts.c.job_id == ahead).values(message=waiting, created_at=long_ago))
+        s.execute(update(attempts).where(attempts.c.job_id == other).values(created_at=long_ago))
+    fast = settings.model_copy(update={"scale_up_deadline_s": 60})
+    sids = {jid: submission_id(jid, 1) for jid in (ahead, other)}
+    pending = {sid: RayJob(sid, "PENDING", None, None, None, None, None, None, {}) for sid in sids.values()}
+    assert _reconcile(cp, fast, pending).stopped == [sids[ahead]]
+    assert _row(cp, jobs, ahead)["status_reason"] == f"scale-up of group gpu did not come within 60 s " \
+                                                     f"(scale_up_deadline_s); {waiting}"
+    stopped = {sids[ahead]: RayJob(sids[ahead], "STOPPED", "stopped", None, 1, 2, None, None, {}),
+               sids[other]: pending[sids[other]]}
+    _reconcile(cp, fast, stopped)
+    job, att = _row(cp, jobs, ahead), _row(cp, attempts, ahead)
+    assert (job["status"], job["failure_cause"]) == ("FAILED", "SCALE_UP_TIMEOUT")
+    assert (att["status"], att["cause"]) == ("STOPPED", "SCALE_UP_TIMEOUT")
+    assert "scale-up of group gpu did not come within 60 s" in job["status_reason"]
+    assert _row(cp, jobs, other)["status"] == "DISPATCHING"

@@ -36,7 +36,7 @@ class NodeGroup(BaseModel):
     cpus: float = Field(..., ge=0)  # per node
     memory_gb: float = Field(..., gt=0)  # per node
     min_nodes: int = Field(0, ge=0)
-    max_nodes: int = Field(1, ge=1)
+    max_nodes: int = Field(1, ge=0)  # 0: a group the autoscaler never scales up (no node unless live)
     local_nodes: int = Field(1, ge=0, le=8)  # nodes `raylane-server cluster up` starts here
     price_per_hour: float = Field(0.0, ge=0)  # per node
 

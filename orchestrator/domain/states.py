@@ -102,6 +102,7 @@ class FailureCause(str, Enum):
     LOST = "LOST"  # Ray forgot the attempt (head restarted without GCS FT)
     SUBMIT_ERROR = "SUBMIT_ERROR"  # Ray refused or could not be reached at submit
     UNSCHEDULABLE = "UNSCHEDULABLE"  # can never fit the cluster profile
+    SCALE_UP_TIMEOUT = "SCALE_UP_TIMEOUT"  # submitted ahead of a scale-up that did not come in time
 
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
@@ -189,6 +190,8 @@ CAUSES: dict[FailureCause, CauseRule] = {
                                          why="Ray refused it; an unreachable Ray is no error (the same "
                                              "attempt is submitted again once its lease expires)"),
     FailureCause.UNSCHEDULABLE: CauseRule(**_NEVER, why="it can never fit the cluster profile"),
+    FailureCause.SCALE_UP_TIMEOUT: CauseRule(**_NEVER, why="the autoscaler did not add the node in time; "
+                                             "another attempt would wait for the same node"),
 }
 
 # Causes that are the cluster's fault, not the job's: they do not spend max_attempts.

@@ -13,11 +13,23 @@ Per pass, in priority order then age:
   it does not count as passed over, so it never reserves a group;
 - a job that does not fit keeps its reason ("waiting for 2 GPUs in group gpu: 0
   free"); lower-priority jobs may backfill past it, but once it has been passed
-  over ``starvation_skips`` times its group is reserved for it until it fits.
+  over ``starvation_skips`` times its group is reserved for it until it fits;
+- with ``scale_ahead`` > 0 (a cluster whose groups Ray's autoscaler or KubeRay
+  scales), a job that does not fit what is live but fits what the autoscaler may
+  add (``max_nodes`` minus the group's nodes, times the profile's node) is
+  admitted *ahead*: submitted so that Ray sees its demand, with the reason
+  "waiting for the autoscaler: 0 of 1 gpu nodes up". At most ``scale_ahead``
+  jobs per group are ahead at once (``ahead``: admitted, not yet running, beyond
+  live room), so a queue of 10,000 never becomes 10,000 pending Ray jobs; the
+  rest wait in Raylane's queue, in the same priority order and with the same
+  reservation for a starving job. A group whose node count is at ``max_nodes``
+  (0 included) never scales: a job that needs more waits, or, if no node exists
+  and none may be added, fails with the reason.
 
 Words: *used* is what active jobs hold per group (``store.stats.used_by_active``),
 updated within the pass as jobs are admitted; *free* is capacity minus used;
-*passed over*: a job that waited in a group where a later job was admitted.
+*passed over*: a job that waited in a group where a later job was admitted;
+*room*: what the autoscaler may add to a group, from the profile.
 """
 
 from __future__ import annotations
@@ -25,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from raylane.orchestrator.domain.profile import Profile
-from raylane.orchestrator.domain.routing import ClusterView, Unroutable, route
+from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, Profile
+from raylane.orchestrator.domain.routing import GiB, ClusterView, Unroutable, route
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.values import fmt_amount
@@ -42,6 +54,7 @@ Held = dict[str, dict[str, float]]  # node group -> resource -> amount
 class Rules:
     max_concurrent_drivers: int
     starvation_skips: int
+    scale_ahead: int = 0  # most jobs per group admitted ahead of a scale-up; 0: live nodes only
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,7 @@ class Admit:
     job: Queued
     placement: Placement
     passed_over: list[str] = field(default_factory=list)  # job ids that waited one more time for it
+    scale_up: str | None = None  # set when admitted ahead of a scale-up: the reason it waits in Ray
 
 
 Decision = Fail | Wait | Admit
@@ -114,6 +128,33 @@ def free(view: ClusterView, used: Held, group: str) -> dict[str, float]:
     return {k: total.get(k, 0) - u.get(k, 0) for k in ("CPU", "GPU", "memory")}
 
 
+def room(view: ClusterView, profile: Profile, group: str) -> tuple[int, int, dict[str, float]]:
+    """(nodes up, nodes the group may have, what the autoscaler may add) for ``group``.
+    Draining nodes count as up: the autoscaler replaces them only once they are gone."""
+    g = profile.group(group)
+    st = view.get(group)
+    up = (st.alive_nodes + st.draining_nodes) if st else 0
+    if g is None:
+        return up, up, {}
+    add = max(0, g.max_nodes - up)
+    return up, g.max_nodes, {"CPU": g.cpus * add, "GPU": float(g.gpus * add), "memory": g.memory_gb * GiB * add}
+
+
+def scale_up_reason(view: ClusterView, profile: Profile, group: str, need: dict[str, float],
+                    free_now: dict[str, float]) -> str:
+    """"waiting for the autoscaler: 0 of 1 gpu nodes up": the nodes the job needs beyond live room."""
+    g = profile.group(group)
+    up, _, _ = room(view, profile, group)
+    per_node = {"CPU": g.cpus, "GPU": float(g.gpus), "memory": g.memory_gb * GiB}
+    more = 1
+    for k, v in per_node.items():
+        # Below zero, free counts what jobs already admitted ahead took of the room.
+        short = need.get(k, 0) - free_now.get(k, 0)
+        if short > EPS and v > 0:
+            more = max(more, -int(-short // v))
+    return f"waiting for the autoscaler: {up} of {up + more} {group} nodes up"
+
+
 def placement_for(job: Queued, profile: Profile, view: ClusterView) -> Placement:
     """The stored placement, or a new route: after repeated preemption the next
     attempt goes to on-demand nodes. Raises ``Unroutable``."""
@@ -124,9 +165,12 @@ def placement_for(job: Queued, profile: Profile, view: ClusterView) -> Placement
 
 
 def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rules, *, used: Held, drivers: int,
-           limits: Mapping[tuple[str, str], Limits], project_used: Mapping[tuple[str, str], Usage]) -> list[Decision]:
-    """One pass over the queue's head, in its order; the decisions in the order to write them."""
+           limits: Mapping[tuple[str, str], Limits], project_used: Mapping[tuple[str, str], Usage],
+           ahead: Mapping[str, int] | None = None) -> list[Decision]:
+    """One pass over the queue's head, in its order; the decisions in the order to write them.
+    ``ahead``: per group, jobs already admitted ahead of a scale-up and not yet running."""
     used = {g: dict(r) for g, r in used.items()}
+    ahead = dict(ahead or {})
     project_used = {k: Usage(u.gpus, u.cpus, u.jobs) for k, u in project_used.items()}
     out: list[Decision] = []
     reserved: set[str] = set()  # groups held for a starving job this pass
@@ -138,6 +182,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
             out.append(Fail(job, e.message))
             continue
         group = placement.node_group
+        scale_up = None
         key = (job.project, group)
         quota = over_quota(limits.get(key), project_used.get(key), placement.total,
                            project=job.project, group=group) if key in limits else None
@@ -148,12 +193,16 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
         elif group in reserved:
             reason = f"waiting: group {group} is reserved for an older job that has waited longest"
         else:
-            reason = shortfall(needed(job.spec, placement), free(view, used, group), group)
+            reason, scale_up, placement = _fits(job, placement, view, profile, used, ahead, rules)
+            group = placement.node_group
             if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
                 dgroup = placement.driver_label_selector["ray.io/node-group"]
                 reason = shortfall(placement.driver_resources, free(view, used, dgroup), dgroup)
                 if reason:
                     reason += " (for the driver)"
+        if reason is not None and reason.startswith(NEVER):
+            out.append(Fail(job, reason[len(NEVER):]))
+            continue
         if reason is not None:
             if job.status_reason != reason:
                 out.append(Wait(job, reason))
@@ -166,11 +215,65 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
                 reserved.add(group)
             continue
         # Everyone of lower priority order that waited in this group was passed over by a later job.
-        out.append(Admit(job, placement, passed_over.get(group, [])))
+        out.append(Admit(job, placement, passed_over.get(group, []), scale_up))
         passed_over[group] = []
+        if scale_up is not None:
+            ahead[group] = ahead.get(group, 0) + 1
         for k, v in placement.total.items():
             used.setdefault(group, {})[k] = used.get(group, {}).get(k, 0) + v
         drivers += 1
         if key in limits:
             project_used.setdefault(key, Usage()).add(placement.total)
     return out
+
+
+NEVER = "never: "  # a _fits reason with this prefix fails the job instead of keeping it waiting
+
+
+def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile, used: Held,
+          ahead: Mapping[str, int], rules: Rules) -> tuple[str | None, str | None, Placement]:
+    """(why the job waits, or None; the scale-up reason when it is admitted ahead
+    of one; the placement it is admitted with)."""
+    group = placement.node_group
+    need = needed(job.spec, placement)
+    free_now = free(view, used, group)
+    short = shortfall(need, free_now, group)
+    if short is None:
+        return None, None, placement
+    for fb in placement.fallback_node_groups:
+        # The router's soft fallback ("falls back to cpu if spot-cpu has no
+        # room"): room there now beats waiting for a scale-up of the first
+        # choice. Never from on-demand onto spot: such a job was put on
+        # on-demand because it does not tolerate a reclaim.
+        g = profile.group(fb)
+        if g is None or (g.is_spot and placement.market != "SPOT"):
+            continue
+        if shortfall(need, free(view, used, fb), fb) is None:
+            return None, None, on_fallback(placement, profile, fb)
+    up, most, add = room(view, profile, group)
+    if up == 0 and most == 0:
+        return f"{NEVER}group {group} has no node and max_nodes 0: the autoscaler may add none", None, placement
+    if rules.scale_ahead <= 0 or not add.get("CPU", 0) + add.get("GPU", 0):
+        if up >= most > 0 and rules.scale_ahead > 0:
+            return f"{short}; the group is at its max_nodes ({most})", None, placement
+        return short, None, placement
+    with_room = {k: free_now.get(k, 0) + add.get(k, 0) for k in free_now}
+    if shortfall(need, with_room, group) is not None:
+        return f"{short}, counting the {most - up} more the autoscaler may add (max_nodes {most})", None, placement
+    wait = scale_up_reason(view, profile, group, need, free_now)
+    if ahead.get(group, 0) >= rules.scale_ahead:
+        return f"{wait}; {ahead.get(group, 0)} jobs already wait for it in Ray (max {rules.scale_ahead})", None, placement
+    return None, wait, placement
+
+
+def on_fallback(placement: Placement, profile: Profile, group: str) -> Placement:
+    """The same placement moved to its fallback group ``group``."""
+    g = profile.group(group)
+    moved: dict = {}
+    if placement.driver_label_selector == placement.label_selector:
+        # A driver that sat with its workers (a command is its own driver) moves with them.
+        moved = {"driver_label_selector": {NODE_GROUP_LABEL: group}, "driver_market": g.market}
+    return placement.model_copy(update={
+        **moved, "node_group": group, "market": g.market, "label_selector": {NODE_GROUP_LABEL: group},
+        "fallback_node_groups": [],
+        "reasons": [*placement.reasons, f"{placement.node_group} has no room now: runs on its fallback {group}"]})

@@ -74,21 +74,23 @@ class Dispatcher(LoopService):
         """One pass, one transaction: take over stale leases, then admit what fits."""
         now = utcnow()
         lease_until = now + timedelta(seconds=self.settings.lease_s)
-        rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips)
+        rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
+                                self.settings.autoscale_ahead_jobs)
         with db.transaction(self.sessions) as s:
             claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until)
             used, drivers = stats.used_by_active(s)
             limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
             project_used = store_quotas.usage(s) if limits else {}
+            ahead = stats.ahead_by_group(s) if rules.scale_ahead else {}
             for d in admission.decide(queue.queued(s, now=now), view, self.profile, rules, used=used,
-                                      drivers=drivers, limits=limits, project_used=project_used):
+                                      drivers=drivers, limits=limits, project_used=project_used, ahead=ahead):
                 if isinstance(d, admission.Fail):
                     queue.fail_unroutable(s, d.job, d.message, now=now)
                 elif isinstance(d, admission.Wait):
                     queue.set_waiting(s, d.job, d.reason)
                 else:
                     claimed.append(queue.admit(s, d.job, d.placement, passed_over=d.passed_over, owner=self.owner,
-                                               now=now, lease_until=lease_until))
+                                               now=now, lease_until=lease_until, scale_up=d.scale_up))
         return claimed
 
     # Submit ------------------------------------------------------------------
@@ -146,7 +148,7 @@ class Dispatcher(LoopService):
             self.backend.submit(submission_id=sid, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata,
                                 entrypoint_num_cpus=drv.get("CPU", 0), entrypoint_num_gpus=drv.get("GPU", 0),
                                 entrypoint_label_selector=pl.driver_label_selector)
-            note = "submitted to Ray"
+            note = "submitted to Ray" + (f"; {c.scale_up}" if c.scale_up else "")
         except AlreadySubmitted:
             note = "Ray already had this attempt (a retried dispatch); adopted it"
         except RayUnavailable as e:

@@ -13,6 +13,9 @@ Per pass:
   what follows: another attempt after backoff, or FAILED;
 - CANCELLING jobs get their Ray job stopped until Ray confirms;
 - jobs past ``timeout_s`` are stopped and end FAILED with cause TIMEOUT;
+- an attempt admitted ahead of a scale-up (``loops.admission``) whose driver has
+  not started within ``scale_up_deadline_s`` is stopped and ends FAILED with
+  cause SCALE_UP_TIMEOUT (counted in ``raylane_attempt_failures_total``);
 - a node Ray is draining (its drain API: a spot preemption notice) gets its
   running attempts asked to checkpoint now (``_drains``): those whose driver or
   actors are on it. The event says so; the dispatcher already leaves the node's
@@ -115,6 +118,17 @@ class Reconciler(LoopService):
                         r["cause"] != FailureCause.TIMEOUT.value:
                     with db.transaction(self.sessions) as s:
                         lifecycle.timeout_requested(s, r["job_id"], r["number"])
+                    self.backend.stop(r["submission_id"])
+                    continue
+                if rj is not None and rj.status == AttemptStatus.PENDING and r["message"] and \
+                        now - r["created_at"] > timedelta(seconds=self.settings.scale_up_deadline_s):
+                    if r["cause"] != FailureCause.SCALE_UP_TIMEOUT.value:
+                        group = (r["placement"] or {}).get("node_group")
+                        with db.transaction(self.sessions) as s:
+                            lifecycle.scale_up_overdue(s, r["job_id"], r["number"], (
+                                f"scale-up of group {group} did not come within "
+                                f"{self.settings.scale_up_deadline_s:g} s (scale_up_deadline_s); {r['message']}"))
+                    # Asked again each pass until Ray reports it stopped (a stop may not reach Ray).
                     self.backend.stop(r["submission_id"])
                     continue
                 if rj is not None and rj.status == AttemptStatus.PENDING:
@@ -222,7 +236,9 @@ class Reconciler(LoopService):
     def _ended_badly(self, r, rj: RayJob | None, spec: JobSpec, nodes: dict[str, RayNode]) -> None:
         cancelled = r["job_status"] == JobStatus.CANCELLING.value
         timed_out = r["cause"] == FailureCause.TIMEOUT.value
-        if rj is not None and rj.status == AttemptStatus.STOPPED and not cancelled and not timed_out:
+        if r["cause"] == FailureCause.SCALE_UP_TIMEOUT.value and not cancelled:
+            cause, msg = FailureCause.SCALE_UP_TIMEOUT, r["message"]
+        elif rj is not None and rj.status == AttemptStatus.STOPPED and not cancelled and not timed_out:
             cause, msg = FailureCause.CANCELLED, "stopped in Ray outside Raylane"
         else:
             driver_market = (r["placement"] or {}).get("driver_market") or (r["placement"] or {}).get("market") \

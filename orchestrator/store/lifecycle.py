@@ -39,7 +39,8 @@ def live_attempts(s: Session) -> list[Any]:
     """The current attempt of every job whose attempt Ray may be running, with its job's columns."""
     return s.execute(
         select(attempts.c.job_id, attempts.c.number, attempts.c.submission_id, attempts.c.status,
-               attempts.c.cause, jobs.c.status.label("job_status"), jobs.c.spec, jobs.c.started_at,
+               attempts.c.cause, attempts.c.message, attempts.c.created_at,
+               jobs.c.status.label("job_status"), jobs.c.spec, jobs.c.started_at,
                jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested, jobs.c.placement)
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(attempts.c.status.in_([a.value for a in ATTEMPT_LIVE]), jobs.c.attempts == attempts.c.number)
@@ -132,8 +133,9 @@ def attempt_running(s: Session, job_id: str, number: int, *, driver_node_id: str
     """The attempt's driver runs; a DISPATCHING job becomes RUNNING."""
     now = utcnow()
     if _attempt_status(s, job_id, number) is not AttemptStatus.RUNNING:
+        # message: its wait for a scale-up (``queue.admit``) is over.
         set_attempt(s, job_id, number, AttemptStatus.RUNNING,
-                    values={"started_at": now, "driver_node_id": driver_node_id})
+                    values={"started_at": now, "driver_node_id": driver_node_id, "message": None})
     if _job_status(s, job_id) is JobStatus.DISPATCHING:
         transition(s, job_id, JobStatus.RUNNING, reason=f"attempt {number} running on Ray", actor="reconciler",
                    attempt=number, expected={JobStatus.DISPATCHING}, values={"started_at": now, "lease_owner": None})
@@ -207,6 +209,14 @@ def timeout_requested(s: Session, job_id: str, number: int) -> None:
     reports it stopped, its cause is TIMEOUT (not a cancel)."""
     s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
               .values(cause=FailureCause.TIMEOUT.value))
+
+
+def scale_up_overdue(s: Session, job_id: str, number: int, message: str) -> None:
+    """The attempt waited for a scale-up past its deadline and Raylane is
+    stopping it: when Ray reports it stopped, its cause is SCALE_UP_TIMEOUT."""
+    s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
+              .values(cause=FailureCause.SCALE_UP_TIMEOUT.value, message=message))
+    s.execute(update(jobs).where(jobs.c.id == job_id).values(status_reason=message))
 
 
 def _spec(s: Session, job_id: str) -> JobSpec:

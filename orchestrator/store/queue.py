@@ -49,6 +49,7 @@ class Claimed:
     spec: JobSpec
     placement: Placement
     project: str
+    scale_up: str | None = None  # admitted ahead of a scale-up: why it will wait in Ray
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,14 @@ def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM
 
 
 def admit(session: Session, job: Queued, placement: Placement, *, passed_over: list[str], owner: str,
-          now: datetime, lease_until: datetime) -> Claimed:
-    """Give the job its next attempt and ``owner``'s lease; the jobs it passed over wait one skip longer."""
+          now: datetime, lease_until: datetime, scale_up: str | None = None) -> Claimed:
+    """Give the job its next attempt and ``owner``'s lease; the jobs it passed over wait one skip longer.
+    ``scale_up``: admitted ahead of a scale-up; the live attempt keeps it as its message
+    (``stats.ahead_by_group`` counts those, the reconciler holds them to a deadline)."""
     n = job.attempts + 1
     group = placement.node_group
-    transition(session, job.id, JobStatus.DISPATCHING, reason=f"admitted to {group}; attempt {n}",
+    admitted = f"admitted to {group}; attempt {n}" + (f"; {scale_up}" if scale_up else "")
+    transition(session, job.id, JobStatus.DISPATCHING, reason=admitted,
                actor="scheduler", attempt=n,
                expected={JobStatus.PENDING, JobStatus.RETRYING},
                values={"attempts": n, "lease_owner": owner, "lease_expires_at": lease_until,
@@ -136,7 +140,8 @@ def admit(session: Session, job: Queued, placement: Placement, *, passed_over: l
                        "not_before": None})
     session.execute(insert(attempts).values(
         job_id=job.id, number=n, submission_id=submission_id(job.id, n), node_group=group,
-        market=placement.market, status=AttemptStatus.CLAIMED.value, resources=placement.total, created_at=now))
+        market=placement.market, status=AttemptStatus.CLAIMED.value, resources=placement.total, created_at=now,
+        message=scale_up))
     for other in passed_over:
         session.execute(update(jobs).where(jobs.c.id == other).values(skips=jobs.c.skips + 1))
-    return Claimed(job.id, n, job.spec, placement, job.project)
+    return Claimed(job.id, n, job.spec, placement, job.project, scale_up)

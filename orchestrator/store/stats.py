@@ -18,7 +18,7 @@ from typing import Sequence
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from raylane.orchestrator.domain.states import ACTIVE, QUEUED, FailureCause, JobStatus
+from raylane.orchestrator.domain.states import ACTIVE, QUEUED, AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.store.tables import attempts, jobs
 
 assert QUEUED == {JobStatus.PENDING, JobStatus.RETRYING}, "queue_by_group below names both statuses"
@@ -50,6 +50,14 @@ def used_by_active(session: Session) -> tuple[dict[str, dict[str, float]], int]:
             for k, v in (placement.get("driver_resources") or {}).items():
                 d[k] = d.get(k, 0) + v
     return used, n
+
+
+def ahead_by_group(session: Session) -> dict[str, int]:
+    """Attempts admitted ahead of a scale-up whose driver has not started, per
+    group: a live attempt carries a message only then (``queue.admit``)."""
+    waiting = [AttemptStatus.CLAIMED.value, AttemptStatus.SUBMITTED.value, AttemptStatus.PENDING.value]
+    return dict(session.execute(select(_attempt_group, func.count()).where(
+        attempts.c.status.in_(waiting), attempts.c.message.is_not(None)).group_by(_attempt_group)).all())
 
 
 def jobs_per_group(session: Session) -> tuple[dict[str, int], dict[str, int]]:

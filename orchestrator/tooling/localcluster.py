@@ -235,15 +235,23 @@ class LocalCluster:
         self.state.save()
         try:
             self._start_head()
-            for group in self.profile.workers:
-                for i in range(group.local_nodes):
-                    self.add_node(group.name, i)
+            self._start_workers()
         except BaseException:
             # A node that did not come up must not leave the others running
             # (a leaked cluster eats a small machine's CPU for the rest of the day).
             self.down()
             raise
         return self.state
+
+    def _start_workers(self) -> None:
+        """``local_nodes`` nodes of each worker group, one after another."""
+        for group in self.profile.workers:
+            for i in range(group.local_nodes):
+                self.add_node(group.name, i)
+
+    def _head_args(self, env: dict[str, str]) -> list[str]:
+        """More ``ray start --head`` arguments (and changes to its ``env``): none here."""
+        return []
 
     def _examples_path(self) -> str | None:
         """A directory that holds only the checkout's ``examples`` package, for the
@@ -463,6 +471,7 @@ class LocalCluster:
             # (Ray advertises the head at the host's address, not 127.0.0.1: its
             # drivers find it unaided.)
             env.pop("RAY_ADDRESS", None)
+            args += self._head_args(env)
             if self.state.redis_address:
                 env["RAY_REDIS_ADDRESS"] = self.state.redis_address
                 env["RAY_external_storage_namespace"] = self.state.storage_namespace

@@ -93,6 +93,24 @@ def stop_groups(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
             pass
 
 
+def stop_pids(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM each process, then SIGKILL those still there after the grace (the
+    raylets Ray's autoscaler started, which lead no process group of ours)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for pid in pids:
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def stop_stale(dir: str | Path, *, owner: int | None = None) -> bool:
     """Stop what still runs of the cluster ``DIR/state.json`` describes (only the
     groups whose leader is still one of its nodes), delete its temp dir and the
