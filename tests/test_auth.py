@@ -104,11 +104,13 @@ def world(api, cp) -> World:
 #   READ_PROJECT   any role, own project; another project's objects are 404 to non-admins
 #   WRITE_PROJECT  admin or member, own project (404 otherwise); viewers 403
 #   SUBMIT         admin or member; a spec for another project is 403 to a member
+#   MEMBER         admin or member, whatever the project (uploading a code package); viewers 403
 #   ADMIN          admins only (403 to others)
 # Anonymous callers get 401 everywhere but PUBLIC.
 
-PUBLIC, AUTHENTICATED, READ_PROJECT, WRITE_PROJECT, SUBMIT, ADMIN = (
-    "PUBLIC", "AUTHENTICATED", "READ_PROJECT", "WRITE_PROJECT", "SUBMIT", "ADMIN")
+PUBLIC, AUTHENTICATED, READ_PROJECT, WRITE_PROJECT, SUBMIT, MEMBER, ADMIN = (
+    "PUBLIC", "AUTHENTICATED", "READ_PROJECT", "WRITE_PROJECT", "SUBMIT", "MEMBER", "ADMIN")
+NO_PACKAGE = "0" * 64  # a sha256 nobody uploaded
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/docs"): Rule(PUBLIC),
     ("GET", "/docs/oauth2-redirect"): Rule(PUBLIC),
     ("GET", "/redoc"): Rule(PUBLIC),
+    # Code packages: whether one is stored (HEAD; 404 for one never uploaded), and an
+    # upload (a body that does not hash to the path's sha256 is 422 once access is granted)
+    ("GET", "/v1/packages/{sha256}"): Rule(AUTHENTICATED, 404, lambda w, t: Req("HEAD", f"/v1/packages/{NO_PACKAGE}")),
+    ("PUT", "/v1/packages/{sha256}"): Rule(MEMBER, 422, lambda w, t: Req("PUT", f"/v1/packages/{NO_PACKAGE}",
+                                                                         json={"not": "a zip"})),
     # Jobs
     ("POST", "/v1/jobs"): Rule(SUBMIT, 201, lambda w, t: Req("POST", "/v1/jobs", json={**HELLO, "project": w.project(t)})),
     ("POST", "/v1/jobs/batch"): Rule(SUBMIT, 201, lambda w, t: Req(
@@ -203,6 +210,8 @@ def expected(rule: Rule, role: str, target: str) -> int:
         return 403 if role == "viewer" else (rule.ok if own else 404)
     if rule.access == SUBMIT:
         return 403 if role == "viewer" or not own else rule.ok
+    if rule.access == MEMBER:
+        return 403 if role == "viewer" else rule.ok
     if rule.access == ADMIN:
         return 403
     raise AssertionError(f"unknown access class {rule.access}")
