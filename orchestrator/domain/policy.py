@@ -10,7 +10,7 @@ A job runs arbitrary code, but only through the doors listed here:
 - ``working_dir``: a local directory is zipped *on the control plane* and shipped
   to Ray (``backends.ray_jobs``), so it must be an absolute path without ``..``
   under one of the allowed roots, and never inside the control plane's own state
-  (``data_dir``: the database, the admin token, every project's storage); a URI
+  (``data_dir``: the database, the admin token; job storage lies outside it); a URI
   must use an allowed scheme. ``py_modules`` entries follow the same rules;
 - ``env_vars``: names Raylane or Ray read (``RAYLANE_*``, ``RAY_*``) are refused,
   so a job cannot override its own job id, project or storage, or Ray's settings;
