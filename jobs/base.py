@@ -10,9 +10,9 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
+from raylane.jobs.storage import Storage
 from raylane.orchestrator.domain import ids, protocol
 from raylane.orchestrator.domain.protocol import Env
 from raylane.orchestrator.domain.views import Placement
@@ -26,7 +26,7 @@ class RunContext:
     project: str
     spec: JobSpec
     placement: Placement
-    storage: Path  # survives attempts: checkpoints and experiment state live here
+    storage: Storage  # survives attempts and nodes: checkpoints, experiment state, outputs
 
     @property
     def submission_id(self) -> str:
@@ -41,8 +41,8 @@ class RunContext:
             # (``protocol.driver_command``); make them plain env vars here, for the user's code too.
             os.environ.update(protocol.decode_payload(os.environ.pop(protocol.PAYLOAD_ENV)))
         protocol.check_versions(os.environ)
-        storage = Path(os.environ[Env.STORAGE])
-        storage.mkdir(parents=True, exist_ok=True)
+        storage = Storage.from_env()
+        storage.ensure()
         return cls(job_id=os.environ[Env.JOB_ID], attempt=int(os.environ[Env.ATTEMPT]),
                    project=os.environ.get(Env.PROJECT, "default"),
                    spec=JobSpec.model_validate_json(os.environ[Env.SPEC]),

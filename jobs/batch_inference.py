@@ -1,7 +1,9 @@
 """Batch inference: Ray Data maps the user's predictor class over the input's
 batches on the router's workers (spot CPU by default, GPUs if the spec asks)
 and writes the output. Local paths and filesystem URIs (``s3://``, ``gs://``, via
-pyarrow filesystems) are read and written alike.
+pyarrow filesystems, ``raylane.jobs.storage.filesystem`` so the storage endpoint
+applies) are read and written alike. Without an ``output_uri``, or with a relative
+one, the output goes to the job's storage (``<storage>/output``).
 
 The predictor is a class: constructed once per actor (load the model there),
 called with a batch (a dict of numpy arrays) and returning a batch.
@@ -16,6 +18,7 @@ from typing import Any
 import ray
 
 from raylane.jobs.base import RunContext, load_callable
+from raylane.jobs.storage import Storage, filesystem
 from raylane.orchestrator.domain import protocol
 
 READERS = {"parquet": "read_parquet", "jsonl": "read_json", "csv": "read_csv"}
@@ -45,13 +48,17 @@ def run(ctx: RunContext) -> dict[str, Any]:
     if "RAY_DATA_MAX_CONSECUTIVE_ACTOR_INIT_DEATHS" not in os.environ:  # the user's own setting wins
         data_ctx.max_consecutive_actor_init_deaths = max(data_ctx.max_consecutive_actor_init_deaths,
                                                          ACTOR_INIT_DEATHS)
+    output_uri = resolve_output(b.output_uri, ctx.storage)
+    endpoint = ctx.storage.endpoint
     fmt = b.format or infer_format(b.input_uri)
-    out_fmt = b.format or infer_format(b.output_uri)
+    out_fmt = b.format or infer_format(output_uri)
+    in_fs, in_path = filesystem(b.input_uri, endpoint)
+    out_fs, out_path = filesystem(output_uri, endpoint)
     predictor = load_callable(ctx.spec.entrypoint)
     concurrency = b.concurrency or pl.num_workers
 
     def once() -> tuple[int, int]:
-        ds = getattr(ray.data, READERS[fmt])(b.input_uri)
+        ds = getattr(ray.data, READERS[fmt])(in_path, filesystem=in_fs)
         rows_in = ds.count()
         out = ds.map_batches(
             predictor, batch_size=b.batch_size, concurrency=concurrency,
@@ -61,9 +68,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
         # The run owns its output: a run again (here, or in a retried attempt after
         # a preemption) must not add its files next to an earlier run's, or rows
         # would be written twice.
-        _clear(b.output_uri)
+        _clear(out_fs, out_path)
         rows_out = out.count()
-        getattr(out, WRITERS[out_fmt])(b.output_uri)
+        getattr(out, WRITERS[out_fmt])(out_path, filesystem=out_fs)
         return rows_in, rows_out
 
     for run_no in range(1, NODE_LOSS_RERUNS + 2):
@@ -80,7 +87,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             # than hand Raylane a failed attempt and start a new driver.
             print(f"raylane: node {node[:12]} died under the dataset ({type(e).__name__}); "
                   f"running it again ({run_no} of {NODE_LOSS_RERUNS})", flush=True)
-    return {"rows_in": rows_in, "rows_out": rows_out, "output_uri": b.output_uri, "format": out_fmt,
+    return {"rows_in": rows_in, "rows_out": rows_out, "output_uri": output_uri, "format": out_fmt,
             "concurrency": concurrency, "node_group": pl.node_group,
             "driver_node_group": os.environ.get("RAY_NODE_TYPE_NAME"), "runs": run_no}
 
@@ -93,10 +100,16 @@ def _dead_node_in(exc: BaseException) -> str | None:
     return next((nid for nid in protocol.RAY_NODE_DIED.findall(text) if nid not in alive), None)
 
 
-def _clear(uri: str) -> None:
+def resolve_output(uri: str | None, storage: Storage) -> str:
+    """Where the output goes: the spec's URI or absolute path, else inside the job's storage."""
+    if uri and ("://" in uri or os.path.isabs(uri)):
+        return uri
+    return storage.child(uri or "output").uri
+
+
+def _clear(fs, path: str) -> None:
     import pyarrow.fs as pafs
 
-    fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.Directory:
         fs.delete_dir_contents(path, missing_dir_ok=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import shutil
 import sys
 
 from raylane.jobs.base import RunContext, load_callable, report_result
+from raylane.jobs.storage import scratch_dir
 from raylane.jobs.metrics import JobMetrics
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.kinds import KINDS
@@ -41,18 +43,24 @@ def main() -> int:
     # running driver, and anything that resolves a relative path (Tune's
     # results, os.path.abspath) then fails. Workers get the working_dir from the
     # job's runtime_env, not from our cwd, so this changes nothing for them.
-    os.chdir(ctx.storage)
-    import ray
+    # A node-local directory: the job's storage may be a bucket, and what a
+    # driver writes by relative path is scratch, not storage.
+    scratch = scratch_dir(ctx.submission_id)
+    os.chdir(scratch)
+    try:
+        import ray
 
-    # Where several Ray nodes share a host (the local cluster), the node names its
-    # own address: without it Ray attaches a driver to the head's raylet, wherever
-    # its job supervisor runs. On a real cluster it is unset and Ray decides.
-    ray.init(log_to_driver=True, _node_ip_address=os.environ.get(protocol.Env.NODE_IP) or None)
-    progress = JobMetrics.start(ctx)  # Ray custom metrics tagged with the job (jobs/metrics.py)
-    result = runner.run(ctx)
-    progress.finish(result or {})
-    report_result(ctx.submission_id, result or {})
-    return 0
+        # Where several Ray nodes share a host (the local cluster), the node names its
+        # own address: without it Ray attaches a driver to the head's raylet, wherever
+        # its job supervisor runs. On a real cluster it is unset and Ray decides.
+        ray.init(log_to_driver=True, _node_ip_address=os.environ.get(protocol.Env.NODE_IP) or None)
+        progress = JobMetrics.start(ctx)  # Ray custom metrics tagged with the job (jobs/metrics.py)
+        result = runner.run(ctx)
+        progress.finish(result or {})
+        report_result(ctx.submission_id, result or {})
+        return 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

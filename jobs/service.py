@@ -5,10 +5,17 @@ replicas or autoscaling from the spec.
 The driver stays up while the service runs: the Ray job is the service's
 lifetime. Cancel (Ray stops the job with SIGTERM) deletes the application, so no
 replica outlives its job.
+
+Serve's proxies bind where the cluster profile's ``serve`` section says (the
+control plane passes it as ``protocol.Env.SERVE``), and the job reports the URL a
+client should use: the profile's ``public_url`` (an ingress, a load balancer) when
+set, else the driver node's address when the proxies bind every interface, else
+the bound address itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -17,8 +24,26 @@ from typing import Any
 from ray import serve
 
 from raylane.jobs.base import RunContext, load_callable, report_result
+from raylane.orchestrator.domain.profile import ServeIngress
+from raylane.orchestrator.domain.protocol import Env
 
-SERVE_PORT = int(os.environ.get("RAYLANE_SERVE_PORT", "8100"))  # 8000 is Raylane's API
+ANY_ADDRESS = {"0.0.0.0", "::", ""}
+
+
+def ingress() -> ServeIngress:
+    """The profile's ``serve`` section as the control plane sent it (its defaults without one)."""
+    raw = os.environ.get(Env.SERVE)
+    return ServeIngress.model_validate(json.loads(raw)) if raw else ServeIngress()
+
+
+def client_url(ing: ServeIngress, route_prefix: str, node_ip: str) -> str:
+    """The URL a client should use for a route (see the module's docstring)."""
+    if ing.public_url:
+        return ing.public_url.rstrip("/") + route_prefix
+    host = node_ip if ing.host in ANY_ADDRESS else ing.host
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address in a URL
+    return f"http://{host}:{ing.port}{route_prefix}"
 
 
 def app_name(ctx: RunContext) -> str:
@@ -41,10 +66,13 @@ def run(ctx: RunContext) -> dict[str, Any]:
     else:  # a deployment, or a plain class to make one of
         dep = target if isinstance(target, serve.Deployment) else serve.deployment(target)
         app = dep.options(ray_actor_options=actor_opts, **scale).bind()
-    serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
+    ing = ingress()
+    serve.start(http_options={"host": ing.host, "port": ing.port})
     name = app_name(ctx)
     serve.run(app, name=name, route_prefix=svc.route_prefix, blocking=False)
-    url = f"http://127.0.0.1:{SERVE_PORT}{svc.route_prefix}"
+    import ray
+
+    url = client_url(ing, svc.route_prefix, ray.util.get_node_ip_address())
     report_result(ctx.submission_id,
                   {"app": name, "route_prefix": svc.route_prefix, "url": url, "replicas": svc.replicas})
 

@@ -3,7 +3,8 @@
 Expert defaults, so a user gets them without being an expert: ``reuse_actors``
 for short trials, trials placed by label selector on the (spot) group with SPREAD,
 ``FailureConfig`` so trials lost with a node are retried from their checkpoints,
-and the experiment stored under the job's storage so a new attempt restores it.
+and the experiment stored in the job's storage (a bucket or a shared path) so a
+new attempt, on any node, restores it.
 A trial function can save a checkpoint when its node is about to be drained:
 ``raylane.jobs.base.checkpoint_requested()`` turns True once per trial after the request.
 """
@@ -58,12 +59,14 @@ def run(ctx: RunContext) -> dict[str, Any]:
     scheduler = None
     if sw.scheduler == "asha":
         scheduler = tune.schedulers.ASHAScheduler(max_t=sw.max_t, grace_period=sw.grace_period)
-    path = str(ctx.storage / "tune")
+    # Tune reads and writes the experiment through this filesystem, from the driver
+    # and from every trial (it travels with the run config), endpoint included.
+    fs, path = ctx.storage.child("tune").filesystem()
     name = "experiment"
-    exp_dir = os.path.join(path, name)
+    exp_dir = f"{path}/{name}"
     trainable_r = tune.with_resources(trainable, resources)
-    if tune.Tuner.can_restore(exp_dir):
-        tuner = tune.Tuner.restore(exp_dir, trainable=trainable_r, resume_errored=True)
+    if tune.Tuner.can_restore(exp_dir, storage_filesystem=fs):
+        tuner = tune.Tuner.restore(exp_dir, trainable=trainable_r, resume_errored=True, storage_filesystem=fs)
     else:
         tuner = tune.Tuner(
             trainable_r,
@@ -71,7 +74,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             tune_config=tune.TuneConfig(metric=sw.metric, mode=sw.mode, num_samples=sw.num_samples,
                                         max_concurrent_trials=pl.num_workers, scheduler=scheduler,
                                         reuse_actors=True),
-            run_config=tune.RunConfig(storage_path=path, name=name, verbose=0, callbacks=[trial_callback()],
+            run_config=tune.RunConfig(storage_path=path, storage_filesystem=fs, name=name, verbose=0,
+                                      callbacks=[trial_callback()],
                                       failure_config=tune.FailureConfig(max_failures=sw.max_trial_failures)),
         )
     results = tuner.fit()

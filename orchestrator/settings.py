@@ -11,10 +11,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_ADMIN_TOKEN_LEN = 16  # shorter is a placeholder, not a secret
+# What jobs' runners open through pyarrow.fs (and Tune, Ray Data through it).
+STORAGE_SCHEMES = {"s3", "gs", "gcs", "hdfs", "abfs", "abfss", "file"}
 
 
 class Settings(BaseSettings):
@@ -24,11 +26,22 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL. Unset: SQLite (WAL) at <data_dir>/raylane.db."
     )
-    data_dir: Path = Field(Path(".raylane"), description="Local state: SQLite file, local cluster logs, job storage.")
+    data_dir: Path = Field(Path(".raylane"), description="Local state: SQLite file, admin token, local cluster logs. Never job storage.")
     sqlite_synchronous: Literal["OFF", "NORMAL", "FULL"] = Field(
         "FULL", description="SQLite fsync level. FULL: a committed job survives power loss; NORMAL: survives a process crash."
     )
     auto_migrate: bool = Field(True, description="Run `alembic upgrade head` on start.")
+
+    # Job storage (docs/deploy.md#storage): what jobs write that must outlive a node
+    storage_uri: str | None = Field(
+        None, description="Where checkpoints, Tune experiments and batch outputs go, one prefix per job (<uri>/<project>/<job id>): s3://bucket/prefix, gs://bucket/prefix, or an absolute path every node mounts. Unset: the directory <data_dir>-storage beside data_dir (one machine only)."
+    )
+    storage_endpoint_url: str | None = Field(
+        None, description="S3 endpoint for s3:// storage that is not AWS (MinIO, Ceph, a test server), e.g. http://minio:9000; jobs use it for every s3:// URI they read or write."
+    )
+    storage_env: dict[str, str] = Field(
+        {}, description="Environment variables every job gets to reach its storage (JSON object), e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION: credentials for jobs, never the control plane's own. Empty: nodes use their own (instance role, workload identity)."
+    )
 
     # HTTP
     host: str = Field("127.0.0.1", description="Address the API binds.")
@@ -122,6 +135,59 @@ class Settings(BaseSettings):
             raise ValueError(f"RAYLANE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_LEN} characters")
         return v
 
+    @field_validator("storage_uri")
+    @classmethod
+    def _storage_uri(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        v = v.strip()
+        if "://" in v:
+            scheme = v.split("://", 1)[0].lower()
+            if scheme not in STORAGE_SCHEMES:
+                raise ValueError(f"RAYLANE_STORAGE_URI: scheme {scheme!r} is not one of {sorted(STORAGE_SCHEMES)}")
+            if scheme != "file" and not v.split("://", 1)[1].strip("/"):
+                raise ValueError("RAYLANE_STORAGE_URI: names no bucket")
+        elif not Path(v).is_absolute():
+            # A relative path means a different directory for every process that resolves it.
+            raise ValueError("RAYLANE_STORAGE_URI: a path must be absolute")
+        return v
+
+    @field_validator("storage_env")
+    @classmethod
+    def _storage_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not name or name.upper().startswith(("RAYLANE_", "RAY_")):
+                raise ValueError(f"RAYLANE_STORAGE_ENV: {name!r} is a name Raylane or Ray reads, not a storage credential")
+        return v
+
+    @model_validator(mode="after")
+    def _storage_outside_state(self) -> "Settings":
+        local = self.storage_local_root
+        state = self.data_dir.resolve()
+        if local is not None and (local == state or state in local.parents):
+            raise ValueError(f"RAYLANE_STORAGE_URI: {local} is inside data_dir {state}; jobs must never reach the "
+                             "control plane's state")
+        return self
+
+    @property
+    def resolved_storage_uri(self) -> str:
+        """The root of every job's storage. The default sits beside data_dir, not in
+        it: it lasts as long as data_dir does (unlike a temp directory, which a reboot
+        may clear under a resumable checkpoint), yet a job given its own storage path
+        holds no path into the 0700 tree with the database and the admin token."""
+        if self.storage_uri:
+            return self.storage_uri
+        state = self.data_dir.resolve()
+        return str(state.with_name(state.name + "-storage"))
+
+    @property
+    def storage_local_root(self) -> Path | None:
+        """The storage root as a local path, when it is one (None for object storage)."""
+        uri = self.resolved_storage_uri
+        if uri.startswith("file://"):
+            return Path(uri[len("file://"):]).resolve()
+        return None if "://" in uri else Path(uri).resolve()
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
@@ -137,7 +203,7 @@ class Settings(BaseSettings):
 
 def private_dir(path: Path) -> Path:
     """``path`` created if missing and made 0700: it holds the database, the admin token
-    and every project's storage, for the server's user alone."""
+    and the local cluster's files, for the server's user alone."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path, 0o700)  # mkdir's mode applies only to a new directory, and passes through the umask
     return path

@@ -55,8 +55,8 @@ def test_the_command_line_carries_the_inputs_and_the_versions_back_unchanged(tmp
     monkeypatch.setenv(protocol.PAYLOAD_ENV, blob)
     ctx = base.RunContext.from_env()
     assert (ctx.job_id, ctx.attempt, ctx.project) == ("01job", 3, "vision")
-    assert ctx.spec == SPEC and ctx.placement == PLACEMENT and ctx.storage == tmp_path / "vision" / "01job"
-    assert ctx.storage.is_dir() and protocol.PAYLOAD_ENV not in os.environ
+    assert ctx.spec == SPEC and ctx.placement == PLACEMENT and ctx.storage.uri == str(tmp_path / "vision" / "01job")
+    assert ctx.storage.local_path.is_dir() and protocol.PAYLOAD_ENV not in os.environ
 
 
 @pytest.mark.parametrize("override", [{Env.VERSION: "0.0.1"}, {Env.PROTOCOL: "0"}, {Env.VERSION: ""}])

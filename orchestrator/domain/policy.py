@@ -10,7 +10,7 @@ A job runs arbitrary code, but only through the doors listed here:
 - ``working_dir``: a local directory is zipped *on the control plane* and shipped
   to Ray (``backends.ray_jobs``), so it must be an absolute path without ``..``
   under one of the allowed roots, and never inside the control plane's own state
-  (``data_dir``: the database, the admin token, every project's storage); a URI
+  (``data_dir``: the database, the admin token; job storage lies outside it); a URI
   must use an allowed scheme. ``raylane://packages/<sha256>``, a package the
   client uploaded (``domain.packages``), is always allowed: uploading is the
   door for code from a laptop, and whether it exists is checked at submit.

@@ -58,11 +58,24 @@ class NodeGroup(BaseModel):
         return self
 
 
+class ServeIngress(BaseModel):
+    """Where Ray Serve's proxies listen on the cluster's nodes, and the URL clients
+    are told (a service job reports ``<public_url or http://<driver node>:<port>><route>``).
+    The default keeps services on the host, as a laptop wants; a cluster that serves
+    others binds 0.0.0.0 behind its own ingress and names that ingress here."""
+
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field("127.0.0.1", min_length=1, max_length=255)
+    port: int = Field(8100, ge=1, le=65535)  # 8000 is Raylane's API
+    public_url: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
     groups: list[NodeGroup] = Field(..., min_length=1)
+    serve: ServeIngress = Field(default_factory=ServeIngress)
 
     @model_validator(mode="after")
     def _unique(self) -> "Profile":

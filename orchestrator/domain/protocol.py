@@ -9,7 +9,8 @@ Words:
 - *runner*: ``python -m raylane.jobs.run``, the driver of every job but a
   command; it runs the Raylane code installed on the cluster's nodes, not the
   control plane's.
-- *inputs*: job id, attempt, project, spec, placement and storage path, plus the
+- *inputs*: job id, attempt, project, spec, placement, the job's storage URI
+  (and the S3 endpoint that reaches it) and where Serve binds, plus the
   control plane's Raylane version and ``PROTOCOL_VERSION``, as ``RAYLANE_*``
   environment variables (``Env``). A command job gets them in its runtime_env;
   a runner gets them as one base64 JSON variable on its command line
@@ -42,7 +43,7 @@ from typing import Any, Mapping
 
 import raylane
 
-PROTOCOL_VERSION = 1  # bump when a name, an encoding or a key below changes meaning
+PROTOCOL_VERSION = 2  # bump when a name, an encoding or a key below changes meaning (2: storage is a URI)
 
 RUNNER_MODULE = "raylane.jobs.run"
 PAYLOAD_ENV = "RAYLANE_JOB_B64"  # the runner's inputs on its command line
@@ -56,7 +57,11 @@ class Env:
     PROJECT = "RAYLANE_PROJECT"
     SPEC = "RAYLANE_SPEC"  # JobSpec as JSON
     PLACEMENT = "RAYLANE_PLACEMENT"  # Placement as JSON
-    STORAGE = "RAYLANE_STORAGE"  # survives attempts: checkpoints and experiment state
+    # Survives attempts and nodes: checkpoints, experiment state, batch outputs. A URI
+    # (s3://, gs://, ...) or an absolute path every node mounts; never the control plane's data_dir.
+    STORAGE = "RAYLANE_STORAGE"
+    STORAGE_ENDPOINT = "RAYLANE_STORAGE_ENDPOINT_URL"  # S3 endpoint of s3:// URIs (not AWS); absent: AWS's
+    SERVE = "RAYLANE_SERVE"  # a service's ingress, as JSON: {"host", "port", "public_url"}
     VERSION = "RAYLANE_VERSION"  # the control plane's raylane.__version__
     PROTOCOL = "RAYLANE_PROTOCOL"  # the control plane's PROTOCOL_VERSION
     # Set on a node by the local cluster, not by the control plane: the address
@@ -65,9 +70,11 @@ class Env:
 
 
 def runner_env(*, job_id: str, attempt: int, project: str, spec_json: str, placement_json: str,
-               storage: str) -> dict[str, str]:
+               storage: str, storage_endpoint: str | None = None, serve_json: str | None = None) -> dict[str, str]:
     """The inputs of one attempt, stamped with this side's versions."""
+    optional = {Env.STORAGE_ENDPOINT: storage_endpoint, Env.SERVE: serve_json}
     return {
+        **{k: v for k, v in optional.items() if v},
         Env.JOB_ID: job_id,
         Env.ATTEMPT: str(attempt),
         Env.PROJECT: project,

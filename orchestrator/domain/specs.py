@@ -53,7 +53,7 @@ MAX_EXEC_STRING_BYTES = 128 * 1024
 MAX_SPEC_BYTES = 80 * 1024
 
 # What a required section must hold, for the message that asks for it.
-SECTION_NEEDS = {"sweep": "with a search_space", "batch": "with input_uri and output_uri"}
+SECTION_NEEDS = {"sweep": "with a search_space", "batch": "with an input_uri"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$")
@@ -219,7 +219,9 @@ class BatchSpec(_Model):
     """Batch inference: a predictor class mapped over an input dataset by Ray Data."""
 
     input_uri: str = Field(..., min_length=1, max_length=4096)
-    output_uri: str = Field(..., min_length=1, max_length=4096)
+    # A URI or an absolute path; a relative path, or none ("output"), is taken
+    # inside the job's storage, which every node and later attempt can reach.
+    output_uri: str | None = Field(None, min_length=1, max_length=4096)
     format: Literal["parquet", "jsonl", "csv"] | None = None  # None: from the extension
     batch_size: int = Field(256, ge=1, le=1_000_000)
     concurrency: int | None = Field(None, ge=1, le=10_000)  # actor pool size

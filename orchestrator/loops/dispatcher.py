@@ -43,13 +43,21 @@ from raylane.orchestrator.store.transitions import utcnow
 log = logging.getLogger(__name__)
 
 
+def job_storage(storage_root: str | Path, project: str, job_id: str) -> str:
+    """One job's storage under the root: ``<root>/<project>/<job id>``, a URI or a path."""
+    root = str(storage_root)
+    return f"{root.rstrip('/')}/{project}/{job_id}" if "://" in root else str(Path(root) / project / job_id)
+
+
 def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement: Placement,
-               storage_root: Path) -> dict[str, str]:
+               storage_root: str | Path, *, storage_endpoint: str | None = None,
+               serve_json: str | None = None) -> dict[str, str]:
     """The attempt's inputs under the runner protocol's names (``protocol.Env``)."""
     return protocol.runner_env(job_id=job_id, attempt=attempt, project=project,
                                spec_json=spec.model_dump_json(exclude_none=True),
                                placement_json=placement.model_dump_json(),
-                               storage=str(storage_root / project / job_id))
+                               storage=job_storage(storage_root, project, job_id),
+                               storage_endpoint=storage_endpoint, serve_json=serve_json)
 
 
 class Dispatcher(LoopService):
@@ -63,7 +71,8 @@ class Dispatcher(LoopService):
         self.backend = backend
         self.profile = profile
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self.storage_root = (settings.data_dir / "storage").resolve()
+        # Outside data_dir (Settings refuses otherwise): jobs write here, from any node.
+        self.storage_root = settings.resolved_storage_uri
         # A test hook: called after Ray accepted an attempt, before our write.
         self.after_submit_hook = None
         self.on_submitted = None
@@ -124,14 +133,19 @@ class Dispatcher(LoopService):
         spec, pl = c.spec, c.placement
         metadata = {"raylane_job_id": c.job_id, "raylane_project": c.project, "raylane_kind": spec.kind.value,
                     "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name}
-        env = runner_env(c.job_id, c.attempt, c.project, spec, pl, self.storage_root)
+        env = runner_env(c.job_id, c.attempt, c.project, spec, pl, self.storage_root,
+                         storage_endpoint=self.settings.storage_endpoint_url,
+                         serve_json=self.profile.serve.model_dump_json() if spec.kind.value == "service" else None)
+        # Storage credentials reach every process of the job (a trial or a training
+        # worker writes its own checkpoints); the job's own env_vars win over them.
+        job_env = {**self.settings.storage_env, **spec.runtime_env.env_vars}
         if traits(spec.kind).runner is None:
-            runtime_env: dict[str, Any] = {"env_vars": {**spec.runtime_env.env_vars, **env}}
+            runtime_env: dict[str, Any] = {"env_vars": {**job_env, **env}}
             entrypoint = spec.entrypoint
         else:
             # The runner's inputs go to the driver alone, on its command line, not
             # into runtime_env (see protocol's docstring: workers keep one runtime env).
-            runtime_env = {"env_vars": dict(spec.runtime_env.env_vars)} if spec.runtime_env.env_vars else {}
+            runtime_env = {"env_vars": job_env} if job_env else {}
             entrypoint = protocol.driver_command(env)
         if spec.runtime_env.working_dir:
             runtime_env["working_dir"] = spec.runtime_env.working_dir

@@ -6,7 +6,6 @@ the node is gone the next attempt resumes from that checkpoint."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,7 +30,7 @@ def test_drained_node_stops_admission_and_its_job_checkpoints_then_resumes(rapi,
             "args": {"steps": STEPS, "step_sleep": 0.05, "checkpoint_every": 100000}, "retry": {"backoff_s": 0.5}}
     job = rapi.post("/v1/jobs", json=spec).json()
     group = job["placement"]["node_group"]
-    storage = Path(ray_settings.data_dir) / "storage" / "default" / job["id"] / "checkpoints"
+    storage = ray_settings.storage_local_root / "default" / job["id"] / "checkpoints"
     wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
     att = wait_for(lambda: rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]["driver_node_id"] and
                    rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1], timeout=60)

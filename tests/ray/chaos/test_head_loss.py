@@ -14,7 +14,6 @@ cluster of its own (a head and one on-demand CPU node) whose head it kills.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -86,7 +85,7 @@ def head_api(head_cluster, tmp_path):
 def test_head_killed_and_restarted(head_api):
     mode, cluster, api, settings = head_api
     job = api.post("/v1/jobs", json=SPEC).json()
-    checkpoints = Path(settings.data_dir) / "storage" / "default" / job["id"] / "checkpoints"
+    checkpoints = settings.storage_local_root / "default" / job["id"] / "checkpoints"
     wait_status(api, job["id"], {"RUNNING"}, timeout=120)
     wait_for(lambda: len(list(checkpoints.glob("checkpoint_*"))) >= 1, timeout=120, what="a first checkpoint")
     before = api.get(f"/v1/jobs/{job['id']}/events").json()

@@ -1,10 +1,14 @@
 """An attempt stopped mid-run (its driver's node lost) is re-dispatched and
 resumes from the job's checkpoint: training from its latest checkpoint, a sweep
-by restoring its Tune experiment (finished trials are not run again)."""
+by restoring its Tune experiment (finished trials are not run again).
+
+Each runs twice: with the default storage (a directory beside data_dir) and with
+storage on an S3 endpoint on loopback (moto, tests/s3.py), as a real cluster's
+nodes, which share no disk, would use it; then nothing at all is written under
+data_dir (issue #13, point 3)."""
 
 from __future__ import annotations
 
-import glob
 import json
 import time
 from pathlib import Path
@@ -12,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
+from tests.s3 import CREDENTIALS, moto_s3
 from tests.ray.chaos.test_spot_loss import lines, record
 from tests.ray.conftest import wait_status
 
@@ -20,20 +25,53 @@ FUNCS = str(Path(__file__).resolve().parent.parent / "funcs")
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
+@pytest.fixture(scope="module")
+def s3():
+    with moto_s3() as s:
+        yield s
+
+
+@pytest.fixture(params=["path", "s3"])
+def ray_settings(request, ray_settings, tmp_path):
+    """The shared control plane's settings, with its job storage on a path or on S3.
+    On S3, data_dir is a directory of its own, so the test can see that nothing lands there."""
+    if request.param == "path":
+        return ray_settings
+    s3 = request.getfixturevalue("s3")
+    return ray_settings.model_copy(update={
+        "data_dir": tmp_path / "data", "storage_uri": f"s3://{s3.bucket}/{tmp_path.name}",
+        "storage_endpoint_url": s3.endpoint, "storage_env": CREDENTIALS})
+
+
+def stored_checkpoints(settings, s3_server, job_id) -> list[str]:
+    """Names of the job's checkpoints in its storage (complete ones, on S3)."""
+    if settings.storage_uri is None:
+        return [p.name for p in (settings.storage_local_root / "default" / job_id / "checkpoints").glob("checkpoint_*")]
+    prefix = settings.storage_uri.split("/", 3)[3] + f"/default/{job_id}/checkpoints/"
+    return [k[len(prefix):].split("/")[0] for k in s3_server.keys(prefix) if k.endswith("/.raylane-committed")]
+
+
+def assert_nothing_under_data_dir(settings):
+    if settings.storage_uri is not None:
+        data_dir = Path(settings.data_dir)
+        assert not data_dir.exists() or not list(data_dir.rglob("*")), list(data_dir.rglob("*"))
+        assert not settings.data_dir.with_name("data-storage").exists()  # nor in the default storage
+
+
 def driver_node(rapi, ray_cluster, job_id):
     att = wait_for(lambda: rapi.get(f"/v1/jobs/{job_id}/attempts").json()[-1]["driver_node_id"] and
                    rapi.get(f"/v1/jobs/{job_id}/attempts").json()[-1], timeout=60)
     return next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == att["driver_node_id"])
 
 
-def test_training_attempt_resumes_from_checkpoint(rapi, ray_cluster, ray_settings):
+def test_training_attempt_resumes_from_checkpoint(rapi, ray_cluster, ray_settings, request):
     spec = {"name": "resume-train", "kind": "training", "entrypoint": "examples.train:main",
             "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1},
             "args": {"steps": 400, "step_sleep": 0.05}, "retry": {"backoff_s": 0.5}}
+    s3 = request.getfixturevalue("s3") if ray_settings.storage_uri else None
     job = rapi.post("/v1/jobs", json=spec).json()
-    storage = Path(ray_settings.data_dir) / "storage" / "default" / job["id"] / "checkpoints"
     wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
-    wait_for(lambda: len(glob.glob(str(storage / "checkpoint_*"))) >= 2, timeout=120, what="checkpoints")
+    wait_for(lambda: len(stored_checkpoints(ray_settings, s3, job["id"])) >= 2, timeout=120, what="checkpoints")
     node = driver_node(rapi, ray_cluster, job["id"])
     assert node.group == "gpu"
     ray_cluster.kill_node(node.name)
@@ -44,10 +82,12 @@ def test_training_attempt_resumes_from_checkpoint(rapi, ray_cluster, ray_setting
     assert [a["cause"] for a in atts] == ["NODE_LOST", None]
     ret = done["result"]["workers"][0]["return"]
     assert ret["resumed_from"] >= 100 and ret["steps_run"] == 400 - ret["resumed_from"]
+    assert done["result"]["checkpoint_dir"].startswith(ray_settings.storage_uri or str(ray_settings.storage_local_root))
+    assert_nothing_under_data_dir(ray_settings)
     record(test="training_resume", resumed_from_step=ret["resumed_from"], steps_repeated_saved=ret["resumed_from"])
 
 
-def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, tmp_path):
+def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, ray_settings, tmp_path, request):
     log = tmp_path / "trials.jsonl"
     spec = {"name": "resume-sweep", "kind": "sweep", "entrypoint": "chaos_funcs:slow_trial",
             "runtime_env": {"working_dir": FUNCS}, "retry": {"backoff_s": 0.5},
@@ -72,5 +112,10 @@ def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, tmp_path):
             finishes[x["x"]] = finishes.get(x["x"], 0) + 1
     # Trials that finished in attempt 1 were restored, not run again.
     assert all(finishes[x] == 1 for x in done_before), finishes
+    if ray_settings.storage_uri:  # the experiment lives in the bucket
+        prefix = ray_settings.storage_uri.split("/", 3)[3] + f"/default/{job['id']}/tune/experiment/"
+        assert any("experiment_state" in k
+                   for k in request.getfixturevalue("s3").keys(prefix))
+    assert_nothing_under_data_dir(ray_settings)
     starts = len([x for x in lines(log) if "start" in x])
     record(test="sweep_resume", trials_done_before_loss=len(done_before), trial_starts=starts, trials=12)
