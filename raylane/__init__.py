@@ -14,16 +14,37 @@ docs/sdk.md has the whole tour.
 # reports it, and the SDK sends it in its User-Agent.
 __version__ = "0.1.0"
 
-from raylane.client.sdk import (  # noqa: E402,F401
-    DEFAULT_URL, MAX_ATTEMPTS, AsyncClient, Client, ClusterInfo, ClusterNode, Conflict, ConnectionFailed, Forbidden,
-    Health, JobFunction, NodeGroupStatus, NotFound, RaylaneError, RateLimited, ServerError, Unauthorized,
-    ValidationFailed, WaitTimeout, job,
-)
-from raylane.orchestrator.domain.views import (  # noqa: E402,F401
-    Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
-)
-from raylane.orchestrator.domain.specs import JobKind, JobSpec  # noqa: E402,F401
-from raylane.orchestrator.domain.states import FailureCause, JobStatus  # noqa: E402,F401
+# Names are imported on first use (PEP 562), not with the package: the server and
+# every Ray driver import ``raylane.*`` and should not pay for the client SDK.
+_EXPORTS = {
+    "raylane.client.sdk": (
+        "DEFAULT_URL", "MAX_ATTEMPTS", "AsyncClient", "Client", "ClusterInfo", "ClusterNode", "Conflict",
+        "ConnectionFailed", "Forbidden", "Health", "JobFunction", "NodeGroupStatus", "NotFound", "RaylaneError",
+        "RateLimited", "ServerError", "Unauthorized", "ValidationFailed", "WaitTimeout", "job",
+    ),
+    "raylane.orchestrator.domain.views": (
+        "Attempt", "BatchSubmitResponse", "CancelResponse", "Job", "JobEvent", "JobPage", "Placement", "Trial",
+    ),
+    "raylane.orchestrator.domain.specs": ("JobKind", "JobSpec"),
+    "raylane.orchestrator.domain.states": ("FailureCause", "JobStatus"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raylane' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     "Client", "AsyncClient", "job", "JobFunction",

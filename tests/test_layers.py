@@ -160,3 +160,19 @@ def test_the_distribution_installs_only_the_raylane_namespace(tmp_path):
     for needed in ("raylane/orchestrator/domain/states.py", "raylane/jobs/run.py", "raylane/api/ui/app.js",
                    "raylane/orchestrator/domain/profiles/local.yaml", "raylane/migrations/versions/0001_initial.py"):
         assert needed in names, needed
+
+
+def test_the_server_and_a_driver_do_not_load_the_client_sdk():
+    """``raylane/__init__`` resolves its SDK names lazily: the API process and every
+    Ray driver (``raylane.jobs.run``) import ``raylane.*`` without paying for the SDK,
+    while ``from raylane import Client`` still works."""
+    import subprocess
+    import sys
+
+    code = ("import sys, raylane.api.app, raylane.jobs.run; "
+            "print(sorted(m for m in sys.modules if m.startswith('raylane.client')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout
+    out = subprocess.run([sys.executable, "-c", "from raylane import Client, JobStatus; print(Client.__module__)"],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "raylane.client.sdk"
