@@ -37,16 +37,33 @@ class RunContext:
         """The runner's inputs, after checking they come from a control plane of
         this version (``protocol.VersionMismatchError`` otherwise)."""
         if protocol.PAYLOAD_ENV in os.environ:
-            # The dispatcher passes the runner's inputs on the driver's command line
+            # The dispatcher passed the runner's inputs on the driver's command line
             # (``protocol.driver_command``); make them plain env vars here, for the user's code too.
             os.environ.update(protocol.decode_payload(os.environ.pop(protocol.PAYLOAD_ENV)))
-        protocol.check_versions(os.environ)
+        protocol.check_versions(os.environ)  # the command line carries the versions, whichever way
+        key = os.environ.pop(protocol.INPUTS_KEY_ENV, None)
+        if key is not None:
+            os.environ.update(read_inputs(key))
         storage = Storage.from_env()
         storage.ensure()
         return cls(job_id=os.environ[Env.JOB_ID], attempt=int(os.environ[Env.ATTEMPT]),
                    project=os.environ.get(Env.PROJECT, "default"),
                    spec=JobSpec.model_validate_json(os.environ[Env.SPEC]),
                    placement=Placement.model_validate_json(os.environ[Env.PLACEMENT]), storage=storage)
+
+
+def read_inputs(key: str) -> dict[str, str]:
+    """The inputs the dispatcher left in Ray's KV store, read before ``ray.init``
+    (the runner imports the user's code first) with a GCS client of its own: a
+    Ray job's driver has the GCS address in ``RAY_ADDRESS`` and Ray's token."""
+    from ray._raylet import GcsClient
+
+    value = GcsClient(address=os.environ["RAY_ADDRESS"]).internal_kv_get(
+        key.encode(), protocol.KV_NAMESPACE.encode(), timeout=30)
+    if not value:
+        raise RuntimeError(f"raylane: this attempt's inputs are not in Ray's store ({key}); "
+                           f"the control plane deletes them once the attempt has ended")
+    return protocol.decode_inputs(value)
 
 
 class CheckpointSignal:

@@ -23,7 +23,9 @@ from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.protocol import Env
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
-from raylane.orchestrator.loops.dispatcher import runner_env
+from raylane.orchestrator.domain.profile import default_profile
+from raylane.orchestrator.loops.dispatcher import Claimed, Dispatcher, runner_env
+from raylane.orchestrator.settings import Settings
 
 SPEC = JobSpec.model_validate({"name": "t", "kind": "training", "entrypoint": "m:f"})
 PLACEMENT = Placement(node_group="gpu", market="ON_DEMAND", strategy="STRICT_PACK", colocate=True, num_workers=1,
@@ -38,7 +40,7 @@ def _env(tmp_path, **override) -> dict[str, str]:
 
 
 def _clear_runner_env(monkeypatch):
-    for name in (protocol.PAYLOAD_ENV, *[v for k, v in vars(Env).items() if k.isupper()]):
+    for name in (protocol.PAYLOAD_ENV, protocol.INPUTS_KEY_ENV, *[v for k, v in vars(Env).items() if k.isupper()]):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -57,6 +59,100 @@ def test_the_command_line_carries_the_inputs_and_the_versions_back_unchanged(tmp
     assert (ctx.job_id, ctx.attempt, ctx.project) == ("01job", 3, "vision")
     assert ctx.spec == SPEC and ctx.placement == PLACEMENT and ctx.storage.uri == str(tmp_path / "vision" / "01job")
     assert ctx.storage.local_path.is_dir() and protocol.PAYLOAD_ENV not in os.environ
+
+
+def test_with_a_gcs_the_command_line_names_only_the_inputs_key_and_the_versions(tmp_path, monkeypatch):
+    env = _env(tmp_path, **{Env.SPEC: SPEC.model_copy(update={"name": "secret-in-env"}).model_dump_json()})
+    key = protocol.inputs_key("raylane-01job-3")
+    words = shlex.split(protocol.driver_command(env, inputs_key=key))
+    assert words == [f"{protocol.INPUTS_KEY_ENV}={key}", f"{Env.VERSION}={raylane.__version__}",
+                     f"{Env.PROTOCOL}={protocol.PROTOCOL_VERSION}", "python", "-m", protocol.RUNNER_MODULE]
+
+    stored = {key: protocol.encode_inputs(env)}
+    read = []
+    monkeypatch.setattr(base, "read_inputs", lambda k: read.append(k) or protocol.decode_inputs(stored[k]))
+    _clear_runner_env(monkeypatch)
+    for w in words[:3]:
+        monkeypatch.setenv(*w.split("=", 1))
+    ctx = base.RunContext.from_env()
+    assert read == [key] and ctx.spec.name == "secret-in-env" and ctx.placement == PLACEMENT
+    assert protocol.INPUTS_KEY_ENV not in os.environ and os.environ[Env.SPEC] == env[Env.SPEC]
+
+    # Versions are checked from the command line, before the store is read.
+    read.clear()
+    _clear_runner_env(monkeypatch)
+    monkeypatch.setenv(protocol.INPUTS_KEY_ENV, key)
+    monkeypatch.setenv(Env.VERSION, "0.0.1")
+    monkeypatch.setenv(Env.PROTOCOL, str(protocol.PROTOCOL_VERSION))
+    with pytest.raises(protocol.VersionMismatchError):
+        base.RunContext.from_env()
+    assert read == []
+
+
+class KvBackend(RayJobsBackend):
+    """The backend with Ray's HTTP API and GCS replaced by memory."""
+
+    def __init__(self, gcs):
+        super().__init__("http://ray.invalid", gcs=gcs)
+        self.submitted = []
+
+    def submit(self, **kw):
+        self.submitted.append(kw)
+
+    def _find_gcs(self):
+        return self.gcs
+
+
+class KvGcs:
+    def __init__(self):
+        self.kv = {}
+
+    def put_inputs(self, sid, env):
+        self.kv[protocol.inputs_key(sid)] = protocol.encode_inputs(env)
+
+    def forget_inputs(self, sid):
+        self.kv.pop(protocol.inputs_key(sid), None)
+
+    def close(self):
+        pass
+
+
+def _dispatch_one(tmp_path, backend):
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'x.db'}", data_dir=tmp_path / "data")
+    d = Dispatcher(settings, sessions=None, backend=backend, profile=default_profile())
+    d.after_submit_hook = _stop  # Ray has the attempt; stop before the database write
+    with pytest.raises(Stop):
+        d.submit(Claimed(job_id="01job", attempt=1, project="vision", spec=SPEC, placement=PLACEMENT))
+    return d, backend.submitted[-1]
+
+
+class Stop(Exception):
+    pass
+
+
+def _stop(claimed):
+    raise Stop
+
+
+def test_the_dispatcher_leaves_a_runners_inputs_in_rays_store(tmp_path):
+    gcs = KvGcs()
+    _, sent = _dispatch_one(tmp_path, KvBackend(gcs))
+    key = protocol.inputs_key("raylane-01job-1")
+    assert sent["entrypoint"].startswith(f"{protocol.INPUTS_KEY_ENV}={key} ")
+    inputs = protocol.decode_inputs(gcs.kv[key])
+    assert JobSpec.model_validate_json(inputs[Env.SPEC]) == SPEC and SPEC.entrypoint not in sent["entrypoint"]
+    KvBackend(gcs).forget_inputs("raylane-01job-1")
+    assert gcs.kv == {}
+
+
+def test_without_a_gcs_the_inputs_ride_on_the_command_line_with_one_warning(tmp_path, caplog):
+    backend = KvBackend(None)
+    d, sent = _dispatch_one(tmp_path, backend)
+    assert sent["entrypoint"].startswith(f"{protocol.PAYLOAD_ENV}=")
+    with pytest.raises(Stop):
+        d.submit(Claimed(job_id="01job", attempt=2, project="vision", spec=SPEC, placement=PLACEMENT))
+    assert len([r for r in caplog.records if "GCS address is unknown" in r.message]) == 1
 
 
 @pytest.mark.parametrize("override", [{Env.VERSION: "0.0.1"}, {Env.PROTOCOL: "0"}, {Env.VERSION: ""}])

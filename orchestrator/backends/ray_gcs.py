@@ -45,6 +45,10 @@ def result_key(submission_id: str) -> bytes:
     return protocol.result_key(submission_id).encode()
 
 
+def inputs_key(submission_id: str) -> bytes:
+    return protocol.inputs_key(submission_id).encode()
+
+
 class GcsUnavailable(Exception):
     """The GCS could not be reached (or refused the call)."""
 
@@ -100,24 +104,37 @@ class RayGcs:
         self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
             key=checkpoint_key(submission_id), namespace=KV_NAMESPACE))
 
-    def checkpoint_request(self, submission_id: str) -> dict | None:
+    def _get(self, key: bytes) -> bytes | None:
         try:
-            reply = self._kv.InternalKVGet(gcs_service_pb2.InternalKVGetRequest(
-                key=checkpoint_key(submission_id), namespace=KV_NAMESPACE), timeout=RPC_TIMEOUT_S,
-                metadata=self._metadata)
+            reply = self._kv.InternalKVGet(gcs_service_pb2.InternalKVGetRequest(key=key, namespace=KV_NAMESPACE),
+                                           timeout=RPC_TIMEOUT_S, metadata=self._metadata)
         except grpc.RpcError as e:
             raise GcsUnavailable(f"Ray GCS at {self.address}: {e.code().name}: {e.details()}") from e
-        return json.loads(reply.value) if reply.value else None  # no key: a NotFound status, no value
+        return reply.value or None  # no key: a NotFound status, no value
+
+    def checkpoint_request(self, submission_id: str) -> dict | None:
+        value = self._get(checkpoint_key(submission_id))
+        return json.loads(value) if value else None
 
     def result(self, submission_id: str) -> dict | None:
         """The result the attempt's runner left (``raylane.jobs.base.report_result``); None if none."""
-        try:
-            reply = self._kv.InternalKVGet(gcs_service_pb2.InternalKVGetRequest(
-                key=result_key(submission_id), namespace=KV_NAMESPACE), timeout=RPC_TIMEOUT_S,
-                metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise GcsUnavailable(f"Ray GCS at {self.address}: {e.code().name}: {e.details()}") from e
-        return protocol.decode_result(reply.value) if reply.value else None  # no key: a NotFound status
+        value = self._get(result_key(submission_id))
+        return protocol.decode_result(value) if value else None
+
+    def inputs(self, submission_id: str) -> dict[str, str] | None:
+        """The inputs the dispatcher left for the attempt's runner; None once forgotten."""
+        value = self._get(inputs_key(submission_id))
+        return protocol.decode_inputs(value) if value else None
+
+    def put_inputs(self, submission_id: str, env: dict[str, str]) -> None:
+        """Leave an attempt's inputs for its runner (``raylane.jobs.base.RunContext.from_env``)."""
+        self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(
+            key=inputs_key(submission_id), value=protocol.encode_inputs(env), overwrite=True,
+            namespace=KV_NAMESPACE))
+
+    def forget_inputs(self, submission_id: str) -> None:
+        self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
+            key=inputs_key(submission_id), namespace=KV_NAMESPACE))
 
     def forget_result(self, submission_id: str) -> None:
         """The result is stored in the database: its copy in Ray's store goes."""

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from raylane.orchestrator.backends.reachability import Reachability
+from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.packages import ray_package_name
 from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL
 from raylane.orchestrator.domain.routing import ClusterView, GroupState
@@ -298,19 +299,41 @@ class RayJobsBackend:
             self._result_failing.pop(submission_id, None)
         return result
 
+    def put_inputs(self, submission_id: str, env: dict[str, str]) -> str | None:
+        """Leave an attempt's inputs in Ray's KV store; the key, or None where no
+        GCS address is known (the inputs then ride on the driver's command line).
+        ``RayUnavailable`` if the GCS is known but does not answer."""
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
+
+        gcs = self._find_gcs()
+        if gcs is None:
+            return None
+        try:
+            gcs.put_inputs(submission_id, env)
+        except GcsUnavailable as e:
+            raise RayUnavailable(str(e)) from e
+        return protocol.inputs_key(submission_id)
+
     def forget_result(self, submission_id: str) -> None:
         """The attempt's result is stored (or given up): Ray's copy goes. A copy
         that cannot be deleted now is left behind with a warning."""
         with self._lock:
             self._result_failing.pop(submission_id, None)
+        self._forget(submission_id, "result")
+
+    def forget_inputs(self, submission_id: str) -> None:
+        """The attempt ended: the inputs it was started with leave Ray's store."""
+        self._forget(submission_id, "inputs")
+
+    def _forget(self, submission_id: str, what: str) -> None:
         if self.gcs is None:
             return
         from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
 
         try:
-            self.gcs.forget_result(submission_id)
+            getattr(self.gcs, f"forget_{what}")(submission_id)
         except GcsUnavailable as e:
-            log.warning("could not delete the result of %s from Ray's store: %s", submission_id, e)
+            log.warning("could not delete the %s of %s from Ray's store: %s", what, submission_id, e)
 
     def _find_gcs(self):
         """The GCS client; without a configured address, one to the address in the

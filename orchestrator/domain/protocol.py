@@ -13,13 +13,19 @@ Words:
   (and the S3 endpoint that reaches it) and where Serve binds, plus the
   control plane's Raylane version and ``PROTOCOL_VERSION``, as ``RAYLANE_*``
   environment variables (``Env``). A command job gets them in its runtime_env;
-  a runner gets them as one base64 JSON variable on its command line
-  (``driver_command``), because env vars in runtime_env would give every worker
-  of the job a runtime env of its own, so Ray could not hand trials its
-  prestarted workers (a 200-trial sweep of short trials paid seconds for it).
+  a runner's driver gets them from Ray's KV store (``inputs_key``), and its
+  command line carries only that key and the versions (``driver_command``):
+  env vars in runtime_env would give every worker of the job a runtime env of
+  its own, so Ray could not hand trials its prestarted workers (a 200-trial
+  sweep of short trials paid seconds for it), and a spec on the command line
+  (its env values included) shows in ``ps`` on the node and in the entrypoint
+  column of Ray's dashboard. Where the control plane cannot reach the GCS
+  the inputs ride on the command line, base64-encoded (``driver_command``
+  without a key), as before protocol 3.
 - *KV*: Ray's internal key-value store, namespace ``KV_NAMESPACE``. The control
-  plane leaves checkpoint requests there (``checkpoint_key``); the runner
-  leaves the attempt's result there (``result_key``).
+  plane leaves an attempt's inputs (``inputs_key``) and checkpoint requests
+  (``checkpoint_key``) there; the runner leaves the attempt's result there
+  (``result_key``).
 - *result*: a JSON object of at most ``MAX_RESULT_BYTES`` once encoded.
 
 Invariants:
@@ -31,7 +37,10 @@ Invariants:
 - A result past the bound is refused by the runner (``ResultTooLargeError``,
   which fails the attempt with the limit and the size), never truncated.
 - A result key lives until the attempt's outcome is stored in the database:
-  the reconciler deletes it then (a running service's route: once stored).
+  the reconciler deletes it then (a running service's route: once stored),
+  and the attempt's inputs key with it.
+- Inputs are written before the Ray job is submitted, under a key named by the
+  submission id: a re-submitted attempt (same id) writes the same value.
 """
 
 from __future__ import annotations
@@ -43,10 +52,11 @@ from typing import Any, Mapping
 
 import raylane
 
-PROTOCOL_VERSION = 2  # bump when a name, an encoding or a key below changes meaning (2: storage is a URI)
+PROTOCOL_VERSION = 3  # bump when a name, an encoding or a key below changes meaning (2: storage is a URI, 3: inputs in KV)
 
 RUNNER_MODULE = "raylane.jobs.run"
-PAYLOAD_ENV = "RAYLANE_JOB_B64"  # the runner's inputs on its command line
+PAYLOAD_ENV = "RAYLANE_JOB_B64"  # the runner's inputs on its command line (no GCS reachable)
+INPUTS_KEY_ENV = "RAYLANE_INPUTS_KEY"  # where in Ray's KV store the runner finds its inputs
 
 
 class Env:
@@ -94,9 +104,24 @@ def decode_payload(blob: str) -> dict[str, str]:
     return json.loads(base64.b64decode(blob))
 
 
-def driver_command(env: Mapping[str, str]) -> str:
-    """The entrypoint of a runner's Ray job (base64 needs no shell quoting)."""
-    return f"{PAYLOAD_ENV}={encode_payload(env)} python -m {RUNNER_MODULE}"
+def driver_command(env: Mapping[str, str], *, inputs_key: str | None = None) -> str:
+    """The entrypoint of a runner's Ray job. With ``inputs_key`` the inputs wait in
+    Ray's KV store and the command line names the key and the versions (checked
+    before the runner touches the cluster); without, they ride on it in base64
+    (which needs no shell quoting)."""
+    if inputs_key is None:
+        return f"{PAYLOAD_ENV}={encode_payload(env)} python -m {RUNNER_MODULE}"
+    # Names and versions are [A-Za-z0-9_./-]: nothing to quote.
+    return (f"{INPUTS_KEY_ENV}={inputs_key} {Env.VERSION}={env[Env.VERSION]} {Env.PROTOCOL}={env[Env.PROTOCOL]} "
+            f"python -m {RUNNER_MODULE}")
+
+
+def encode_inputs(env: Mapping[str, str]) -> bytes:
+    return json.dumps(dict(env)).encode()
+
+
+def decode_inputs(value: bytes) -> dict[str, str]:
+    return json.loads(value)
 
 
 # Versions --------------------------------------------------------------------
@@ -130,6 +155,11 @@ KV_NAMESPACE = "raylane"
 def checkpoint_key(submission_id: str) -> str:
     """Where the control plane asks an attempt to checkpoint now (its node is draining)."""
     return f"checkpoint/{submission_id}"
+
+
+def inputs_key(submission_id: str) -> str:
+    """Where the control plane leaves an attempt's inputs for its runner."""
+    return f"inputs/{submission_id}"
 
 
 def result_key(submission_id: str) -> str:

@@ -76,6 +76,7 @@ class Dispatcher(LoopService):
         # A test hook: called after Ray accepted an attempt, before our write.
         self.after_submit_hook = None
         self.on_submitted = None
+        self._inputs_on_command_line = False  # warned that no GCS takes the inputs
 
     # Admission + claim -----------------------------------------------------
 
@@ -143,10 +144,11 @@ class Dispatcher(LoopService):
             runtime_env: dict[str, Any] = {"env_vars": {**job_env, **env}}
             entrypoint = spec.entrypoint
         else:
-            # The runner's inputs go to the driver alone, on its command line, not
-            # into runtime_env (see protocol's docstring: workers keep one runtime env).
+            # The runner's inputs go to the driver alone, not into runtime_env (see
+            # protocol's docstring: workers keep one runtime env), through Ray's KV
+            # store, written below once Ray is known to be reachable.
             runtime_env = {"env_vars": job_env} if job_env else {}
-            entrypoint = protocol.driver_command(env)
+            entrypoint = None
         if spec.runtime_env.working_dir:
             runtime_env["working_dir"] = spec.runtime_env.working_dir
         if spec.runtime_env.pip:
@@ -159,6 +161,13 @@ class Dispatcher(LoopService):
         drv = pl.driver_resources
         try:
             runtime_env = self._packages_to_ray(runtime_env)
+            if entrypoint is None:
+                key = self.backend.put_inputs(sid, env)
+                if key is None and not self._inputs_on_command_line:
+                    self._inputs_on_command_line = True
+                    log.warning("Ray's GCS address is unknown (set RAYLANE_RAY_ADDRESS): a runner's inputs, "
+                                "its spec's env values included, ride on its driver's command line")
+                entrypoint = protocol.driver_command(env, inputs_key=key)
             self.backend.submit(submission_id=sid, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata,
                                 entrypoint_num_cpus=drv.get("CPU", 0), entrypoint_num_gpus=drv.get("GPU", 0),
                                 entrypoint_label_selector=pl.driver_label_selector)

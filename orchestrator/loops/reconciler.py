@@ -141,14 +141,12 @@ class Reconciler(LoopService):
                     continue
                 if rj is not None and rj.status == AttemptStatus.SUCCEEDED:
                     self._succeeded(r, rj)
-                    if reports_result(r):
-                        self.backend.forget_result(r["submission_id"])  # stored: Ray's copy goes
+                    self._forget(r)
                     continue
                 if nodes is None:
                     nodes = {n.node_id: n for n in self.backend.nodes()}
                 self._ended_badly(r, rj, spec, nodes)
-                if reports_result(r):
-                    self.backend.forget_result(r["submission_id"])  # a stopped service's last word, if any
+                self._forget(r)  # a stopped service's last word, if any
             except RayUnavailable as e:
                 self.backend.reachability.down(e)
                 return
@@ -226,6 +224,13 @@ class Reconciler(LoopService):
             with db.transaction(self.sessions) as s:
                 set_result(s, r["job_id"], result, attempt=r["number"])
             self.backend.forget_result(r["submission_id"])
+
+    def _forget(self, r) -> None:
+        """The attempt's outcome is stored: what it and the dispatcher left in Ray's
+        store goes (its result, its inputs; a command job has neither)."""
+        if reports_result(r):
+            self.backend.forget_result(r["submission_id"])
+            self.backend.forget_inputs(r["submission_id"])
 
     def _succeeded(self, r, rj: RayJob) -> None:
         result = self.backend.result(r["submission_id"]) if reports_result(r) else None

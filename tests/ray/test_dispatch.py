@@ -72,6 +72,16 @@ def test_gpu_training_actors_run_on_gpu_node_with_cuda_visible_devices(rapi, ray
     gcs = RayGcs(ray_cluster.state.gcs_address, ray_cluster.state.token)
     try:
         assert gcs.result(done["ray_submission_id"]) is None
+        # The runner's inputs came the same way: the driver's command line (shown by
+        # ``ps`` and in Ray's dashboard) names only their key, deleted once the attempt ended.
+        from raylane.orchestrator.domain import protocol
+
+        info = httpx.get(f"{ray_cluster.state.dashboard_url}/api/jobs/{done['ray_submission_id']}",
+                         headers=ray_cluster.auth_headers()).json()
+        assert info["entrypoint"].startswith(
+            f"{protocol.INPUTS_KEY_ENV}={protocol.inputs_key(done['ray_submission_id'])} "), info["entrypoint"]
+        assert "funcs:where" not in info["entrypoint"] and protocol.PAYLOAD_ENV not in info["entrypoint"]
+        assert gcs.inputs(done["ray_submission_id"]) is None
     finally:
         gcs.close()
 
