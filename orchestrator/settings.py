@@ -83,7 +83,14 @@ class Settings(BaseSettings):
     scale_up_deadline_s: float = Field(
         900.0, gt=0, description="A job submitted ahead of a scale-up whose driver has not started after this long "
         "fails with cause SCALE_UP_TIMEOUT and a reason naming the group.")
-    loops_enabled: bool = Field(True, description="Run the dispatcher and reconciler in this process.")
+    loops_enabled: bool = Field(True, description="Run the dispatcher, the reconciler and the webhook notifier in this process.")
+
+    # Webhooks (docs/webhooks.md)
+    webhook_interval_s: float = Field(1.0, gt=0, description="How often the notifier looks for due webhook deliveries.")
+    webhook_timeout_s: float = Field(5.0, gt=0, le=60, description="A receiver that has not answered after this long counts as a failed try.")
+    webhook_max_attempts: int = Field(8, ge=1, le=100, description="Tries of one delivery before it is FAILED; between them the wait doubles from 1 s up to 5 minutes.")
+    webhook_allowed_hosts: list[str] = Field(
+        ["*"], description="Host patterns (fnmatch, JSON list) a webhook URL may name, e.g. `[\"hooks.slack.com\", \"*.example.com\"]`. Ray's dashboard is refused whatever this says.")
 
     # Accounting
     break_even_utilisation: float = Field(

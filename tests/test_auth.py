@@ -73,6 +73,13 @@ class World:
         # "other" on a list: ask for another project with ?project=.
         return {} if target == "own" else {"project": OTHER}
 
+    def hook(self, target: str) -> str:
+        """A webhook of the target's project (a new one each call: a DELETE may have taken the last)."""
+        from raylane.orchestrator.domain.views import WebhookCreate
+
+        return self.cp.webhooks.create(WebhookCreate(url="http://127.0.0.1:9/hook"), project=self.project(target),
+                                       actor="t").id
+
     def throwaway_token(self) -> str:
         return self.cp.access.create_token(TokenCreate(name="throwaway", project=OWN, role="viewer"), actor="t").id
 
@@ -183,6 +190,15 @@ RULES: dict[tuple[str, str], Rule] = {
     ("PUT", "/v1/projects/{project}/quota"): Rule(ADMIN, request=lambda w, t: Req(
         "PUT", f"/v1/projects/{w.project(t)}/quota", json={"node_groups": {"gpu": {"max_gpus": 2}}})),
     ("GET", "/v1/audit"): Rule(ADMIN),
+    # Webhooks: a project's own; another project's hook is 404 like a missing one
+    ("POST", "/v1/webhooks"): Rule(WRITE_PROJECT, 201, lambda w, t: Req(
+        "POST", "/v1/webhooks", json={"url": "http://127.0.0.1:9/hook", "project": w.project(t)})),
+    ("GET", "/v1/webhooks"): Rule(READ_PROJECT, request=get("/v1/webhooks", scoped=True)),
+    ("GET", "/v1/webhooks/{hook_id}"): Rule(READ_PROJECT, request=lambda w, t: Req("GET", f"/v1/webhooks/{w.hook(t)}")),
+    ("DELETE", "/v1/webhooks/{hook_id}"): Rule(WRITE_PROJECT, 204, lambda w, t: Req(
+        "DELETE", f"/v1/webhooks/{w.hook(t)}")),
+    ("GET", "/v1/webhooks/{hook_id}/deliveries"): Rule(READ_PROJECT, request=lambda w, t: Req(
+        "GET", f"/v1/webhooks/{w.hook(t)}/deliveries")),
 }
 # Whole subtrees, whatever serves them (a mounted app, static files): a GET of the
 # path itself (with a trailing slash for a mount) must answer as the rule says.

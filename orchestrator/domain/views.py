@@ -247,3 +247,51 @@ class AuditEntry(BaseModel):
 class AuditPage(BaseModel):
     items: list[AuditEntry]
     next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next (older) page; null on the last")
+
+
+# Webhooks ----------------------------------------------------------------------
+
+# Statuses a hook may ask for: every change a job makes after it is submitted.
+HOOK_STATUSES = [s for s in JobStatus if s is not JobStatus.PENDING]
+DEFAULT_HOOK_STATUSES = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED]
+
+
+class WebhookCreate(_Request):
+    url: str = Field(..., min_length=1, max_length=2048,
+                     description="http(s) URL that receives a POST per status change, signed (docs/webhooks.md)")
+    statuses: list[JobStatus] = Field(default_factory=lambda: list(DEFAULT_HOOK_STATUSES), min_length=1,
+                                      max_length=len(JobStatus),
+                                      description="The job statuses that trigger a delivery (not PENDING)")
+    project: str | None = Field(None, min_length=1, max_length=64, pattern=PROJECT_NAME,
+                                description="Whose jobs; default: the caller's project")
+    description: str | None = Field(None, max_length=256)
+
+
+class Webhook(BaseModel):
+    """A hook as listed: never its secret, which only its creator saw once."""
+
+    id: str
+    project: str
+    url: str
+    statuses: list[JobStatus]
+    description: str | None = None
+    created_at: datetime
+    created_by: str
+
+
+class NewWebhook(Webhook):
+    secret: str = Field(description="The HMAC-SHA256 key of the Raylane-Signature header. Shown this once only.")
+
+
+class WebhookDelivery(BaseModel):
+    id: int = Field(description="Sent as the Raylane-Delivery header; the same on every try")
+    event_id: int
+    job_id: str
+    to_status: JobStatus
+    status: Literal["PENDING", "DELIVERED", "FAILED"]
+    attempts: int
+    next_at: datetime | None = Field(None, description="When the next try is due (PENDING)")
+    last_status_code: int | None = None
+    last_error: str | None = None
+    created_at: datetime
+    delivered_at: datetime | None = None

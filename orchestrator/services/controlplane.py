@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from raylane.orchestrator.domain import policy
 from raylane.orchestrator.services.access import Access
 from raylane.orchestrator.services.packages import Packages
+from raylane.orchestrator.services.webhooks import Webhooks
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
@@ -53,6 +54,9 @@ class ControlPlane:
         self.access = Access(settings, self.sessions)
         # Code uploaded by clients (raylane.orchestrator.services.packages).
         self.packages = Packages(settings, self.sessions)
+        # A project's subscriptions to its jobs' status changes (docs/webhooks.md).
+        self.webhooks = Webhooks(settings, self.sessions, dashboard_url=lambda: self.dashboard_url)
+        self.notifier = None
 
     # Lifecycle -------------------------------------------------------------
 
@@ -289,7 +293,14 @@ class ControlPlane:
         self.dispatcher.start()
         self.reconciler.start()
 
+    def start_notifier(self) -> None:
+        """Send webhook deliveries from this process; needs no Ray."""
+        from raylane.orchestrator.loops.notifier import Notifier
+
+        self.notifier = Notifier(self.settings, self.sessions)
+        self.notifier.start()
+
     def stop_loops(self) -> None:
-        for loop in (getattr(self, "dispatcher", None), getattr(self, "reconciler", None)):
+        for loop in (getattr(self, "dispatcher", None), getattr(self, "reconciler", None), self.notifier):
             if loop is not None:
                 loop.stop()

@@ -254,3 +254,47 @@ packages = Table(
 )
 # The sweep: packages unused since a cutoff.
 Index("ix_packages_last_used_at", packages.c.last_used_at)
+
+# Webhooks (raylane.orchestrator.store.webhooks): a project's subscriptions to its
+# jobs' status changes, and one delivery row per (hook, event), written in the
+# transaction that writes the event, so no status change is lost between them.
+webhooks = Table(
+    "webhooks",
+    metadata,
+    Column("id", String(32), primary_key=True),  # public handle ("wh_...")
+    Column("project", String(64), nullable=False),
+    Column("url", String(2048), nullable=False),
+    # The HMAC key of its signatures: shown once at creation, kept to sign (like a
+    # provider's webhook secret), never returned again.
+    Column("secret", String(128), nullable=False),
+    # ",SUCCEEDED,FAILED," : the statuses it wants, matched with LIKE in the enqueue.
+    Column("statuses", String(256), nullable=False),
+    Column("description", String(256), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("created_by", String(128), nullable=False),
+)
+# The enqueue: hooks of the job's project.
+Index("ix_webhooks_project", webhooks.c.project)
+
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),  # sent as Raylane-Delivery: receivers dedupe by it
+    Column("hook_id", String(32), ForeignKey("webhooks.id", ondelete="CASCADE"), nullable=False),
+    Column("event_id", Integer, ForeignKey("events.id", ondelete="CASCADE"), nullable=False),
+    Column("job_id", String(26), nullable=False),
+    Column("status", String(16), nullable=False),  # PENDING, DELIVERED, FAILED (gave up)
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_at", UTCDateTime(), nullable=False),  # due from then (retry backoff)
+    Column("lease_owner", String(64), nullable=True),  # the replica sending it now
+    Column("lease_expires_at", UTCDateTime(), nullable=True),
+    Column("last_status_code", Integer, nullable=True),
+    Column("last_error", String(512), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("delivered_at", UTCDateTime(), nullable=True),
+    UniqueConstraint("hook_id", "event_id"),  # one delivery per hook and event
+)
+# The notifier's claim: due PENDING deliveries, oldest first.
+Index("ix_webhook_deliveries_status_next_at", webhook_deliveries.c.status, webhook_deliveries.c.next_at)
+# GET /v1/webhooks/{id}/deliveries, newest first.
+Index("ix_webhook_deliveries_hook_id_id", webhook_deliveries.c.hook_id, webhook_deliveries.c.id)

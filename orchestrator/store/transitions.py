@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
 from raylane.orchestrator.store.tables import attempts, events, jobs
+from raylane.orchestrator.store import webhooks
 
 # A status can change only a few times; more lost races than this means a bug
 # (avoid an infinite loop if one happens).
@@ -66,12 +67,14 @@ def transition(
             update(jobs).where(jobs.c.id == job_id, jobs.c.status == src.value).values(**vals)
         )
         if res.rowcount == 1:
-            session.execute(
+            ev = session.execute(
                 insert(events).values(
                     job_id=job_id, at=now, from_status=src.value, to_status=to.value,
                     reason=reason, actor=actor, attempt=attempt,
                 )
             )
+            # In this transaction: a committed status change always has its deliveries.
+            webhooks.enqueue(session, job_id=job_id, event_id=ev.inserted_primary_key[0], to_status=to.value, now=now)
             return src
     raise InvalidTransition(f"job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
 

@@ -1,0 +1,94 @@
+"""Webhooks as the API sees them: a project's subscriptions to its jobs' status
+changes (docs/webhooks.md).
+
+Rules: members and admins manage the hooks of projects they see (the API's
+``CallerDep``); a hook's URL is http or https, names a host that
+``RAYLANE_WEBHOOK_ALLOWED_HOSTS`` allows, and never Ray's dashboard (the
+control plane holds Ray's token; it must not be turned into a client of Ray
+by a member's URL). The secret that signs deliveries is shown once.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import secrets
+from urllib.parse import urlsplit
+
+from raylane.orchestrator.domain.errors import Invalid, NotFound
+from raylane.orchestrator.domain.views import NewWebhook, Webhook, WebhookCreate, WebhookDelivery
+from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.store import db, webhooks as store
+from raylane.orchestrator.store.transitions import utcnow
+
+DELIVERY_LOG_LIMIT = 200
+
+
+def _view(row: dict) -> dict:
+    return {**{k: v for k, v in row.items() if k != "secret"},
+            "statuses": [s for s in row["statuses"].split(",") if s]}
+
+
+def _port(parts) -> int | None:
+    try:
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+
+
+class Webhooks:
+    def __init__(self, settings: Settings, sessions, dashboard_url=lambda: None):
+        self.settings = settings
+        self.sessions = sessions
+        self.dashboard_url = dashboard_url  # Ray's dashboard, once attached
+
+    def check_url(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise Invalid("must be an http:// or https:// URL with a host", field="url")
+        if _port(parts) is None:
+            raise Invalid("has an invalid port", field="url")
+        if parts.username or parts.password:
+            raise Invalid("must not carry credentials; the receiver checks the Raylane-Signature header instead",
+                          field="url")
+        host = parts.hostname.lower()
+        if not any(fnmatch.fnmatchcase(host, p.lower()) for p in self.settings.webhook_allowed_hosts):
+            raise Invalid(f"host {host} is not allowed by RAYLANE_WEBHOOK_ALLOWED_HOSTS", field="url")
+        ray = self.dashboard_url()
+        if ray:
+            rp = urlsplit(ray)
+            if (rp.hostname or "").lower() == host and _port(rp) == _port(parts):
+                raise Invalid("names Ray's dashboard; a webhook may not call Ray", field="url")
+
+    def create(self, body: WebhookCreate, *, project: str, actor: str) -> NewWebhook:
+        self.check_url(body.url)
+        statuses = list(dict.fromkeys(s.value for s in body.statuses))
+        if "PENDING" in statuses:
+            raise Invalid("PENDING is not a change a hook can follow; a job is PENDING when it is submitted",
+                          field="statuses")
+        secret = "whsec_" + secrets.token_urlsafe(32)
+        with db.transaction(self.sessions) as s:
+            row = store.create(s, hook_id="wh_" + secrets.token_hex(8), project=project, url=body.url, secret=secret,
+                               statuses=statuses, description=body.description, actor=actor, now=utcnow())
+        return NewWebhook(**_view(row), secret=secret)
+
+    def list(self, *, project: str | None) -> list[Webhook]:
+        with db.transaction(self.sessions) as s:
+            return [Webhook(**_view(r)) for r in store.list_(s, project=project)]
+
+    def get(self, hook_id: str, *, project: str | None) -> Webhook:
+        with db.transaction(self.sessions) as s:
+            row = store.get(s, hook_id, project=project)
+        if row is None:
+            raise NotFound(f"webhook {hook_id} not found")
+        return Webhook(**_view(row))
+
+    def delete(self, hook_id: str, *, project: str | None) -> None:
+        with db.transaction(self.sessions) as s:
+            if not store.delete_(s, hook_id, project=project):
+                raise NotFound(f"webhook {hook_id} not found")
+
+    def deliveries(self, hook_id: str, *, project: str | None, limit: int = DELIVERY_LOG_LIMIT) -> list[WebhookDelivery]:
+        with db.transaction(self.sessions) as s:
+            if store.get(s, hook_id, project=project) is None:
+                raise NotFound(f"webhook {hook_id} not found")
+            return [WebhookDelivery(**r) for r in store.deliveries(s, hook_id, limit=limit)]

@@ -1,0 +1,138 @@
+"""Webhooks and their deliveries (a transactional outbox). Functions take a
+session and leave committing to the caller, like ``store.jobs``.
+
+- ``enqueue`` runs inside the transaction that writes a job's status change
+  (``store.transitions.transition``): one INSERT ... SELECT makes one delivery
+  per hook of the job's project that wants the new status, so a committed
+  status change always has its deliveries and a rolled-back one has none. With
+  no hook it costs one indexed lookup that finds nothing.
+- ``claim`` leases due deliveries to one notifier (a replica), so several
+  replicas send each delivery once; a replica that dies mid-send leaves a lease
+  that expires, and the delivery is sent again (at least once: receivers dedupe
+  by the delivery id, which is the same on every try).
+- ``sent`` records one try: DELIVERED on a 2xx, otherwise PENDING again after a
+  backoff, or FAILED after the last try. Each try's outcome stays on the row
+  (``GET /v1/webhooks/{id}/deliveries`` is the delivery log).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, literal, or_, select, update
+from sqlalchemy.orm import Session
+
+from raylane.orchestrator.store.tables import events, jobs, webhook_deliveries, webhooks
+
+PENDING, DELIVERED, FAILED = "PENDING", "DELIVERED", "FAILED"
+
+
+def statuses_column(statuses: list[str]) -> str:
+    return "," + ",".join(statuses) + ","
+
+
+def create(session: Session, *, hook_id: str, project: str, url: str, secret: str, statuses: list[str],
+           description: str | None, actor: str, now: datetime) -> dict[str, Any]:
+    row = {"id": hook_id, "project": project, "url": url, "secret": secret, "statuses": statuses_column(statuses),
+           "description": description, "created_at": now, "created_by": actor}
+    session.execute(insert(webhooks).values(**row))
+    return row
+
+
+def get(session: Session, hook_id: str, *, project: str | None) -> dict[str, Any] | None:
+    """A hook, if it exists and ``project`` (None: any) may see it."""
+    q = select(webhooks).where(webhooks.c.id == hook_id)
+    if project is not None:
+        q = q.where(webhooks.c.project == project)
+    row = session.execute(q).mappings().first()
+    return dict(row) if row else None
+
+
+def list_(session: Session, *, project: str | None) -> list[dict[str, Any]]:
+    q = select(webhooks).order_by(webhooks.c.created_at, webhooks.c.id)
+    if project is not None:
+        q = q.where(webhooks.c.project == project)
+    return [dict(r) for r in session.execute(q).mappings()]
+
+
+def delete_(session: Session, hook_id: str, *, project: str | None) -> bool:
+    """Delete a hook and its deliveries (pending ones are not sent)."""
+    if get(session, hook_id, project=project) is None:
+        return False
+    session.execute(delete(webhook_deliveries).where(webhook_deliveries.c.hook_id == hook_id))
+    session.execute(delete(webhooks).where(webhooks.c.id == hook_id))
+    return True
+
+
+def enqueue(session: Session, *, job_id: str, event_id: int, to_status: str, now: datetime) -> None:
+    """One delivery per hook of the job's project that wants ``to_status``."""
+    wanted = webhooks.c.statuses.like("%," + to_status + ",%")
+    chosen = (select(webhooks.c.id, literal(event_id), literal(job_id), literal(PENDING), literal(0), literal(now,
+                     type_=webhook_deliveries.c.next_at.type), literal(now, type_=webhook_deliveries.c.created_at.type))
+              .select_from(webhooks.join(jobs, jobs.c.project == webhooks.c.project))
+              .where(jobs.c.id == job_id, wanted))
+    session.execute(insert(webhook_deliveries).from_select(
+        ["hook_id", "event_id", "job_id", "status", "attempts", "next_at", "created_at"], chosen))
+
+
+def claim(session: Session, *, owner: str, now: datetime, lease_until: datetime, limit: int) -> list[dict[str, Any]]:
+    """Lease up to ``limit`` due deliveries (PENDING, due, lease free or expired)
+    to ``owner``; each with what its request needs: the hook, the event, the job."""
+    free = or_(webhook_deliveries.c.lease_expires_at.is_(None), webhook_deliveries.c.lease_expires_at < now)
+    due = and_(webhook_deliveries.c.status == PENDING, webhook_deliveries.c.next_at <= now, free)
+    ids = session.execute(select(webhook_deliveries.c.id).where(due)
+                          .order_by(webhook_deliveries.c.next_at, webhook_deliveries.c.id).limit(limit)).scalars().all()
+    if not ids:
+        return []
+    # Compare-and-set: of two replicas that read the same ids, each row goes to one.
+    mine = []
+    for did in ids:
+        r = session.execute(update(webhook_deliveries).where(webhook_deliveries.c.id == did, due)
+                            .values(lease_owner=owner, lease_expires_at=lease_until))
+        if r.rowcount == 1:
+            mine.append(did)
+    if not mine:
+        return []
+    d, h, e = webhook_deliveries, webhooks, events
+    rows = session.execute(
+        select(d.c.id, d.c.attempts, d.c.job_id, h.c.id.label("hook_id"), h.c.url, h.c.secret, h.c.project,
+               e.c.id.label("event_id"), e.c.at, e.c.from_status, e.c.to_status, e.c.reason, e.c.attempt,
+               jobs.c.name, jobs.c.kind, jobs.c.failure_cause)
+        .select_from(d.join(h, h.c.id == d.c.hook_id).join(e, e.c.id == d.c.event_id).join(jobs, jobs.c.id == d.c.job_id))
+        .where(d.c.id.in_(mine)).order_by(d.c.id)).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def sent(session: Session, delivery_id: int, *, owner: str, now: datetime, status_code: int | None,
+         error: str | None, retry_in: timedelta | None) -> bool:
+    """Record one try of a delivery this owner holds. ``retry_in`` None after a
+    failed try: give up (FAILED). False if the lease was lost meanwhile."""
+    ok = status_code is not None and 200 <= status_code < 300
+    values: dict[str, Any] = {"attempts": webhook_deliveries.c.attempts + 1, "last_status_code": status_code,
+                              "last_error": (error or None) and error[:512], "lease_owner": None,
+                              "lease_expires_at": None}
+    if ok:
+        values.update(status=DELIVERED, delivered_at=now)
+    elif retry_in is None:
+        values.update(status=FAILED)
+    else:
+        values.update(next_at=now + retry_in)
+    r = session.execute(update(webhook_deliveries).where(webhook_deliveries.c.id == delivery_id,
+                                                         webhook_deliveries.c.lease_owner == owner).values(**values))
+    return r.rowcount == 1
+
+
+def deliveries(session: Session, hook_id: str, *, limit: int) -> list[dict[str, Any]]:
+    d, e = webhook_deliveries, events
+    rows = session.execute(
+        select(d.c.id, d.c.event_id, d.c.job_id, d.c.status, d.c.attempts, d.c.next_at, d.c.last_status_code,
+               d.c.last_error, d.c.created_at, d.c.delivered_at, e.c.to_status)
+        .select_from(d.join(e, e.c.id == d.c.event_id))
+        .where(d.c.hook_id == hook_id).order_by(d.c.id.desc()).limit(limit)).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def pending_count(session: Session) -> int:
+    return session.execute(select(func.count()).select_from(webhook_deliveries)
+                           .where(webhook_deliveries.c.status == PENDING)).scalar_one()
