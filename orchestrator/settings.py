@@ -83,7 +83,9 @@ class Settings(BaseSettings):
     scale_up_deadline_s: float = Field(
         900.0, gt=0, description="A job submitted ahead of a scale-up whose driver has not started after this long "
         "fails with cause SCALE_UP_TIMEOUT and a reason naming the group.")
-    loops_enabled: bool = Field(True, description="Run the dispatcher, the reconciler and the webhook notifier in this process.")
+    loops_enabled: bool = Field(True, description="Run the dispatcher, the reconciler, the webhook notifier and the scheduler in this process.")
+
+    schedule_interval_s: float = Field(1.0, gt=0, le=60, description="How often the scheduler looks for due schedule ticks (docs/schedules.md).")
 
     # Webhooks (docs/webhooks.md)
     webhook_interval_s: float = Field(1.0, gt=0, description="How often the notifier looks for due webhook deliveries.")

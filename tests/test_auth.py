@@ -80,6 +80,13 @@ class World:
         return self.cp.webhooks.create(WebhookCreate(url="http://127.0.0.1:9/hook"), project=self.project(target),
                                        actor="t").id
 
+    def schedule(self, target: str) -> str:
+        """A schedule of the target's project (a new one each call: a DELETE may have taken the last)."""
+        from raylane.orchestrator.domain.views import ScheduleCreate
+
+        return self.cp.schedules.create(ScheduleCreate(name=f"s-{uuid.uuid4().hex[:8]}", cron="@daily", spec=HELLO),
+                                        project=self.project(target), actor="t").id
+
     def throwaway_token(self) -> str:
         return self.cp.access.create_token(TokenCreate(name="throwaway", project=OWN, role="viewer"), actor="t").id
 
@@ -199,6 +206,18 @@ RULES: dict[tuple[str, str], Rule] = {
         "DELETE", f"/v1/webhooks/{w.hook(t)}")),
     ("GET", "/v1/webhooks/{hook_id}/deliveries"): Rule(READ_PROJECT, request=lambda w, t: Req(
         "GET", f"/v1/webhooks/{w.hook(t)}/deliveries")),
+    # Schedules: a project's own, like its jobs
+    ("POST", "/v1/schedules"): Rule(SUBMIT, 201, lambda w, t: Req("POST", "/v1/schedules", json={
+        "name": f"s-{uuid.uuid4().hex[:8]}", "cron": "@daily", "spec": {**HELLO, "project": w.project(t)}})),
+    ("GET", "/v1/schedules"): Rule(READ_PROJECT, request=get("/v1/schedules", scoped=True)),
+    ("GET", "/v1/schedules/{schedule_id}"): Rule(READ_PROJECT, request=lambda w, t: Req(
+        "GET", f"/v1/schedules/{w.schedule(t)}")),
+    ("POST", "/v1/schedules/{schedule_id}/pause"): Rule(WRITE_PROJECT, request=lambda w, t: Req(
+        "POST", f"/v1/schedules/{w.schedule(t)}/pause")),
+    ("POST", "/v1/schedules/{schedule_id}/resume"): Rule(WRITE_PROJECT, request=lambda w, t: Req(
+        "POST", f"/v1/schedules/{w.schedule(t)}/resume")),
+    ("DELETE", "/v1/schedules/{schedule_id}"): Rule(WRITE_PROJECT, 204, lambda w, t: Req(
+        "DELETE", f"/v1/schedules/{w.schedule(t)}")),
 }
 # Whole subtrees, whatever serves them (a mounted app, static files): a GET of the
 # path itself (with a trailing slash for a mount) must answer as the rule says.

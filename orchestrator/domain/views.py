@@ -295,3 +295,50 @@ class WebhookDelivery(BaseModel):
     last_error: str | None = None
     created_at: datetime
     delivered_at: datetime | None = None
+
+
+# Schedules ---------------------------------------------------------------------
+
+
+class ScheduleCreate(_Request):
+    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="Unique in the project")
+    cron: str = Field(..., min_length=1, max_length=256, examples=["0 2 * * *"],
+                      description="5 fields (minute hour day month weekday), a 6th for seconds, or @daily etc.")
+    timezone: str = Field("UTC", min_length=1, max_length=64, description="IANA time zone the cron fields are read in")
+    spec: JobSpec = Field(..., description="The job each tick submits (its project is the schedule's)")
+    overlap: Literal["skip", "queue", "replace"] = Field(
+        "skip", description="A tick while the previous run is active: skip it, queue it until that run ends, "
+        "or replace (cancel) that run")
+    missed: Literal["skip", "run_once", "run_all"] = Field(
+        "run_once", description="Ticks missed while no control plane ran (older than starting_deadline_s): "
+        "skip them, run once for the latest, or run each (at most 100)")
+    starting_deadline_s: float = Field(60.0, ge=1, le=7 * 24 * 3600,
+                                       description="A due tick older than this counts as missed")
+    paused: bool = False
+
+
+class ScheduleRun(BaseModel):
+    tick: datetime
+    job_id: str | None = None
+    outcome: Literal["created", "skipped"]
+    reason: str | None = None
+    at: datetime
+
+
+class Schedule(BaseModel):
+    id: str
+    project: str
+    name: str
+    cron: str
+    timezone: str
+    spec: JobSpec
+    overlap: str
+    missed: str
+    starting_deadline_s: float
+    paused: bool
+    next_runs: list[datetime] = Field(default_factory=list, description="The next ticks (none while paused)")
+    last_job_id: str | None = None
+    recent_runs: list[ScheduleRun] = Field(default_factory=list, description="Handled ticks, newest first")
+    created_at: datetime
+    created_by: str

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from raylane.orchestrator.domain import policy
 from raylane.orchestrator.services.access import Access
 from raylane.orchestrator.services.packages import Packages
+from raylane.orchestrator.services.schedules import Schedules
 from raylane.orchestrator.services.webhooks import Webhooks
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupStatus, Placement
@@ -57,6 +58,9 @@ class ControlPlane:
         # A project's subscriptions to its jobs' status changes (docs/webhooks.md).
         self.webhooks = Webhooks(settings, self.sessions, dashboard_url=lambda: self.dashboard_url)
         self.notifier = None
+        # Specs run at the ticks of cron expressions (docs/schedules.md).
+        self.schedules = Schedules(self)
+        self.scheduler = None
 
     # Lifecycle -------------------------------------------------------------
 
@@ -293,14 +297,18 @@ class ControlPlane:
         self.dispatcher.start()
         self.reconciler.start()
 
-    def start_notifier(self) -> None:
-        """Send webhook deliveries from this process; needs no Ray."""
+    def start_background(self) -> None:
+        """The loops that need no Ray: webhook deliveries and schedules."""
         from raylane.orchestrator.loops.notifier import Notifier
+        from raylane.orchestrator.loops.scheduler import Scheduler
 
         self.notifier = Notifier(self.settings, self.sessions)
         self.notifier.start()
+        self.scheduler = Scheduler(self.schedules, self.settings.schedule_interval_s)
+        self.scheduler.start()
 
     def stop_loops(self) -> None:
-        for loop in (getattr(self, "dispatcher", None), getattr(self, "reconciler", None), self.notifier):
+        for loop in (getattr(self, "dispatcher", None), getattr(self, "reconciler", None), self.notifier,
+                     self.scheduler):
             if loop is not None:
                 loop.stop()

@@ -298,3 +298,45 @@ webhook_deliveries = Table(
 Index("ix_webhook_deliveries_status_next_at", webhook_deliveries.c.status, webhook_deliveries.c.next_at)
 # GET /v1/webhooks/{id}/deliveries, newest first.
 Index("ix_webhook_deliveries_hook_id_id", webhook_deliveries.c.hook_id, webhook_deliveries.c.id)
+
+# Schedules (raylane.orchestrator.store.schedules): a spec run at the ticks of a
+# cron expression. ``next_at`` is the first tick not yet handled; a replica that
+# handles it moves it on with a compare-and-set, so each tick is handled once.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", String(32), primary_key=True),  # public handle ("sch_...")
+    Column("project", String(64), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("cron", String(256), nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("spec", JSON, nullable=False),  # the job's spec, as submitted (JobSpec JSON)
+    Column("overlap", String(16), nullable=False),  # skip / queue / replace
+    Column("missed", String(16), nullable=False),  # skip / run_once / run_all
+    Column("starting_deadline_s", Float, nullable=False),
+    Column("paused", Boolean, nullable=False, default=False),
+    Column("next_at", UTCDateTime(), nullable=False),
+    Column("last_job_id", String(26), nullable=True),  # the overlap policy looks at it
+    # The replica handling its due ticks now; a lease that expires (a replica died
+    # mid-pass) lets another redo them: jobs are keyed by tick, so none is made twice.
+    Column("lease_owner", String(64), nullable=True),
+    Column("lease_expires_at", UTCDateTime(), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("project", "name"),
+)
+# The scheduler's pass: schedules due now.
+Index("ix_schedules_paused_next_at", schedules.c.paused, schedules.c.next_at)
+
+# One row per handled tick: the job it made, or why none (skipped: missed or overlap).
+schedule_runs = Table(
+    "schedule_runs",
+    metadata,
+    Column("schedule_id", String(32), ForeignKey("schedules.id", ondelete="CASCADE"), primary_key=True),
+    Column("tick", UTCDateTime(), primary_key=True),
+    Column("job_id", String(26), nullable=True),
+    Column("outcome", String(16), nullable=False),  # created / skipped
+    Column("reason", String(256), nullable=True),
+    Column("at", UTCDateTime(), nullable=False),
+)

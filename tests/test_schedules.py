@@ -1,0 +1,209 @@
+"""Schedules (issue #18, point 3). The scheduler's passes run on a simulated
+clock against a real database, so minutes of ticks take no minutes: exactly one
+job per tick with two replicas passing at once (PostgreSQL and SQLite), a
+replica that dies mid-pass, the missed-run policies after downtime, the overlap
+policies, pause and resume; then the real loop in a server with a per-second
+schedule."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from raylane.orchestrator.domain import schedules as rules
+from raylane.orchestrator.services.schedules import SCHEDULE_LABEL, idempotency_key
+from raylane.orchestrator.store import db, schedules as store
+from tests.helpers import wait_for
+
+HELLO = {"name": "nightly", "kind": "command", "entrypoint": "echo hi"}
+
+
+def _schedule(api, **body):
+    r = api.post("/v1/schedules", json={"name": "nightly", "cron": "* * * * *", "spec": HELLO, **body})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _next_at(cp, sid) -> datetime:
+    with db.transaction(cp.sessions) as s:
+        return store.get(s, sid, project=None)["next_at"]
+
+
+def _jobs(api, sid) -> list[dict]:
+    return api.get("/v1/jobs", params={"label": f"{SCHEDULE_LABEL}={sid}", "limit": 500}).json()["items"]
+
+
+def _runs(api, sid) -> list[dict]:
+    return api.get(f"/v1/schedules/{sid}").json()["recent_runs"]
+
+
+def test_two_replicas_make_exactly_one_job_per_tick(api, cp):
+    sch = _schedule(api)
+    first = _next_at(cp, sch["id"])
+    assert sch["next_runs"][:2] == [first.isoformat().replace("+00:00", "Z"),
+                                    (first + timedelta(minutes=1)).isoformat().replace("+00:00", "Z")] or \
+        [datetime.fromisoformat(t.replace("Z", "+00:00")) for t in sch["next_runs"][:2]] == \
+        [first, first + timedelta(minutes=1)]
+    made = {"a": 0, "b": 0}
+    for minute in range(5):  # five ticks, each seen by both replicas at the same moment
+        now = first + timedelta(minutes=minute, seconds=1)
+        barrier = threading.Barrier(2)
+
+        def replica(owner):
+            barrier.wait()
+            made[owner] += cp.schedules.run_due(owner=owner, now=now)
+
+        threads = [threading.Thread(target=replica, args=(o,)) for o in made]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        cp.schedules.run_due(owner="a", now=now)  # a pass again at the same moment: nothing new
+        for j in _jobs(api, sch["id"]):  # the run ends before the next tick (no Ray here to run it)
+            if j["status"] == "PENDING":
+                api.post(f"/v1/jobs/{j['id']}/cancel")
+    jobs = _jobs(api, sch["id"])
+    assert len(jobs) == 5 and made["a"] + made["b"] == 5
+    runs = _runs(api, sch["id"])
+    assert [r["outcome"] for r in runs] == ["created"] * 5
+    assert sorted(r["job_id"] for r in runs) == sorted(j["id"] for j in jobs)
+    ticks = sorted(datetime.fromisoformat(r["tick"].replace("Z", "+00:00")) for r in runs)
+    assert ticks == [first + timedelta(minutes=m) for m in range(5)]
+
+
+def test_a_replica_that_dies_mid_pass_costs_no_duplicate(api, cp):
+    sch = _schedule(api)
+    first = _next_at(cp, sch["id"])
+    now = first + timedelta(seconds=1)
+    # A replica leases the schedule, submits the tick's job, and dies before recording it.
+    with db.transaction(cp.sessions) as s:
+        row = store.claim(s, sch["id"], owner="dead", now=now, lease_until=now + timedelta(seconds=20))
+    assert row is not None
+    cp.schedules._submit(row, first)
+    assert cp.schedules.run_due(owner="alive", now=now) == 0  # leased: not touched
+    later = now + timedelta(seconds=21)  # the lease has expired; the tick is redone
+    cp.schedules.run_due(owner="alive", now=later)
+    jobs = _jobs(api, sch["id"])
+    assert len(jobs) == 1  # the dead replica's job, found again by its key, not made twice
+    assert [r["job_id"] for r in _runs(api, sch["id"])] == [jobs[0]["id"]]
+
+
+@pytest.mark.parametrize("missed, expected_jobs", [("skip", 0), ("run_once", 1), ("run_all", 3)])
+def test_downtime_follows_the_missed_run_policy(api, cp, missed, expected_jobs):
+    # overlap replace: the catch-up runs of one pass do not skip each other (with skip,
+    # run_all would make one: each later one finds the one before it active).
+    sch = _schedule(api, missed=missed, starting_deadline_s=30, overlap="replace")
+    first = _next_at(cp, sch["id"])
+    cp.schedules.run_due(owner="a", now=first + timedelta(seconds=1))  # the first tick runs on time
+    (job,) = _jobs(api, sch["id"])
+    api.post(f"/v1/jobs/{job['id']}/cancel")  # and ends (no Ray here to run it)
+    # Down for three ticks: back 40 s after the third, later than its 30 s deadline.
+    back = first + timedelta(minutes=3, seconds=40)
+    cp.schedules.run_due(owner="a", now=back)
+    runs = sorted(_runs(api, sch["id"]), key=lambda r: r["tick"])
+    assert len(runs) == 4 and runs[0]["outcome"] == "created"
+    outcomes = [r["outcome"] for r in runs[1:]]
+    assert outcomes.count("created") == expected_jobs
+    assert all(r["reason"].startswith("missed") for r in runs[1:] if r["outcome"] == "skipped")
+    if missed == "run_once":
+        assert outcomes == ["skipped", "skipped", "created"]  # the latest missed tick
+    assert len(_jobs(api, sch["id"])) == 1 + expected_jobs
+    assert _next_at(cp, sch["id"]) == first + timedelta(minutes=4)
+
+
+def test_overlap_skip_queue_replace(api, cp):
+    """Jobs stay PENDING here (no Ray): each tick finds the previous run active."""
+    base = {}
+    for policy in ("skip", "queue", "replace"):
+        sch = _schedule(api, name=f"o-{policy}", overlap=policy)
+        base[policy] = (sch["id"], _next_at(cp, sch["id"]))
+    for policy, (sid, first) in base.items():
+        cp.schedules.run_due(owner="a", now=first + timedelta(seconds=1))
+        cp.schedules.run_due(owner="a", now=first + timedelta(minutes=1, seconds=1))
+    skip_id, skip_first = base["skip"]
+    runs = sorted(_runs(api, skip_id), key=lambda r: r["tick"])
+    assert [r["outcome"] for r in runs] == ["created", "skipped"] and "still PENDING" in runs[1]["reason"]
+
+    queue_id, queue_first = base["queue"]
+    assert len(_jobs(api, queue_id)) == 1 and _next_at(cp, queue_id) == queue_first + timedelta(minutes=1)
+    (held,) = _jobs(api, queue_id)
+    assert api.post(f"/v1/jobs/{held['id']}/cancel").status_code == 200  # the previous run ends ...
+    cp.schedules.run_due(owner="a", now=queue_first + timedelta(minutes=1, seconds=2))
+    assert len(_jobs(api, queue_id)) == 2  # ... and the held tick runs
+
+    replace_id, _ = base["replace"]
+    jobs = sorted(_jobs(api, replace_id), key=lambda j: j["created_at"])
+    assert len(jobs) == 2 and jobs[0]["status"] == "CANCELLED" and jobs[1]["status"] == "PENDING"
+
+
+def test_pause_then_resume_runs_from_the_next_tick(api, cp):
+    sch = _schedule(api)
+    paused = api.post(f"/v1/schedules/{sch['id']}/pause").json()
+    assert paused["paused"] and paused["next_runs"] == []
+    first = _next_at(cp, sch["id"])
+    assert cp.schedules.run_due(owner="a", now=first + timedelta(minutes=5)) == 0
+    resumed = api.post(f"/v1/schedules/{sch['id']}/resume").json()
+    assert not resumed["paused"] and len(resumed["next_runs"]) == 5
+    assert _next_at(cp, sch["id"]) > datetime.now(timezone.utc)  # the pause's ticks are not owed
+    assert _runs(api, sch["id"]) == []
+
+
+def test_ticks_in_the_schedules_time_zone():
+    after = datetime(2026, 3, 28, 12, tzinfo=timezone.utc)  # Berlin moves to summer time on the 29th
+    ticks = rules.next_ticks("0 2 * * *", "Europe/Berlin", after, 3)
+    assert ticks[0] == datetime(2026, 3, 29, 1, tzinfo=timezone.utc)  # 02:00 does not exist: 03:00 CEST
+    assert ticks[1:] == [datetime(2026, 3, 30, 0, tzinfo=timezone.utc), datetime(2026, 3, 31, 0, tzinfo=timezone.utc)]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"cron": "61 * * * *"}, "cron"),
+    ({"cron": "every day"}, "cron"),
+    ({"timezone": "Mars/Olympus"}, "timezone"),
+    ({"spec": {**HELLO, "kind": "nope"}}, "spec"),
+    ({"overlap": "sometimes"}, "overlap"),
+    ({"starting_deadline_s": 0}, "starting_deadline_s"),
+    ({"name": "has space"}, "name"),
+])
+def test_bad_schedules_are_refused_naming_the_field(api, body, field):
+    r = api.post("/v1/schedules", json={"name": "s", "cron": "* * * * *", "spec": HELLO, **body})
+    assert r.status_code == 422, r.text
+    assert field in str(r.json()["detail"])
+    assert api.get("/v1/schedules").json() == []
+
+
+def test_names_are_unique_per_project(api):
+    _schedule(api)
+    r = api.post("/v1/schedules", json={"name": "nightly", "cron": "@daily", "spec": HELLO})
+    assert r.status_code == 409
+
+
+def test_idempotency_keys_name_the_tick():
+    t = datetime(2026, 12, 1, 2, tzinfo=timezone.utc)
+    assert idempotency_key("sch_1", t) == "schedule:sch_1:2026-12-01T02:00:00+00:00"
+
+
+def test_the_server_runs_a_per_second_schedule(settings, cp):
+    """The loop itself, in the app's lifespan: a tick a second makes jobs until paused."""
+    from fastapi.testclient import TestClient
+
+    from raylane.api.app import create_app
+    from tests.conftest import ADMIN_HEADERS
+
+    live = settings.model_copy(update={"loops_enabled": True, "schedule_interval_s": 0.2})
+    with TestClient(create_app(live, cp=cp), headers=ADMIN_HEADERS) as api:
+        # Jobs stay PENDING without Ray: each tick replaces the run before it.
+        sch = _schedule(api, cron="* * * * * *", overlap="replace")  # croniter's 6th field: seconds
+        wait_for(lambda: len(_jobs(api, sch["id"])) >= 2, timeout=30, what="two ticks' jobs")
+        assert api.post(f"/v1/schedules/{sch['id']}/pause").json()["paused"]
+    # The loops have stopped with the app: every job has its tick's row, and no tick two jobs.
+    from raylane.orchestrator.store.jobs import JobFilter
+
+    jobs, _ = cp.list(JobFilter(labels={SCHEDULE_LABEL: sch["id"]}), limit=500, cursor=None)
+    created = [r["job_id"] for r in _runs_direct(cp, sch["id"]) if r["outcome"] == "created"]
+    assert sorted(created) == sorted(j.id for j in jobs) and len(jobs) >= 2
+    assert sum(j.status.value == "PENDING" for j in jobs) == 1  # replaced: only the last one waits
+
+
+def _runs_direct(cp, sid):
+    with db.transaction(cp.sessions) as s:
+        return store.runs(s, sid, limit=1000)
