@@ -133,7 +133,7 @@ def _overridden(spec: dict, sets: Optional[List[str]]) -> dict:
     try:
         return apply_overrides(spec, sets)
     except OverrideError as e:
-        raise typer.BadParameter(str(e), param_hint="--set") from None
+        raise _fail(str(e), EXIT_USAGE) from None
 
 
 _SET_HELP = ("Change the spec: a dotted path and a YAML value, e.g. resources.gpus_per_worker=2 or "

@@ -225,8 +225,16 @@ def _content_type(resp: "httpx.Response") -> str:
     return resp.headers.get("content-type", "").split(";")[0].strip() or "no content type"
 
 
+def _request_of(resp: "httpx.Response") -> "httpx.Request | None":
+    try:
+        return resp.request
+    except RuntimeError:  # a Response built by hand (tests) has none
+        return None
+
+
 def _where(resp: "httpx.Response") -> str:
-    return str(resp.request.url.copy_with(query=None))
+    req = _request_of(resp)
+    return str(req.url.copy_with(query=None)) if req is not None else "the server"
 
 
 def _not_raylane(resp: "httpx.Response") -> str:
@@ -260,7 +268,8 @@ def _error_from(resp: "httpx.Response") -> RaylaneError:
     cls: type[RaylaneError]
     if status == 401:
         err = Unauthorized(f"{message} (set RAYLANE_TOKEN or pass token=)", status_code=status, detail=detail)
-        err.token_sent = "authorization" in resp.request.headers
+        req = _request_of(resp)
+        err.token_sent = req is not None and "authorization" in req.headers
         return err
     elif status == 403:
         cls = Forbidden
@@ -1722,7 +1731,22 @@ class AsyncClient:
             raise _error_from(resp)
         return _parsed(call, resp)
 
-    async def submit(self, spec: SpecLike, *, idempotency_key: str | None = None) -> Job:
+    async def upload_package(self, working_dir: str | os.PathLike[str], *, excludes: Iterable[str] = (),
+                             max_bytes: int = packaging.DEFAULT_MAX_BYTES) -> UploadedPackage:
+        import asyncio
+
+        # Zipping is disk and CPU work: off the event loop.
+        pkg = await asyncio.to_thread(packaging.build, working_dir, excludes=excludes, max_bytes=max_bytes)
+        sent = False
+        if not await self._call(_Api.package_exists(pkg.sha256)):
+            await self._call(_Api.upload_package(pkg.sha256, pkg.data))
+            sent = True
+        return UploadedPackage.of(pkg, sent)
+
+    async def submit(self, spec: SpecLike, *, idempotency_key: str | None = None,
+                     working_dir: str | os.PathLike[str] | None = None, excludes: Iterable[str] = ()) -> Job:
+        if working_dir is not None:
+            spec = _with_working_dir(spec, (await self.upload_package(working_dir, excludes=excludes)).uri)
         return await self._call(_Api.submit(spec, idempotency_key))
 
     async def submit_batch(self, specs: Iterable[SpecLike]) -> BatchSubmitResponse:
@@ -1730,16 +1754,11 @@ class AsyncClient:
 
     async def submit_function(self, fn: Callable[..., Any], *, args: Mapping[str, Any] | None = None,
                               idempotency_key: str | None = None, **options: Any) -> Job:
-        import asyncio
-
         jf = fn.options(**options) if isinstance(fn, JobFunction) else JobFunction(fn, **options)
         spec = jf.spec(**dict(args or {}))
         local = _local_working_dir(spec)
         if local is not None:
-            pkg = await asyncio.to_thread(packaging.build, local)  # zipping is disk and CPU work
-            if not await self._call(_Api.package_exists(pkg.sha256)):
-                await self._call(_Api.upload_package(pkg.sha256, pkg.data))
-            spec = _with_working_dir(spec, package_uri(pkg.sha256))
+            spec = _with_working_dir(spec, (await self.upload_package(local)).uri)
         return await self.submit(spec, idempotency_key=idempotency_key)
 
     async def get_job(self, job_id: str) -> Job:
