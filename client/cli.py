@@ -136,6 +136,7 @@ def _overridden(spec: dict, sets: Optional[List[str]]) -> dict:
         raise _fail(str(e), EXIT_USAGE) from None
 
 
+_JOB_ID = typer.Argument(..., help="Job id (or a unique start of one).")
 _SET_HELP = ("Change the spec: a dotted path and a YAML value, e.g. resources.gpus_per_worker=2 or "
              "args.lr=1e-4 (repeatable; an unknown path is refused).")
 
@@ -273,8 +274,8 @@ def submit(
     """Submit the job in FILE; with --wait or --follow, stay until it ends."""
     from raylane.client.sdk import spec_body
 
-    _submit_and_watch(_overridden(spec_body(file), sets), wait=wait, follow=follow, idempotency_key=idempotency_key, timeout=timeout,
-                      working_dir=working_dir, exclude=exclude or [], output=output)
+    _submit_and_watch(_overridden(spec_body(file), sets), wait=wait, follow=follow, idempotency_key=idempotency_key,
+                      timeout=timeout, working_dir=working_dir, exclude=exclude or [], output=output)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -374,7 +375,7 @@ def _show_and_watch(c, job, *, wait: bool, follow: bool, timeout: Optional[float
 @app.command("wait")
 @_client_command
 def wait_cmd(
-    job_id: str = typer.Argument(..., help="Job id (or a unique start of one)."),
+    job_id: str = _JOB_ID,
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="Give up after this many seconds (exit 3)."),
     output: Output = _OUTPUT,
 ) -> None:
@@ -457,7 +458,7 @@ def ls(
 
 @app.command()
 @_client_command
-def status(job_id: str = typer.Argument(..., help="Job id (or a unique start of one)."), output: Output = _OUTPUT) -> None:
+def status(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     """Show one job: status and why, placement and why, attempts, result."""
     from rich.markup import escape
     from rich.table import Table
@@ -501,7 +502,7 @@ def status(job_id: str = typer.Argument(..., help="Job id (or a unique start of 
 @app.command()
 @_client_command
 def logs(
-    job_id: str = typer.Argument(..., help="Job id (or a unique start of one)."),
+    job_id: str = _JOB_ID,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="Attempt number (default: the latest)."),
     tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (with --follow: "
@@ -631,7 +632,7 @@ def _chosen(c, labels: dict, mine: bool, yes: bool) -> list:
 
 @app.command()
 @_client_command
-def events(job_id: str = typer.Argument(..., help="Job id (or a unique start of one)."), output: Output = _OUTPUT) -> None:
+def events(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     """Show the job's status changes, oldest first."""
     from rich.markup import escape
     from rich.table import Table
@@ -654,7 +655,7 @@ def events(job_id: str = typer.Argument(..., help="Job id (or a unique start of 
 @app.command()
 @_client_command
 def trials(
-    job_id: str = typer.Argument(..., help="Id of a sweep job."),
+    job_id: str = typer.Argument(..., help="Id of a sweep job (or a unique start of one)."),
     sort_by: Optional[str] = typer.Option(None, "--sort-by", help="Metric to order by (default: the sweep's)."),
     mode: Optional[str] = typer.Option(None, "--mode", help="min or max for --sort-by (default: the sweep's)."),
     output: Output = _OUTPUT,

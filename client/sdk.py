@@ -541,6 +541,11 @@ def _looks_short(job_id: str) -> bool:
     return 0 < len(job_id) < JOB_ID_LENGTH and job_id.isascii() and job_id.isalnum()
 
 
+def _looks_whole(job_id: str) -> bool:
+    # Ids are lower case; one copied from a shouting terminal is the same id.
+    return len(job_id) == JOB_ID_LENGTH and job_id.isascii() and job_id.isalnum()
+
+
 def _resolved(prefix: str, page: JobPage) -> str:
     if len(page.items) == 1:
         return page.items[0].id
@@ -1359,7 +1364,7 @@ class Client:
         """
         short = job_id.strip().lower()
         if not _looks_short(short):
-            return job_id
+            return short if _looks_whole(short) else job_id
         return _resolved(short, self.list_jobs(id_prefix=short, limit=AMBIGUOUS_SHOWN + 1))
 
     def resubmit(self, job_id: str, *, overrides: Mapping[str, Any] | Iterable[str] | None = None,
@@ -1889,7 +1894,7 @@ class AsyncClient:
     async def resolve_job_id(self, job_id: str) -> str:
         short = job_id.strip().lower()
         if not _looks_short(short):
-            return job_id
+            return short if _looks_whole(short) else job_id
         return _resolved(short, await self.list_jobs(id_prefix=short, limit=AMBIGUOUS_SHOWN + 1))
 
     async def resubmit(self, job_id: str, *, overrides: Mapping[str, Any] | Iterable[str] | None = None,

@@ -124,7 +124,8 @@ def test_a_unique_start_of_an_id_works_wherever_an_id_is_taken(server, sdk, tag)
     r = rl("logs", s, url=server.url)
     assert (r.returncode, r.stdout) == (0, "")  # never ran
     r = rl("trials", s, url=server.url)
-    assert r.returncode == 1 and r.stderr.strip() == f"Error: job {job.id} is a command job, not a sweep; it has no trials"
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"Error: job {job.id} is a command job, not a sweep; it has no trials"
     r = rl("cancel", s, url=server.url)
     assert (r.returncode, r.stdout.strip()) == (0, f"Job {job.id}: cancelled; now CANCELLED")
     r = rl("wait", s, url=server.url)
@@ -139,8 +140,9 @@ def test_a_unique_start_of_an_id_works_wherever_an_id_is_taken(server, sdk, tag)
 
     r = rl("status", "zzzzzzzz", url=server.url)
     assert (r.returncode, r.stderr.strip()) == (1, "Error: job zzzzzzzz not found")
-    r = rl("status", job.id, "-o", "json", url=server.url)  # a whole id is used as it is
-    assert r.returncode == 0 and json.loads(r.stdout)["id"] == job.id
+    for whole in (job.id, job.id.upper()):  # a whole id is used as it is, in any case
+        r = rl("status", whole, "-o", "json", url=server.url)
+        assert r.returncode == 0 and json.loads(r.stdout)["id"] == job.id, r.stderr
 
 
 # cancel: several ids, --label, --mine, --yes --------------------------------------------------
