@@ -179,3 +179,22 @@ def test_async_client_has_the_same_groups(server):
             assert await c.logs(job.id, tail=5) == ""
 
     asyncio.run(main())
+
+
+def test_a_web_page_in_an_answer_is_named_never_shown():
+    import httpx
+
+    from raylane import NotFound, RaylaneError, ServerError
+    from raylane.client.sdk import _error_from
+
+    page = "<html><body>" + "x" * 5000 + "</body></html>"
+    req = httpx.Request("GET", "http://proxy.example/v1/jobs?limit=5")
+
+    def answer(status: int) -> RaylaneError:
+        return _error_from(httpx.Response(status, text=page, headers={"content-type": "text/html"}, request=req))
+
+    e = answer(404)
+    assert isinstance(e, NotFound)
+    assert str(e) == "http://proxy.example/v1/jobs answered 404 text/html: not a Raylane API? Check the URL"
+    e = answer(502)  # a proxy in front of Raylane with no upstream: a server error, the page left out
+    assert isinstance(e, ServerError) and str(e) == "server error 502: http://proxy.example/v1/jobs answered text/html"
