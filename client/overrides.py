@@ -64,11 +64,12 @@ def _value(raw: str) -> Any:
     return value
 
 
-def _is_text(annotation: Any) -> bool:
-    """A str field (also Optional[str]): its value is kept as typed."""
+def _is_text(annotation: Any) -> bool | str:
+    """A str field: its value is kept as typed. ``"optional"`` for Optional[str],
+    where ``null`` still means none."""
     if typing.get_origin(annotation) in (Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return len(args) == 1 and _is_text(args[0])
+        return "optional" if len(args) == 1 and _is_text(args[0]) else False
     return annotation is str
 
 
@@ -88,7 +89,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None | bool:
     return None
 
 
-def _check_path(parts: list[str], path: str) -> bool:
+def _check_path(parts: list[str], path: str) -> bool | str:
     """Refuse a path the spec has no field for; say whether its value is text."""
     model: Any = JobSpec
     mapping_values: Any = None
@@ -138,7 +139,10 @@ def apply_overrides(spec: Mapping[str, Any], overrides: Mapping[str, Any] | Iter
             raise OverrideError(f"--set {path}: an empty name between dots")
         text = _check_path(parts, path)
         if isinstance(value, _Raw):
-            value = str(value) if text else _value(value)
+            if text == "optional" and value.strip() in ("null", "~"):
+                value = None
+            else:
+                value = str(value) if text else _value(value)
         node = out
         for i, name in enumerate(parts[:-1]):
             child = node.get(name)

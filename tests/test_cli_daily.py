@@ -237,6 +237,18 @@ def test_submit_set_overrides_dotted_paths_with_yaml_values(server, tag, tmp_pat
     assert r.returncode == 2 and "resources.gpus_per_worker:" in r.stderr
 
 
+def test_set_values_are_yaml_except_in_text_fields():
+    from raylane.client.overrides import apply_overrides
+
+    got = apply_overrides({"name": "x", "labels": {"a": "b"}}, [
+        "priority=3", "args.lr=1e-4", "args.on=true", "runtime_env.pip=[numpy, pandas]", "timeout_s=null",
+        "name=123", "labels.run=7", "runtime_env.env_vars.N=08", "project=null"])
+    assert got == {"name": "123", "labels": {"a": "b", "run": "7"}, "priority": 3, "timeout_s": None,
+                   "args": {"lr": 1e-4, "on": True}, "project": None,
+                   "runtime_env": {"pip": ["numpy", "pandas"], "env_vars": {"N": "08"}}}
+    assert apply_overrides({"name": "x"}, {"labels.n": 5}) == {"name": "x", "labels": {"n": 5}}  # as given
+
+
 def test_resubmit_copies_the_spec_with_changes_and_a_label(server, sdk, tag):
     old = sdk.submit(hello(tag, "orig", priority=1))
     sdk.cancel(old.id)
