@@ -1,5 +1,7 @@
-"""The ``raylane`` command: the user's commands (submit, run, ls, status, logs,
-wait, cancel, trials, plan, nodes, report), each a call of ``raylane.client.sdk``.
+"""The ``raylane`` command: the user's commands (submit, run, resubmit, ls, status,
+logs, wait, cancel, events, trials, plan, nodes, report), each a call of
+``raylane.client.sdk``. Wherever a job id is taken, a unique start of one does
+(the server resolves it, within what the token may see).
 
 It imports the client's dependencies only (typer, rich, httpx, pydantic, pyyaml;
 never Ray, SQLAlchemy or FastAPI). The server's commands are ``raylane-server``
@@ -29,9 +31,11 @@ from raylane.client.terminal import (  # noqa: F401  (EXIT_* are documented here
 from raylane.orchestrator.domain.specs import JobKind  # pure pydantic, as the client install has
 from raylane.orchestrator.domain.states import JobStatus
 
+# add_completion: typer's --install-completion / --show-completion (bash, zsh, fish, PowerShell).
 app = typer.Typer(name="raylane", help="Raylane: a job orchestrator in front of Ray.", no_args_is_help=True,
-                  add_completion=False,
+                  add_completion=True,
                   epilog="The server's commands (serve, db, cluster, profile) are `raylane-server`.")
+PROG = "raylane"  # also under `python -m raylane.client.cli`: completion keys on this name
 
 
 @dataclass
@@ -43,12 +47,22 @@ class _Conn:
 _conn = _Conn()
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from raylane import __version__
+
+        typer.echo(f"raylane {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
 def _global_options(
     url: Optional[str] = typer.Option(None, "--url", envvar="RAYLANE_URL", show_envvar=True,
                                       help="Raylane API URL (default http://127.0.0.1:8000)."),
     token: Optional[str] = typer.Option(None, "--token", envvar="RAYLANE_TOKEN", show_envvar=True,
                                         help="API token, sent as 'Authorization: Bearer <token>'."),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                 help="Print the client's version and exit."),
 ) -> None:
     _conn.url, _conn.token = url, token
 
@@ -64,10 +78,16 @@ def _client_command(fn):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        from raylane.client.sdk import ConnectionFailed, RaylaneError, ValidationFailed, WaitTimeout
+        from raylane.client.sdk import (
+            AmbiguousJobId, ConnectionFailed, RaylaneError, Unauthorized, ValidationFailed, WaitTimeout,
+        )
 
         try:
             return fn(*args, **kwargs)
+        except AmbiguousJobId as e:
+            raise _fail(str(e), EXIT_USAGE) from None
+        except Unauthorized as e:
+            raise _fail(_unauthorized(e), EXIT_FAILED) from None
         except ConnectionFailed as e:
             raise _fail(str(e), EXIT_UNREACHABLE) from None
         except WaitTimeout as e:
@@ -90,6 +110,35 @@ def _client_command(fn):
 
     return run
 
+
+def _unauthorized(e) -> str:
+    """A 401 in the CLI's words: the SDK's says ``token=``, a CLI user sets RAYLANE_TOKEN or --token."""
+    where = _conn.url or os.environ.get("RAYLANE_URL") or "the server"
+    if not e.token_sent:
+        return f"{where} needs an API token and none was given: set RAYLANE_TOKEN or pass --token"
+    detail = e.detail if isinstance(e.detail, str) else str(e.detail or "unauthorized")
+    return f"{where} refused the token ({detail.split(':')[0]}): check RAYLANE_TOKEN or --token"
+
+
+def _full_id(c, job_id: str) -> str:
+    """The whole id for a unique start of one (``raylane ls`` ids are long to type)."""
+    return c.resolve_job_id(job_id)
+
+
+def _overridden(spec: dict, sets: Optional[List[str]]) -> dict:
+    from raylane.client.overrides import OverrideError, apply_overrides
+
+    if not sets:
+        return spec
+    try:
+        return apply_overrides(spec, sets)
+    except OverrideError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
+
+
+_JOB_ID = typer.Argument(..., help="Job id (or a unique start of one).")
+_SET_HELP = ("Change the spec: a dotted path and a YAML value, e.g. resources.gpus_per_worker=2 or "
+             "args.lr=1e-4 (repeatable; an unknown path is refused).")
 
 _STATUS_STYLE = {"PENDING": "yellow", "DISPATCHING": "cyan", "RUNNING": "bold cyan", "RETRYING": "magenta",
                  "CANCELLING": "magenta", "SUCCEEDED": "bold green", "FAILED": "bold red", "CANCELLED": "bold yellow"}
@@ -219,13 +268,14 @@ def submit(
                                             "this many seconds (exit 3); the job keeps running."),
     working_dir: Optional[Path] = typer.Option(None, "--working-dir", file_okay=False, help=_WORKING_DIR_HELP),
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help=_EXCLUDE_HELP),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=_SET_HELP),
     output: Output = _OUTPUT,
 ) -> None:
     """Submit the job in FILE; with --wait or --follow, stay until it ends."""
     from raylane.client.sdk import spec_body
 
-    _submit_and_watch(spec_body(file), wait=wait, follow=follow, idempotency_key=idempotency_key, timeout=timeout,
-                      working_dir=working_dir, exclude=exclude or [], output=output)
+    _submit_and_watch(_overridden(spec_body(file), sets), wait=wait, follow=follow, idempotency_key=idempotency_key,
+                      timeout=timeout, working_dir=working_dir, exclude=exclude or [], output=output)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -252,6 +302,23 @@ def run(
                       exclude=exclude or [], output=output)
 
 
+@app.command()
+@_client_command
+def resubmit(
+    job_id: str = typer.Argument(..., help="The job to copy (id or a unique start of one), in any status."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help=_SET_HELP),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the new job to end (the exit code says how)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Also stream its log to stdout (implies --wait)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="With --wait/--follow: give up after "
+                                            "this many seconds (exit 3); the job keeps running."),
+    output: Output = _OUTPUT,
+) -> None:
+    """Submit a new job from an old job's spec, with --set changes; it is labelled raylane.io/resubmitted-from."""
+    with _client() as c:
+        job = c.resubmit(_full_id(c, job_id), overrides=sets or [])
+        _show_and_watch(c, job, wait=wait, follow=follow, timeout=timeout, output=output)
+
+
 def _submit_and_watch(spec: dict, *, wait: bool, follow: bool, idempotency_key: Optional[str],
                       timeout: Optional[float], working_dir: Optional[Path], exclude: List[str],
                       output: Output) -> None:
@@ -271,43 +338,50 @@ def _submit_and_watch(spec: dict, *, wait: bool, follow: bool, idempotency_key: 
                 f"Working dir {escape(str(working_dir))}: {pkg.files} files, {pkg.size_bytes} bytes, package "
                 f"{pkg.sha256[:12]} ({what})", soft_wrap=True)
         job = c.submit(spec, idempotency_key=idempotency_key)
-        if output is Output.json and not (wait or follow):
-            _print_json(job)
-            return
-        if output is Output.text:
-            where = f" on {job.placement.node_group} ({job.placement.market})" if job.placement else ""
-            # Progress goes to stderr when stdout carries the log.
-            _console(stderr=follow).print(
-                f"Submitted job [bold]{job.id}[/] ({escape(job.name)}, {job.kind.value}){where}: "
-                f"{_styled(job.status)}, {escape(job.status_reason or '')}", soft_wrap=True)
-        if not (wait or follow):
-            return
-        streamer, problems = None, []
-        if follow:
-            streamer = threading.Thread(target=_stream_logs, args=(job.id, problems), daemon=True)
-            streamer.start()
-        done = _wait_with_progress(c, job.id, timeout)
-        if streamer is not None:
-            streamer.join(LOG_TAIL_WAIT_S)
-            for e in problems:
-                _console(stderr=True).print(f"[yellow]Log stream:[/] {escape(str(e))}")
-        if output is Output.json:
-            _print_json(done)
-        else:
-            _console(stderr=True).print(_final_line(done))
-        raise typer.Exit(_exit_for(done))
+        _show_and_watch(c, job, wait=wait, follow=follow, timeout=timeout, output=output)
+
+
+def _show_and_watch(c, job, *, wait: bool, follow: bool, timeout: Optional[float], output: Output) -> None:
+    """Say what was submitted; with --wait/--follow stay until it ends (the exit code says how)."""
+    from rich.markup import escape
+
+    if output is Output.json and not (wait or follow):
+        _print_json(job)
+        return
+    if output is Output.text:
+        where = f" on {job.placement.node_group} ({job.placement.market})" if job.placement else ""
+        # Progress goes to stderr when stdout carries the log.
+        _console(stderr=follow).print(
+            f"Submitted job [bold]{job.id}[/] ({escape(job.name)}, {job.kind.value}){where}: "
+            f"{_styled(job.status)}, {escape(job.status_reason or '')}", soft_wrap=True)
+    if not (wait or follow):
+        return
+    streamer, problems = None, []
+    if follow:
+        streamer = threading.Thread(target=_stream_logs, args=(job.id, problems), daemon=True)
+        streamer.start()
+    done = _wait_with_progress(c, job.id, timeout)
+    if streamer is not None:
+        streamer.join(LOG_TAIL_WAIT_S)
+        for e in problems:
+            _console(stderr=True).print(f"[yellow]Log stream:[/] {escape(str(e))}")
+    if output is Output.json:
+        _print_json(done)
+    else:
+        _console(stderr=True).print(_final_line(done))
+    raise typer.Exit(_exit_for(done))
 
 
 @app.command("wait")
 @_client_command
 def wait_cmd(
-    job_id: str = typer.Argument(..., help="Job id."),
+    job_id: str = _JOB_ID,
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="Give up after this many seconds (exit 3)."),
     output: Output = _OUTPUT,
 ) -> None:
     """Wait for a job to end, showing each status change; exit 0 if it SUCCEEDED, 1 if not."""
     with _client() as c:
-        done = _wait_with_progress(c, job_id, timeout)
+        done = _wait_with_progress(c, _full_id(c, job_id), timeout)
     if output is Output.json:
         _print_json(done)
     else:
@@ -352,12 +426,7 @@ def ls(
     from rich.markup import escape
     from rich.table import Table
 
-    labels = {}
-    for item in label or []:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise typer.BadParameter(f"{item!r} is not key=value", param_hint="--label")
-        labels[k] = v
+    labels = _labels_option(label)
     after, before = _when_option(created_after, "--created-after"), _when_option(created_before, "--created-before")
     with _client() as c:
         jobs = list(c.iter_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
@@ -389,13 +458,13 @@ def ls(
 
 @app.command()
 @_client_command
-def status(job_id: str = typer.Argument(..., help="Job id."), output: Output = _OUTPUT) -> None:
+def status(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     """Show one job: status and why, placement and why, attempts, result."""
     from rich.markup import escape
     from rich.table import Table
 
     with _client() as c:
-        job = c.get_job(job_id)
+        job = c.get_job(_full_id(c, job_id))
     if output is Output.json:
         _print_json(job)
         return
@@ -433,43 +502,143 @@ def status(job_id: str = typer.Argument(..., help="Job id."), output: Output = _
 @app.command()
 @_client_command
 def logs(
-    job_id: str = typer.Argument(..., help="Job id."),
+    job_id: str = _JOB_ID,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="Attempt number (default: the latest)."),
+    tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (with --follow: "
+                                       "then everything new)."),
 ) -> None:
     """Print the job's driver log (Ray's), of its latest or a given attempt."""
     with _client() as c:
+        job_id = _full_id(c, job_id)
         if not follow:
-            sys.stdout.write(c.logs(job_id, attempt=attempt))
+            sys.stdout.write(c.logs(job_id, attempt=attempt, tail=tail))
             return
         try:
-            for chunk in c.logs(job_id, attempt=attempt, follow=True):
+            for chunk in c.logs(job_id, attempt=attempt, follow=True, tail=tail):
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+# A bulk cancel sends one request per job; past this many, narrow the selection
+# (or cancel in rounds) rather than fire thousands of requests from one command.
+BULK_CANCEL_MAX = 1000
+BULK_LISTED = 20  # jobs named before the confirmation; the rest are counted
+
+
+def _labels_option(items: Optional[List[str]]) -> dict:
+    labels = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise typer.BadParameter(f"{item!r} is not key=value", param_hint="--label")
+        labels[k] = v
+    return labels
+
+
 @app.command()
 @_client_command
-def cancel(job_id: str = typer.Argument(..., help="Job id."), output: Output = _OUTPUT) -> None:
-    """Cancel a job (a no-op if it is already cancelled)."""
+def cancel(
+    job_ids: Optional[List[str]] = typer.Argument(None, help="Job ids (or unique starts of them)."),
+    label: Optional[List[str]] = typer.Option(None, "--label", "-l", help="Instead of ids: the unfinished jobs "
+                                              "with this key=value label (repeat to require several)."),
+    mine: bool = typer.Option(False, "--mine", help="Instead of ids: the unfinished jobs this token's owner "
+                              "submitted (with --label: those of them)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="With --label/--mine: do not ask before cancelling."),
+    output: Output = _OUTPUT,
+) -> None:
+    """Cancel jobs: by id (several at once), or all unfinished ones with --label and/or --mine.
+
+    Cancelling a cancelled job is a no-op. With --label/--mine the jobs are listed
+    and confirmed first (--yes skips that). Exit 1 if any job could not be cancelled."""
+    from rich.markup import escape
+
+    from raylane.client.sdk import RaylaneError, Unauthorized
+
+    labels = _labels_option(label)
+    if job_ids and (labels or mine):
+        raise _fail("give job ids, or --label/--mine to choose jobs, not both", EXIT_USAGE)
+    if not job_ids and not (labels or mine):
+        raise _fail("give the job ids to cancel, or --label key=value / --mine to choose jobs", EXIT_USAGE)
+    err = _console(stderr=True)
     with _client() as c:
-        r = c.cancel(job_id)
+        if job_ids:
+            targets, problems = [], 0
+            for given in job_ids:
+                try:
+                    targets.append(_full_id(c, given))
+                except Unauthorized:
+                    raise
+                except RaylaneError as e:
+                    err.print(f"[bold red]Error:[/] {escape(str(e))}")
+                    problems += 1
+        else:
+            targets, problems = _chosen(c, labels, mine, yes), 0
+        done = []
+        for job_id in targets:
+            try:
+                r = c.cancel(job_id)
+            except Unauthorized:
+                raise
+            except RaylaneError as e:
+                err.print(f"[bold red]Error:[/] job {job_id}: {escape(str(e))}")
+                problems += 1
+                continue
+            done.append(r)
+            if output is Output.text:
+                _console().print(f"Job {r.job.id}: {r.message}; now {_styled(r.job.status)}", soft_wrap=True)
     if output is Output.json:
-        _print_json(r)
-        return
-    _console().print(f"Job {r.job.id}: {r.message}; now {_styled(r.job.status)}", soft_wrap=True)
+        # One id gives one object, as before several were allowed; otherwise a list.
+        _print_json(done[0] if len(job_ids or []) == 1 and len(done) == 1 else done)
+    if len(done) + problems > 1:
+        err.print(f"Cancelled {len(done)} of {len(done) + problems} jobs.")
+    raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
+
+
+def _chosen(c, labels: dict, mine: bool, yes: bool) -> list:
+    """The unfinished jobs --label/--mine select, confirmed unless --yes."""
+    from rich.markup import escape
+
+    unfinished = [s for s in JobStatus if not s.is_terminal() and s is not JobStatus.CANCELLING]
+    me = c.whoami().name if mine else None
+    jobs = list(c.iter_jobs(status=unfinished, labels=labels, submitted_by=me, page_size=500,
+                            max_items=BULK_CANCEL_MAX + 1))
+    what = " and ".join([f"labelled {', '.join(f'{k}={v}' for k, v in labels.items())}"] * bool(labels)
+                        + [f"submitted by {me}"] * bool(me))
+    err = _console(stderr=True)
+    if not jobs:
+        err.print(f"No unfinished jobs {escape(what)}; nothing to cancel.")
+        raise typer.Exit(EXIT_OK)
+    if len(jobs) > BULK_CANCEL_MAX:
+        raise _fail(f"more than {BULK_CANCEL_MAX} unfinished jobs {what}: narrow it with --label "
+                    f"(or cancel in rounds)", EXIT_USAGE)
+    err.print(f"{len(jobs)} unfinished job{'s' * (len(jobs) != 1)} {escape(what)}:")
+    for j in jobs[:BULK_LISTED]:
+        err.print(f"  {j.id}  {escape(j.name)}  {_styled(j.status)}")
+    if len(jobs) > BULK_LISTED:
+        err.print(f"  ... and {len(jobs) - BULK_LISTED} more")
+    if not yes:
+        try:
+            sure = typer.confirm(f"Cancel {'these' if len(jobs) > 1 else 'this'} {len(jobs)}?", err=True)
+        except typer.Abort:  # no answer (stdin closed)
+            sure = False
+        if not sure:
+            err.print("Nothing cancelled (pass --yes to cancel without asking).")
+            raise typer.Exit(EXIT_FAILED)
+    return [j.id for j in jobs]
 
 
 @app.command()
 @_client_command
-def events(job_id: str = typer.Argument(..., help="Job id."), output: Output = _OUTPUT) -> None:
+def events(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     """Show the job's status changes, oldest first."""
     from rich.markup import escape
     from rich.table import Table
 
     with _client() as c:
+        job_id = _full_id(c, job_id)
         evs = c.events(job_id)
     if output is Output.json:
         _print_json(evs)
@@ -486,7 +655,7 @@ def events(job_id: str = typer.Argument(..., help="Job id."), output: Output = _
 @app.command()
 @_client_command
 def trials(
-    job_id: str = typer.Argument(..., help="Id of a sweep job."),
+    job_id: str = typer.Argument(..., help="Id of a sweep job (or a unique start of one)."),
     sort_by: Optional[str] = typer.Option(None, "--sort-by", help="Metric to order by (default: the sweep's)."),
     mode: Optional[str] = typer.Option(None, "--mode", help="min or max for --sort-by (default: the sweep's)."),
     output: Output = _OUTPUT,
@@ -498,6 +667,7 @@ def trials(
     if mode not in (None, "min", "max"):
         raise typer.BadParameter("min or max", param_hint="--mode")
     with _client() as c:
+        job_id = _full_id(c, job_id)
         job = c.get_job(job_id)
         if job.spec.sweep is None:
             raise _fail(f"job {job_id} is a {job.kind.value} job, not a sweep; it has no trials", EXIT_FAILED)
@@ -609,15 +779,9 @@ def report(
     from rich.markup import escape
     from rich.table import Table
 
-    from raylane.client.sdk import _Call
-
-    params = [("start", _when_option(since, "--since").isoformat())]
-    if until:
-        params.append(("end", _when_option(until, "--until").isoformat()))
-    if project:
-        params.append(("project", project))
+    start, end = _when_option(since, "--since"), _when_option(until, "--until")
     with _client() as c:
-        rep = c._call(_Call("GET", "/v1/report", parse=lambda r: r.json(), params=params))
+        rep = c.report(start=start, end=end, project=project).model_dump(mode="json")
     if output is Output.json:
         _print_json(rep)
         return
@@ -675,7 +839,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in SERVER_COMMANDS:
         _hand_over_to_server(sys.argv[1:])
     try:
-        app()
+        app(prog_name=PROG)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
 

@@ -45,7 +45,8 @@ from raylane.client.packaging import PackageTooLarge
 from raylane.orchestrator.domain import views
 from raylane.orchestrator.domain.packages import package_uri
 from raylane.orchestrator.domain.views import (
-    Attempt, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, Placement, Trial,
+    Attempt, AuditPage, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, NewToken, Placement, Project,
+    ProjectQuota, Token, Trial, Whoami,
 )
 from raylane.orchestrator.domain.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
 from raylane.orchestrator.domain.states import JobStatus
@@ -56,8 +57,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "Client", "AsyncClient", "job", "JobFunction",
     "RaylaneError", "NotFound", "Conflict", "ValidationFailed", "Unauthorized", "Forbidden", "RateLimited",
-    "ServerError", "ConnectionFailed", "WaitTimeout",
-    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial",
+    "ServerError", "ConnectionFailed", "WaitTimeout", "AmbiguousJobId",
+    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial", "KindInfo",
+    "CostBreakdown", "JobCost", "Report",
     "DEFAULT_URL", "MAX_ATTEMPTS", "PackageTooLarge", "UploadedPackage",
 ]
 
@@ -87,6 +89,11 @@ DEFAULT_TIMEOUT_S = 30.0
 WAIT_POLL_MIN_S = 0.25
 WAIT_POLL_MAX_S = 2.0
 ITER_PAGE_SIZE = 100  # iter_jobs() page size; the API allows up to 500
+JOB_ID_LENGTH = 26  # a ULID (orchestrator/domain/ids.py); shorter is a prefix to resolve
+# An ambiguous prefix names this many of its jobs: enough to pick one, short enough to read.
+AMBIGUOUS_SHOWN = 10
+# Written on a job made by resubmit(): the job it was made from.
+RESUBMITTED_FROM_LABEL = "raylane.io/resubmitted-from"
 
 T = TypeVar("T")
 SpecLike = Union[JobSpec, Mapping[str, Any], str, "os.PathLike[str]"]
@@ -145,8 +152,28 @@ class ValidationFailed(RaylaneError):
         return {_loc_str(e.get("loc", [])): str(e.get("msg", "")) for e in self.errors}
 
 
+class AmbiguousJobId(RaylaneError):
+    """A short id (``resolve_job_id``) that starts more than one job's id.
+
+    Attributes:
+        prefix: the short id given.
+        candidates: the newest jobs it matches (at most ``AMBIGUOUS_SHOWN``).
+    """
+
+    def __init__(self, message: str, *, prefix: str, candidates: list[Job]):
+        super().__init__(message)
+        self.prefix = prefix
+        self.candidates = candidates
+
+
 class Unauthorized(RaylaneError):
-    """401: no token, or a token the server does not accept (set RAYLANE_TOKEN)."""
+    """401: no token, or a token the server does not accept (set RAYLANE_TOKEN).
+
+    Attributes:
+        token_sent: whether the request carried a token at all.
+    """
+
+    token_sent: bool = False
 
 
 class Forbidden(RaylaneError):
@@ -194,6 +221,28 @@ def _validation_message(errors: list[dict[str, Any]], prefix: str = "invalid req
     return f"{prefix}: " + "; ".join(lines) if lines else prefix
 
 
+def _content_type(resp: "httpx.Response") -> str:
+    return resp.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+
+
+def _request_of(resp: "httpx.Response") -> "httpx.Request | None":
+    try:
+        return resp.request
+    except RuntimeError:  # a Response built by hand (tests) has none
+        return None
+
+
+def _where(resp: "httpx.Response") -> str:
+    req = _request_of(resp)
+    return str(req.url.copy_with(query=None)) if req is not None else "the server"
+
+
+def _not_raylane(resp: "httpx.Response") -> str:
+    """What to say when the answer is not the JSON a Raylane API sends: another web
+    server (or a proxy's page) is at the URL. Its HTML is never shown."""
+    return f"{_where(resp)} answered {resp.status_code} {_content_type(resp)}: not a Raylane API? Check the URL"
+
+
 def _error_from(resp: "httpx.Response") -> RaylaneError:
     """The typed error for an HTTP error response; the one place statuses become classes."""
     status = resp.status_code
@@ -206,6 +255,10 @@ def _error_from(resp: "httpx.Response") -> RaylaneError:
         message = detail
     elif detail is not None:
         message = json.dumps(detail)[:500]
+    elif body is None and status < 500:
+        message = _not_raylane(resp)
+    elif body is None:
+        message = f"{_where(resp)} answered {_content_type(resp)}"
     else:
         message = (resp.text or resp.reason_phrase or "")[:500].strip() or f"HTTP {status}"
     if status == 422:
@@ -214,7 +267,10 @@ def _error_from(resp: "httpx.Response") -> RaylaneError:
         return ValidationFailed(_validation_message(errors), errors=errors, status_code=status, detail=detail)
     cls: type[RaylaneError]
     if status == 401:
-        cls, message = Unauthorized, f"{message} (set RAYLANE_TOKEN or pass token=)"
+        err = Unauthorized(f"{message} (set RAYLANE_TOKEN or pass token=)", status_code=status, detail=detail)
+        req = _request_of(resp)
+        err.token_sent = req is not None and "authorization" in req.headers
+        return err
     elif status == 403:
         cls = Forbidden
     elif status == 404:
@@ -290,6 +346,89 @@ class Health(_Open):
     ray: ReadyPart | None = None
 
 
+class KindInfo(_Open):
+    """A job kind this control plane runs, with its traits (``GET /v1/kinds``)."""
+
+    name: str
+    summary: str
+    entrypoint: str
+    elastic: bool
+    spot_first: bool
+    checkpoints: bool
+    serves: bool
+    strategy: str
+    section: str | None = None
+    section_required: bool = False
+    cost_basis: str
+
+
+class CostRow(_Open):
+    key: str
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: int
+    jobs: int
+    hours: float
+    cpu_hours: float
+    gpu_hours: float
+
+
+class CostTotal(_Open):
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: int
+    jobs: int
+
+
+class CostBreakdown(_Open):
+    """``GET /v1/costs``: what attempts in a window cost, per project, node group or kind."""
+
+    start: datetime
+    end: datetime
+    project: str | None = None
+    group_by: str
+    rows: list[CostRow]
+    total: CostTotal
+    unpriced_attempts: int = 0
+
+
+class AttemptCost(_Open):
+    number: int
+    node_group: str | None = None
+    market: str | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+    hours: float
+    node_share: float
+    cost: float
+    on_demand_cost: float
+    cause: str | None = None
+    running: bool = False
+
+
+class JobCost(_Open):
+    """``GET /v1/jobs/{id}/cost``: each attempt's cost (a running one: so far)."""
+
+    job_id: str
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: list[AttemptCost]
+
+
+class Report(_Open):
+    """``GET /v1/report``: the own-or-rent decision per GPU group, costs, and cheaper
+    placements. The server sends it as plain JSON; its parts are kept as sent
+    (``docs/sdk.md`` lists their keys)."""
+
+    window: dict[str, Any]
+    project: str | None = None
+    total: dict[str, Any]
+    gpu_groups: list[dict[str, Any]] = Field(default_factory=list)
+    cheaper_placements: list[dict[str, Any]] = Field(default_factory=list)
+
+
 @functools.lru_cache(maxsize=None)
 def _list_of(model: type[BaseModel]) -> TypeAdapter:
     # Built on first use: each adapter costs milliseconds that `import raylane` should not pay.
@@ -320,6 +459,15 @@ class _Call(Generic[T]):
     timeout: Any = "default"
 
 
+def _parsed(call: _Call[T], resp: "httpx.Response") -> T:
+    """The answer read as the call expects, or a clear error when it is not what a
+    Raylane API sends (a web page from another server at the URL, say)."""
+    try:
+        return call.parse(resp)
+    except ValueError:  # not JSON, or JSON of another shape (pydantic's ValidationError is a ValueError)
+        raise RaylaneError(_not_raylane(resp), status_code=resp.status_code) from None
+
+
 def _model(model: type[BaseModel]) -> Callable[["httpx.Response"], Any]:
     return lambda r: model.model_validate(r.json())
 
@@ -343,14 +491,14 @@ def _when(value: datetime | str | None) -> str | None:
 
 
 def _list_params(*, status, kind, node_group, labels, name_prefix, created_after, created_before, project, limit,
-                 cursor) -> list[tuple[str, str]]:
+                 cursor, id_prefix=None, submitted_by=None) -> list[tuple[str, str]]:
     params: list[tuple[str, str]] = [("status", s) for s in _enum_values(status)]
     params += [("kind", k) for k in _enum_values(kind)]
     for k, v in (labels or {}).items():
         params.append(("label", f"{k}={v}"))
     for name, val in (("node_group", node_group), ("name_prefix", name_prefix), ("project", project),
                       ("created_after", _when(created_after)), ("created_before", _when(created_before)),
-                      ("cursor", cursor)):
+                      ("cursor", cursor), ("id_prefix", id_prefix), ("submitted_by", submitted_by)):
         if val is not None:
             params.append((name, str(val)))
     params.append(("limit", str(int(limit))))
@@ -382,6 +530,48 @@ def spec_body(spec: SpecLike) -> dict[str, Any]:
             raise ValidationFailed(f"{path}: {e}", errors=[{"loc": ["file"], "msg": str(e), "type": "spec_load"}]) \
                 from None
     raise TypeError(f"a spec is a JobSpec, a dict or a YAML file path, not {type(spec).__name__}")
+
+
+def _window(start, end, project: str | None) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in (("start", _when(start)), ("end", _when(end)), ("project", project)) if v is not None]
+
+
+def _looks_short(job_id: str) -> bool:
+    """A job id shorter than a whole one, in the ids' alphabet: a prefix to resolve."""
+    return 0 < len(job_id) < JOB_ID_LENGTH and job_id.isascii() and job_id.isalnum()
+
+
+def _looks_whole(job_id: str) -> bool:
+    # Ids are lower case; one copied from a shouting terminal is the same id.
+    return len(job_id) == JOB_ID_LENGTH and job_id.isascii() and job_id.isalnum()
+
+
+def _resolved(prefix: str, page: JobPage) -> str:
+    if len(page.items) == 1:
+        return page.items[0].id
+    if not page.items:
+        raise NotFound(f"job {prefix} not found", status_code=404)
+    shown = page.items[:AMBIGUOUS_SHOWN]
+    more = " and more" if len(page.items) > AMBIGUOUS_SHOWN else ""
+    names = ", ".join(f"{j.id} ({j.name})" for j in shown)
+    raise AmbiguousJobId(f"{prefix} is the start of several job ids: {names}{more}; give more of it",
+                         prefix=prefix, candidates=shown)
+
+
+def _last_lines(text: str, n: int) -> str:
+    return "".join(text.splitlines(keepends=True)[-n:]) if n > 0 else ""
+
+
+def _resubmit_body(job: Job, overrides) -> dict[str, Any]:
+    from raylane.client.overrides import OverrideError, apply_overrides
+
+    body = job.spec.model_dump(mode="json", exclude_none=True)
+    body["labels"] = {**body.get("labels", {}), RESUBMITTED_FROM_LABEL: job.id}
+    body["project"] = job.project  # an admin's resubmit stays in the job's project
+    try:
+        return apply_overrides(body, overrides or {})
+    except OverrideError as e:
+        raise ValidationFailed(str(e), errors=[{"loc": ["overrides"], "msg": str(e), "type": "override"}]) from None
 
 
 class _Api:
@@ -457,6 +647,70 @@ class _Api:
     @staticmethod
     def cluster() -> _Call[ClusterInfo]:
         return _Call("GET", "/v1/cluster", _model(ClusterInfo))
+
+    @staticmethod
+    def kinds() -> _Call[list[KindInfo]]:
+        return _Call("GET", "/v1/kinds", _adapter(KindInfo))
+
+    @staticmethod
+    def job_cost(job_id: str) -> _Call[JobCost]:
+        return _Call("GET", f"/v1/jobs/{job_id}/cost", _model(JobCost))
+
+    @staticmethod
+    def costs(group_by: str, start, end, project: str | None) -> _Call[CostBreakdown]:
+        return _Call("GET", "/v1/costs", _model(CostBreakdown),
+                     params=_window(start, end, project) + [("group_by", group_by)])
+
+    @staticmethod
+    def report(start, end, project: str | None) -> _Call[Report]:
+        return _Call("GET", "/v1/report", _model(Report), params=_window(start, end, project))
+
+    @staticmethod
+    def whoami() -> _Call[Whoami]:
+        return _Call("GET", "/v1/me", _model(Whoami))
+
+    @staticmethod
+    def create_token(name: str, project: str | None, role: str, expires_in_days: float | None) -> _Call[NewToken]:
+        body = {"name": name, "project": project, "role": role, "expires_in_days": expires_in_days}
+        # Not resendable: a second arrival would mint a second secret.
+        return _Call("POST", "/v1/tokens", _model(NewToken), json={k: v for k, v in body.items() if v is not None},
+                     resendable=False)
+
+    @staticmethod
+    def list_tokens(include_revoked: bool) -> _Call[list[Token]]:
+        return _Call("GET", "/v1/tokens", _adapter(Token), params=[("include_revoked", str(include_revoked).lower())])
+
+    @staticmethod
+    def revoke_token(token_id: str) -> _Call[Token]:
+        # Revoking twice is a no-op on the server: resendable.
+        return _Call("POST", f"/v1/tokens/{token_id}/revoke", _model(Token))
+
+    @staticmethod
+    def create_project(name: str, description: str | None) -> _Call[Project]:
+        body = {"name": name, **({"description": description} if description is not None else {})}
+        # A second arrival is a 409 ("exists"), never a second project.
+        return _Call("POST", "/v1/projects", _model(Project), json=body)
+
+    @staticmethod
+    def list_projects() -> _Call[list[Project]]:
+        return _Call("GET", "/v1/projects", _adapter(Project))
+
+    @staticmethod
+    def get_quota(project: str) -> _Call[ProjectQuota]:
+        return _Call("GET", f"/v1/projects/{project}/quota", _model(ProjectQuota))
+
+    @staticmethod
+    def set_quota(project: str, node_groups: Mapping[str, Mapping[str, Any]]) -> _Call[ProjectQuota]:
+        # PUT replaces the whole quota: sending it twice leaves the same quota.
+        return _Call("PUT", f"/v1/projects/{project}/quota", _model(ProjectQuota),
+                     json={"node_groups": {g: dict(v) for g, v in node_groups.items()}})
+
+    @staticmethod
+    def audit(limit: int, cursor: str | None, actor: str | None, action: str | None, since) -> _Call[AuditPage]:
+        params = [("limit", str(int(limit)))]
+        params += [(k, v) for k, v in (("cursor", cursor), ("actor", actor), ("action", action),
+                                       ("since", _when(since))) if v is not None]
+        return _Call("GET", "/v1/audit", _model(AuditPage), params=params)
 
     @staticmethod
     def health() -> _Call[Health]:
@@ -661,7 +915,7 @@ class Client:
         resp = self._send(call)
         if resp.status_code not in call.ok:
             raise _error_from(resp)
-        return call.parse(resp)
+        return _parsed(call, resp)
 
     # Jobs ----------------------------------------------------------------------
 
@@ -808,7 +1062,8 @@ class Client:
                   kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
                   labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
                   created_after: datetime | str | None = None, created_before: datetime | str | None = None,
-                  project: str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
+                  project: str | None = None, limit: int = 50, cursor: str | None = None,
+                  id_prefix: str | None = None, submitted_by: str | None = None) -> JobPage:
         """One page of jobs, newest first, filtered.
 
         Args:
@@ -821,6 +1076,8 @@ class Client:
             created_before: as ``created_after``.
             project: only this project (admins; others see their own).
             limit: page size, 1..500.
+            id_prefix: ids starting with this (``resolve_job_id`` uses it).
+            submitted_by: jobs this token owner submitted (``whoami().name`` for your own).
             cursor: ``next_cursor`` of the previous page.
 
         Returns:
@@ -837,14 +1094,14 @@ class Client:
         return self._call(_Api.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
                                          name_prefix=name_prefix, created_after=created_after,
                                          created_before=created_before, project=project, limit=limit,
-                                         cursor=cursor))
+                                         cursor=cursor, id_prefix=id_prefix, submitted_by=submitted_by))
 
     def iter_jobs(self, *, status: StatusLike | Iterable[StatusLike] | None = None,
                   kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
                   labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
                   created_after: datetime | str | None = None, created_before: datetime | str | None = None,
                   project: str | None = None, page_size: int = ITER_PAGE_SIZE,
-                  max_items: int | None = None) -> Iterator[Job]:
+                  max_items: int | None = None, submitted_by: str | None = None) -> Iterator[Job]:
         """Every job matching the filters, newest first, fetched page by page.
 
         Args:
@@ -869,7 +1126,8 @@ class Client:
                 return
             page = self.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
                                   name_prefix=name_prefix, created_after=created_after,
-                                  created_before=created_before, project=project, limit=want, cursor=cursor)
+                                  created_before=created_before, project=project, limit=want, cursor=cursor,
+                                  submitted_by=submitted_by)
             for j in page.items:
                 yield j
             seen += len(page.items)
@@ -981,12 +1239,15 @@ class Client:
         return self._call(_Api.attempts(job_id))
 
     @overload
-    def logs(self, job_id: str, *, attempt: int | None = ..., follow: Literal[False] = ...) -> str: ...
+    def logs(self, job_id: str, *, attempt: int | None = ..., follow: Literal[False] = ...,
+             tail: int | None = ...) -> str: ...
 
     @overload
-    def logs(self, job_id: str, *, attempt: int | None = ..., follow: Literal[True]) -> Iterator[str]: ...
+    def logs(self, job_id: str, *, attempt: int | None = ..., follow: Literal[True],
+             tail: int | None = ...) -> Iterator[str]: ...
 
-    def logs(self, job_id: str, *, attempt: int | None = None, follow: bool = False) -> str | Iterator[str]:
+    def logs(self, job_id: str, *, attempt: int | None = None, follow: bool = False,
+             tail: int | None = None) -> str | Iterator[str]:
         """The driver log of the job's latest (or given) attempt.
 
         Args:
@@ -995,6 +1256,9 @@ class Client:
             follow: return a generator of text chunks that ends when the job
                 does. A dropped stream is reopened (text already seen is not
                 repeated).
+            tail: only the last ``tail`` lines of what is there now (with
+                ``follow``: then everything new). The whole log is fetched and
+                cut here: the API sends a log whole.
 
         Returns:
             The log text ("" before the first attempt), or with ``follow=True``
@@ -1010,13 +1274,20 @@ class Client:
                 print(chunk, end="")
         """
         if follow:
-            return self._follow(job_id, attempt)
-        return self._call(_Api.logs(job_id, attempt, False))
+            return self._follow(job_id, attempt, tail)
+        text = self._call(_Api.logs(job_id, attempt, False))
+        return text if tail is None else _last_lines(text, tail)
 
-    def _follow(self, job_id: str, attempt: int | None) -> Iterator[str]:
+    def _follow(self, job_id: str, attempt: int | None, tail: int | None = None) -> Iterator[str]:
         import httpx
 
         received, breaks = 0, 0
+        if tail is not None:
+            # The log so far, cut; the stream (which starts from the beginning) then skips it.
+            text = self._call(_Api.logs(job_id, attempt, False))
+            received = len(text)
+            if _last_lines(text, tail):
+                yield _last_lines(text, tail)
         while True:
             resp = self._send(_Api.logs(job_id, attempt, True), stream=True)
             try:
@@ -1069,6 +1340,71 @@ class Client:
             print(best.config, best.metrics["loss"])
         """
         return self._call(_Api.trials(job_id, sort_by, mode))
+
+    def resolve_job_id(self, job_id: str) -> str:
+        """The whole id of the one job whose id starts with ``job_id`` (a short id,
+        as ``raylane ls`` users type it). A whole id is returned as it is.
+
+        The server matches the prefix within what the token may see, so another
+        project's jobs never make a short id ambiguous.
+
+        Args:
+            job_id: a job id or its first characters (case does not matter).
+
+        Returns:
+            The job's whole id.
+
+        Raises:
+            NotFound: no job id starts with it.
+            AmbiguousJobId: several do; ``candidates`` holds the newest of them.
+
+        Example::
+
+            job = client.get_job(client.resolve_job_id("01jq3k"))
+        """
+        short = job_id.strip().lower()
+        if not _looks_short(short):
+            return short if _looks_whole(short) else job_id
+        return _resolved(short, self.list_jobs(id_prefix=short, limit=AMBIGUOUS_SHOWN + 1))
+
+    def resubmit(self, job_id: str, *, overrides: Mapping[str, Any] | Iterable[str] | None = None,
+                 idempotency_key: str | None = None) -> Job:
+        """Submit a new job from an old job's spec, optionally changed.
+
+        The new job is in the old one's project and carries the label
+        ``raylane.io/resubmitted-from: <old id>``.
+
+        Args:
+            job_id: the job to copy (any status).
+            overrides: ``{"resources.gpus_per_worker": 2}`` or ``["args.lr=1e-4"]``
+                (dotted paths into the spec; see ``raylane.client.overrides``).
+            idempotency_key: as for ``submit``.
+
+        Returns:
+            The new job.
+
+        Raises:
+            NotFound: no such job.
+            ValidationFailed: an override names no field of the spec, or the
+                changed spec is invalid.
+
+        Example::
+
+            again = client.resubmit(job.id, overrides={"resources.gpus_per_worker": 2})
+        """
+        return self.submit(_resubmit_body(self.get_job(job_id), overrides), idempotency_key=idempotency_key)
+
+    def job_cost(self, job_id: str) -> JobCost:
+        """What each attempt of the job cost (a running one: so far), and the on-demand price of the same.
+
+        Raises:
+            NotFound: no such job.
+
+        Example::
+
+            print(client.job_cost(job.id).cost)
+        """
+        return self._call(_Api.job_cost(job_id))
 
     # Routing and cluster --------------------------------------------------------
 
@@ -1143,6 +1479,151 @@ class Client:
             assert client.health().ok
         """
         return self._call(_Api.health())
+
+    def kinds(self) -> list[KindInfo]:
+        """The job kinds the server runs, with their traits (gang or elastic, spot first, ...).
+
+        Example::
+
+            print([k.name for k in client.kinds()])
+        """
+        return self._call(_Api.kinds())
+
+    # Costs --------------------------------------------------------------------------
+
+    def costs(self, *, group_by: Literal["project", "node_group", "kind"] = "project",
+              start: datetime | str | None = None, end: datetime | str | None = None,
+              project: str | None = None) -> CostBreakdown:
+        """What the attempts in a window cost, on demand and with spot savings, per group.
+
+        Args:
+            group_by: ``project``, ``node_group`` or ``kind``.
+            start: window start, timezone-aware (default: 7 days before ``end``).
+            end: window end (default now).
+            project: admins: one project (others always see their own).
+
+        Raises:
+            ValidationFailed: a datetime without a timezone, or start after end.
+
+        Example::
+
+            for row in client.costs(group_by="node_group").rows:
+                print(row.key, row.cost)
+        """
+        return self._call(_Api.costs(group_by, start, end, project))
+
+    def report(self, *, start: datetime | str | None = None, end: datetime | str | None = None,
+               project: str | None = None) -> Report:
+        """The own-or-rent report: GPU utilisation per group against the break-even,
+        costs, and the jobs whose placement could have been cheaper (``raylane report``).
+
+        Args:
+            start, end, project: as for ``costs``.
+
+        Example::
+
+            for g in client.report().gpu_groups:
+                print(g["node_group"], g["verdict"], g["advice"])
+        """
+        return self._call(_Api.report(start, end, project))
+
+    # Access: who may do what --------------------------------------------------------
+
+    def whoami(self) -> Whoami:
+        """The caller as the server sees the token: name, project, role.
+
+        Raises:
+            Unauthorized: no token, or one the server refuses.
+
+        Example::
+
+            me = client.whoami()
+            mine = client.list_jobs(submitted_by=me.name)
+        """
+        return self._call(_Api.whoami())
+
+    def create_token(self, name: str, *, project: str | None = None,
+                     role: Literal["admin", "member", "viewer"] = "member",
+                     expires_in_days: float | None = None) -> NewToken:
+        """A new API token (admins). Its secret is in ``token``, returned this once only.
+
+        Not retried once sent: a lost answer would otherwise mint a second secret.
+
+        Args:
+            name: the user or robot it belongs to.
+            project: required for members and viewers.
+            role: ``admin``, ``member`` or ``viewer``.
+            expires_in_days: None: never.
+
+        Raises:
+            Forbidden: the caller is not an admin.
+            NotFound: no such project.
+
+        Example::
+
+            secret = client.create_token("ci-bot", project="nlp", role="member").token
+        """
+        return self._call(_Api.create_token(name, project, role, expires_in_days))
+
+    def list_tokens(self, *, include_revoked: bool = False) -> list[Token]:
+        """The API tokens (admins), never their secrets."""
+        return self._call(_Api.list_tokens(include_revoked))
+
+    def revoke_token(self, token_id: str) -> Token:
+        """Revoke a token at once (admins); revoking twice is a no-op.
+
+        Raises:
+            NotFound: no such token.
+        """
+        return self._call(_Api.revoke_token(token_id))
+
+    def create_project(self, name: str, *, description: str | None = None) -> Project:
+        """A new project (admins).
+
+        Raises:
+            Conflict: the project exists.
+        """
+        return self._call(_Api.create_project(name, description))
+
+    def list_projects(self) -> list[Project]:
+        """Every project for an admin; a member or viewer sees their own."""
+        return self._call(_Api.list_projects())
+
+    def get_quota(self, project: str) -> ProjectQuota:
+        """The project's limits per node group and what its active jobs hold now.
+
+        Raises:
+            NotFound: no such project (or not the caller's).
+        """
+        return self._call(_Api.get_quota(project))
+
+    def set_quota(self, project: str, node_groups: Mapping[str, Mapping[str, Any]]) -> ProjectQuota:
+        """Replace the project's whole quota (admins); groups not named have no limit.
+
+        Args:
+            project: the project.
+            node_groups: ``{"gpu": {"max_gpus": 8, "max_concurrent_jobs": 4}}``.
+
+        Raises:
+            NotFound: no such project.
+            ValidationFailed: a node group the profile does not have, or a bad limit.
+
+        Example::
+
+            client.set_quota("nlp", {"a100": {"max_gpus": 16}})
+        """
+        return self._call(_Api.set_quota(project, node_groups))
+
+    def audit(self, *, limit: int = 100, cursor: str | None = None, actor: str | None = None,
+              action: str | None = None, since: datetime | str | None = None) -> AuditPage:
+        """Mutating requests, newest first (admins): who, what, on which target, with which status.
+
+        Example::
+
+            page = client.audit(actor="alice")
+            older = client.audit(actor="alice", cursor=page.next_cursor)
+        """
+        return self._call(_Api.audit(limit, cursor, actor, action, since))
 
 
 @dataclass(frozen=True)
@@ -1253,9 +1734,24 @@ class AsyncClient:
         resp = await self._send(call)
         if resp.status_code not in call.ok:
             raise _error_from(resp)
-        return call.parse(resp)
+        return _parsed(call, resp)
 
-    async def submit(self, spec: SpecLike, *, idempotency_key: str | None = None) -> Job:
+    async def upload_package(self, working_dir: str | os.PathLike[str], *, excludes: Iterable[str] = (),
+                             max_bytes: int = packaging.DEFAULT_MAX_BYTES) -> UploadedPackage:
+        import asyncio
+
+        # Zipping is disk and CPU work: off the event loop.
+        pkg = await asyncio.to_thread(packaging.build, working_dir, excludes=excludes, max_bytes=max_bytes)
+        sent = False
+        if not await self._call(_Api.package_exists(pkg.sha256)):
+            await self._call(_Api.upload_package(pkg.sha256, pkg.data))
+            sent = True
+        return UploadedPackage.of(pkg, sent)
+
+    async def submit(self, spec: SpecLike, *, idempotency_key: str | None = None,
+                     working_dir: str | os.PathLike[str] | None = None, excludes: Iterable[str] = ()) -> Job:
+        if working_dir is not None:
+            spec = _with_working_dir(spec, (await self.upload_package(working_dir, excludes=excludes)).uri)
         return await self._call(_Api.submit(spec, idempotency_key))
 
     async def submit_batch(self, specs: Iterable[SpecLike]) -> BatchSubmitResponse:
@@ -1263,16 +1759,11 @@ class AsyncClient:
 
     async def submit_function(self, fn: Callable[..., Any], *, args: Mapping[str, Any] | None = None,
                               idempotency_key: str | None = None, **options: Any) -> Job:
-        import asyncio
-
         jf = fn.options(**options) if isinstance(fn, JobFunction) else JobFunction(fn, **options)
         spec = jf.spec(**dict(args or {}))
         local = _local_working_dir(spec)
         if local is not None:
-            pkg = await asyncio.to_thread(packaging.build, local)  # zipping is disk and CPU work
-            if not await self._call(_Api.package_exists(pkg.sha256)):
-                await self._call(_Api.upload_package(pkg.sha256, pkg.data))
-            spec = _with_working_dir(spec, package_uri(pkg.sha256))
+            spec = _with_working_dir(spec, (await self.upload_package(local)).uri)
         return await self.submit(spec, idempotency_key=idempotency_key)
 
     async def get_job(self, job_id: str) -> Job:
@@ -1282,18 +1773,19 @@ class AsyncClient:
                         kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
                         labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
                         created_after: datetime | str | None = None, created_before: datetime | str | None = None,
-                        project: str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
+                        project: str | None = None, limit: int = 50, cursor: str | None = None,
+                        id_prefix: str | None = None, submitted_by: str | None = None) -> JobPage:
         return await self._call(_Api.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
                                                name_prefix=name_prefix, created_after=created_after,
                                                created_before=created_before, project=project, limit=limit,
-                                               cursor=cursor))
+                                               cursor=cursor, id_prefix=id_prefix, submitted_by=submitted_by))
 
     async def iter_jobs(self, *, status: StatusLike | Iterable[StatusLike] | None = None,
                         kind: KindLike | Iterable[KindLike] | None = None, node_group: str | None = None,
                         labels: Mapping[str, str] | None = None, name_prefix: str | None = None,
                         created_after: datetime | str | None = None, created_before: datetime | str | None = None,
                         project: str | None = None, page_size: int = ITER_PAGE_SIZE,
-                        max_items: int | None = None) -> AsyncIterator[Job]:
+                        max_items: int | None = None, submitted_by: str | None = None) -> AsyncIterator[Job]:
         cursor, seen = None, 0
         while True:
             want = page_size if max_items is None else min(page_size, max_items - seen)
@@ -1301,7 +1793,8 @@ class AsyncClient:
                 return
             page = await self.list_jobs(status=status, kind=kind, node_group=node_group, labels=labels,
                                         name_prefix=name_prefix, created_after=created_after,
-                                        created_before=created_before, project=project, limit=want, cursor=cursor)
+                                        created_before=created_before, project=project, limit=want, cursor=cursor,
+                                        submitted_by=submitted_by)
             for j in page.items:
                 yield j
             seen += len(page.items)
@@ -1335,17 +1828,26 @@ class AsyncClient:
     async def attempts(self, job_id: str) -> list[Attempt]:
         return await self._call(_Api.attempts(job_id))
 
-    def logs(self, job_id: str, *, attempt: int | None = None, follow: bool = False):
+    def logs(self, job_id: str, *, attempt: int | None = None, follow: bool = False, tail: int | None = None):
         # Not ``async def``: with follow=True it returns an async iterator to use
         # in ``async for``; otherwise a coroutine of the text to await.
         if follow:
-            return self._follow(job_id, attempt)
-        return self._call(_Api.logs(job_id, attempt, False))
+            return self._follow(job_id, attempt, tail)
+        return self._text(job_id, attempt, tail)
 
-    async def _follow(self, job_id: str, attempt: int | None) -> AsyncIterator[str]:
+    async def _text(self, job_id: str, attempt: int | None, tail: int | None) -> str:
+        text = await self._call(_Api.logs(job_id, attempt, False))
+        return text if tail is None else _last_lines(text, tail)
+
+    async def _follow(self, job_id: str, attempt: int | None, tail: int | None = None) -> AsyncIterator[str]:
         import httpx
 
         received, breaks = 0, 0
+        if tail is not None:
+            text = await self._call(_Api.logs(job_id, attempt, False))
+            received = len(text)
+            if _last_lines(text, tail):
+                yield _last_lines(text, tail)
         while True:
             resp = await self._send(_Api.logs(job_id, attempt, True), stream=True)
             try:
@@ -1388,6 +1890,62 @@ class AsyncClient:
 
     async def health(self) -> Health:
         return await self._call(_Api.health())
+
+    async def resolve_job_id(self, job_id: str) -> str:
+        short = job_id.strip().lower()
+        if not _looks_short(short):
+            return short if _looks_whole(short) else job_id
+        return _resolved(short, await self.list_jobs(id_prefix=short, limit=AMBIGUOUS_SHOWN + 1))
+
+    async def resubmit(self, job_id: str, *, overrides: Mapping[str, Any] | Iterable[str] | None = None,
+                       idempotency_key: str | None = None) -> Job:
+        body = _resubmit_body(await self.get_job(job_id), overrides)
+        return await self.submit(body, idempotency_key=idempotency_key)
+
+    async def job_cost(self, job_id: str) -> JobCost:
+        return await self._call(_Api.job_cost(job_id))
+
+    async def kinds(self) -> list[KindInfo]:
+        return await self._call(_Api.kinds())
+
+    async def costs(self, *, group_by: Literal["project", "node_group", "kind"] = "project",
+                    start: datetime | str | None = None, end: datetime | str | None = None,
+                    project: str | None = None) -> CostBreakdown:
+        return await self._call(_Api.costs(group_by, start, end, project))
+
+    async def report(self, *, start: datetime | str | None = None, end: datetime | str | None = None,
+                     project: str | None = None) -> Report:
+        return await self._call(_Api.report(start, end, project))
+
+    async def whoami(self) -> Whoami:
+        return await self._call(_Api.whoami())
+
+    async def create_token(self, name: str, *, project: str | None = None,
+                           role: Literal["admin", "member", "viewer"] = "member",
+                           expires_in_days: float | None = None) -> NewToken:
+        return await self._call(_Api.create_token(name, project, role, expires_in_days))
+
+    async def list_tokens(self, *, include_revoked: bool = False) -> list[Token]:
+        return await self._call(_Api.list_tokens(include_revoked))
+
+    async def revoke_token(self, token_id: str) -> Token:
+        return await self._call(_Api.revoke_token(token_id))
+
+    async def create_project(self, name: str, *, description: str | None = None) -> Project:
+        return await self._call(_Api.create_project(name, description))
+
+    async def list_projects(self) -> list[Project]:
+        return await self._call(_Api.list_projects())
+
+    async def get_quota(self, project: str) -> ProjectQuota:
+        return await self._call(_Api.get_quota(project))
+
+    async def set_quota(self, project: str, node_groups: Mapping[str, Mapping[str, Any]]) -> ProjectQuota:
+        return await self._call(_Api.set_quota(project, node_groups))
+
+    async def audit(self, *, limit: int = 100, cursor: str | None = None, actor: str | None = None,
+                    action: str | None = None, since: datetime | str | None = None) -> AuditPage:
+        return await self._call(_Api.audit(limit, cursor, actor, action, since))
 
 
 # One set of docs: each AsyncClient method says what its Client twin says.

@@ -18,12 +18,14 @@ __version__ = "0.1.0"
 # every Ray driver import ``raylane.*`` and should not pay for the client SDK.
 _EXPORTS = {
     "raylane.client.sdk": (
-        "DEFAULT_URL", "MAX_ATTEMPTS", "AsyncClient", "Client", "ClusterInfo", "ClusterNode", "Conflict",
-        "ConnectionFailed", "Forbidden", "Health", "JobFunction", "NodeGroupStatus", "NotFound", "RaylaneError",
-        "RateLimited", "ServerError", "Unauthorized", "ValidationFailed", "WaitTimeout", "job",
+        "DEFAULT_URL", "MAX_ATTEMPTS", "AmbiguousJobId", "AsyncClient", "Client", "ClusterInfo", "ClusterNode",
+        "Conflict", "ConnectionFailed", "CostBreakdown", "Forbidden", "Health", "JobCost", "JobFunction",
+        "KindInfo", "NodeGroupStatus", "NotFound", "RaylaneError", "RateLimited", "Report", "ServerError",
+        "Unauthorized", "ValidationFailed", "WaitTimeout", "job",
     ),
     "raylane.orchestrator.domain.views": (
-        "Attempt", "BatchSubmitResponse", "CancelResponse", "Job", "JobEvent", "JobPage", "Placement", "Trial",
+        "Attempt", "AuditPage", "BatchSubmitResponse", "CancelResponse", "Job", "JobEvent", "JobPage", "NewToken",
+        "Placement", "Project", "ProjectQuota", "Token", "Trial", "Whoami",
     ),
     "raylane.orchestrator.domain.specs": ("JobKind", "JobSpec"),
     "raylane.orchestrator.domain.states": ("FailureCause", "JobStatus"),
@@ -49,8 +51,9 @@ def __dir__():
 __all__ = [
     "Client", "AsyncClient", "job", "JobFunction",
     "RaylaneError", "NotFound", "Conflict", "ValidationFailed", "Unauthorized", "Forbidden", "RateLimited",
-    "ServerError", "ConnectionFailed", "WaitTimeout",
+    "ServerError", "ConnectionFailed", "WaitTimeout", "AmbiguousJobId",
     "Job", "JobPage", "JobEvent", "Attempt", "Placement", "CancelResponse", "BatchSubmitResponse",
-    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial",
+    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial", "KindInfo",
+    "CostBreakdown", "JobCost", "Report", "Whoami", "Token", "NewToken", "Project", "ProjectQuota", "AuditPage",
     "JobSpec", "JobKind", "JobStatus", "FailureCause", "DEFAULT_URL", "MAX_ATTEMPTS",
 ]

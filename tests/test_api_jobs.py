@@ -153,3 +153,29 @@ def test_health_and_openapi(api):
     for path in ("/v1/jobs", "/v1/jobs/batch", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/events",
                  "/v1/jobs/{job_id}/cancel", "/healthz", "/readyz"):
         assert path in spec["paths"], path
+
+
+def test_list_by_id_prefix_and_submitter(api):
+    """The CLI's short ids and `cancel --mine` ask the server, which keeps the project scope."""
+    api.post("/v1/projects", json={"name": "pfx-a"})
+    alice = api.post("/v1/tokens", json={"name": "alice-pfx", "project": "pfx-a", "role": "member"}).json()["token"]
+    as_alice = {"Authorization": f"Bearer {alice}"}
+    mine = api.post("/v1/jobs", json={**HELLO, "name": "mine"}, headers=as_alice).json()["id"]
+    admins = api.post("/v1/jobs", json={**HELLO, "name": "admins"}).json()["id"]
+
+    got = api.get("/v1/jobs", params={"id_prefix": mine[:-3]}).json()["items"]
+    assert [j["id"] for j in got] == [mine]
+    assert api.get("/v1/jobs", params={"id_prefix": mine}).json()["items"][0]["id"] == mine
+    # Alice's token sees her project only: the admin's job is no candidate for her, whatever the prefix.
+    assert api.get("/v1/jobs", params={"id_prefix": admins}, headers=as_alice).json()["items"] == []
+    # The first 10 characters are the millisecond: both ids share a short prefix, the admin sees both.
+    both = api.get("/v1/jobs", params={"id_prefix": mine[:4], "limit": 500}).json()["items"]
+    assert {mine, admins} <= {j["id"] for j in both}
+
+    by = api.get("/v1/jobs", params={"submitted_by": "alice-pfx"}).json()["items"]
+    assert [j["id"] for j in by] == [mine]
+    assert api.get("/v1/jobs", params={"submitted_by": "nobody"}).json()["items"] == []
+
+    for bad in ("ABC", "a%", "x" * 27):
+        r = api.get("/v1/jobs", params={"id_prefix": bad})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "id_prefix"], bad

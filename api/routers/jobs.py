@@ -95,6 +95,9 @@ def list_jobs(
     created_after: When | None = None,
     created_before: When | None = None,
     project: Annotated[Text | None, Query(max_length=64)] = None,
+    id_prefix: Annotated[str | None, Query(min_length=1, max_length=26, pattern=r"^[0-9a-z]+$",
+                                           description="Ids starting with this (a short id)")] = None,
+    submitted_by: Annotated[Text | None, Query(max_length=128, description="Jobs this token owner submitted")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[Text | None, Query(max_length=512)] = None,
 ) -> JobPage:
@@ -109,7 +112,7 @@ def list_jobs(
     scope = caller.project if caller.project is not None else project
     flt = JobFilter(project=scope, status=status_ or [], kind=[k.value for k in kind or []], node_group=node_group,
                     labels=labels, name_prefix=name_prefix, created_after=created_after,
-                    created_before=created_before)
+                    created_before=created_before, id_prefix=id_prefix, submitted_by=submitted_by)
     items, next_cursor = cp.list(flt, limit=limit, cursor=cursor)
     return JobPage(items=items, next_cursor=next_cursor)
 

@@ -154,6 +154,8 @@ class JobFilter:
     name_prefix: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    id_prefix: str | None = None  # a job id's first characters (the CLI's short ids)
+    submitted_by: str | None = None  # the actor of the job's first event: who submitted it
 
 
 def encode_cursor(job_id: str) -> str:
@@ -193,6 +195,13 @@ def list_jobs(session: Session, flt: JobFilter, *, limit: int = 50, cursor: str 
         conds.append(jobs.c.created_at >= flt.created_after)
     if flt.created_before:
         conds.append(jobs.c.created_at < flt.created_before)
+    if flt.id_prefix:
+        # Ids are [0-9a-z] (the router checks), so no LIKE wildcard can be in the prefix.
+        conds.append(jobs.c.id.like(flt.id_prefix + "%"))
+    if flt.submitted_by:
+        # The submit event holds the submitter (no column on jobs for it); ix_events_job_id_id finds it.
+        conds.append(exists().where(events.c.job_id == jobs.c.id, events.c.from_status.is_(None),
+                                    events.c.actor == flt.submitted_by))
     for k, v in flt.labels.items():
         conds.append(exists().where(job_labels.c.job_id == jobs.c.id, job_labels.c.key == k, job_labels.c.value == v))
     if cursor:

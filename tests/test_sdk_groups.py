@@ -1,0 +1,200 @@
+"""The SDK has a method for every API group (#18.6): jobs, cluster, costs, access,
+health, packages; sync and async alike. Against a real server (uvicorn) with auth
+on and Ray down; the route table below fails when a route is added without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import pkgutil
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from raylane import (
+    AmbiguousJobId, AsyncClient, Client, Conflict, CostBreakdown, Forbidden, JobCost, NotFound, Report, Unauthorized,
+    ValidationFailed,
+)
+from tests.conftest import ServerProcess, free_port
+
+ADMIN_TOKEN = "sdk-groups-admin-token-0123456789"
+HELLO = {"name": "hello", "kind": "command", "entrypoint": "true"}
+
+# Each route of api/routers/ and the SDK method that calls it.
+SDK_FOR_ROUTE = {
+    ("GET", "/v1/me"): "whoami",
+    ("POST", "/v1/tokens"): "create_token",
+    ("GET", "/v1/tokens"): "list_tokens",
+    ("POST", "/v1/tokens/{token_id}/revoke"): "revoke_token",
+    ("POST", "/v1/projects"): "create_project",
+    ("GET", "/v1/projects"): "list_projects",
+    ("GET", "/v1/projects/{project}/quota"): "get_quota",
+    ("PUT", "/v1/projects/{project}/quota"): "set_quota",
+    ("GET", "/v1/audit"): "audit",
+    ("POST", "/v1/plan"): "plan",
+    ("GET", "/v1/node-groups"): "node_groups",
+    ("GET", "/v1/cluster"): "cluster",
+    ("GET", "/v1/kinds"): "kinds",
+    ("GET", "/v1/costs"): "costs",
+    ("GET", "/v1/report"): "report",
+    ("GET", "/v1/jobs/{job_id}/cost"): "job_cost",
+    # /healthz is a load balancer's liveness probe; health() reads /readyz, which says more.
+    ("GET", "/healthz"): "health",
+    ("GET", "/readyz"): "health",
+    ("POST", "/v1/jobs"): "submit",
+    ("POST", "/v1/jobs/batch"): "submit_batch",
+    ("GET", "/v1/jobs"): "list_jobs",
+    ("GET", "/v1/jobs/{job_id}"): "get_job",
+    ("GET", "/v1/jobs/{job_id}/events"): "events",
+    ("GET", "/v1/jobs/{job_id}/attempts"): "attempts",
+    ("GET", "/v1/jobs/{job_id}/trials"): "trials",
+    ("POST", "/v1/jobs/{job_id}/cancel"): "cancel",
+    ("GET", "/v1/jobs/{job_id}/logs"): "logs",
+    ("HEAD", "/v1/packages/{sha256}"): "upload_package",
+    ("PUT", "/v1/packages/{sha256}"): "upload_package",
+}
+
+
+def test_every_route_has_an_sdk_method_in_both_clients():
+    import raylane.api.routers as routers
+
+    routes = set()
+    for info in pkgutil.iter_modules(routers.__path__):
+        for r in importlib.import_module(f"raylane.api.routers.{info.name}").router.routes:
+            routes |= {(m, r.path) for m in r.methods}
+    assert routes == set(SDK_FOR_ROUTE), "add the SDK method for the new route here and in client/sdk.py"
+    for name in set(SDK_FOR_ROUTE.values()):
+        assert callable(getattr(Client, name)) and callable(getattr(AsyncClient, name)), name
+        assert getattr(Client, name).__doc__, name
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from raylane.orchestrator.store import migrate
+
+    tmp = tmp_path_factory.mktemp("sdk-groups")
+    url = f"sqlite:///{tmp / 'raylane.db'}"
+    migrate.upgrade(url)
+    env = {"RAYLANE_DATABASE_URL": url, "RAYLANE_DATA_DIR": str(tmp), "RAYLANE_LOOPS_ENABLED": "false",
+           "RAYLANE_ADMIN_TOKEN": ADMIN_TOKEN, "RAYLANE_AUTH_ENABLED": "true",
+           "RAYLANE_DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}
+    sp = ServerProcess(env, tmp / "server.log").start()
+    yield sp
+    sp.kill()
+
+
+def test_access_costs_kinds_and_job_helpers(server):
+    with Client(server.url, token=ADMIN_TOKEN) as admin:
+        me = admin.whoami()
+        assert me.role == "admin" and me.project is None and me.auth_enabled
+
+        project = admin.create_project("groups-a", description="for the SDK test")
+        assert project.name == "groups-a" and project.created_by == me.name
+        with pytest.raises(Conflict):
+            admin.create_project("groups-a")
+        new = admin.create_token("carol", project="groups-a", role="member")
+        assert new.token and new.project == "groups-a"
+        assert new.id in {t.id for t in admin.list_tokens()}
+
+        quota = admin.set_quota("groups-a", {"cpu": {"max_cpus": 4, "max_concurrent_jobs": 2}})
+        assert quota.node_groups["cpu"].max_cpus == 4
+        assert admin.get_quota("groups-a").node_groups["cpu"].max_concurrent_jobs == 2
+        with pytest.raises(ValidationFailed):
+            admin.set_quota("groups-a", {"no-such-group": {"max_cpus": 1}})
+
+        with Client(server.url, token=new.token) as carol:
+            assert carol.whoami().name == "carol"
+            assert [p.name for p in carol.list_projects()] == ["groups-a"]
+            job = carol.submit(HELLO)
+            with pytest.raises(Forbidden):
+                carol.list_tokens()
+        assert {"groups-a", "default"} <= {p.name for p in admin.list_projects()}
+        assert [j.id for j in admin.list_jobs(submitted_by="carol").items] == [job.id]
+
+        # Short ids, and a new job from an old one.
+        assert admin.resolve_job_id(job.id[:16]) == job.id
+        assert admin.resolve_job_id(job.id) == job.id
+        other = admin.submit(HELLO)
+        with pytest.raises(AmbiguousJobId) as e:
+            admin.resolve_job_id(job.id[:4])
+        assert {job.id, other.id} <= {j.id for j in e.value.candidates}
+        with pytest.raises(NotFound):
+            admin.resolve_job_id("zzzzzzzz")
+        again = admin.resubmit(job.id, overrides={"priority": 3, "labels.why": "again"})
+        assert again.project == "groups-a" and again.priority == 3
+        assert again.labels == {"why": "again", "raylane.io/resubmitted-from": job.id}
+        with pytest.raises(ValidationFailed) as e:
+            admin.resubmit(job.id, overrides=["resources.gpu=1"])
+        assert "resources has no field 'gpu'" in str(e.value)
+
+        # Costs: nothing ran (Ray is down), so all zero, but each answer is typed.
+        end = datetime.now(timezone.utc)
+        costs = admin.costs(group_by="node_group", start=end - timedelta(days=1), end=end)
+        assert isinstance(costs, CostBreakdown) and costs.group_by == "node_group" and costs.total.cost == 0
+        rep = admin.report(project="groups-a")
+        assert isinstance(rep, Report) and rep.project == "groups-a" and rep.total["jobs"] == 0
+        cost = admin.job_cost(job.id)
+        assert isinstance(cost, JobCost) and (cost.job_id, cost.cost, cost.attempts) == (job.id, 0, [])
+        with pytest.raises(ValidationFailed):
+            admin.costs(start=end, end=end - timedelta(days=1))
+        assert {"command", "training", "sweep"} <= {k.name for k in admin.kinds()}
+
+        page = admin.audit(actor=me.name, limit=5)
+        assert page.items and page.items[0].actor == me.name
+        revoked = admin.revoke_token(new.id)
+        assert revoked.revoked_at is not None
+        with Client(server.url, token=new.token, max_attempts=1) as gone:
+            with pytest.raises(Unauthorized) as e:
+                gone.whoami()
+            assert e.value.token_sent
+        with Client(server.url, token="", max_attempts=1) as nobody:
+            with pytest.raises(Unauthorized) as e:
+                nobody.whoami()
+            assert not e.value.token_sent and "set RAYLANE_TOKEN or pass token=" in str(e.value)
+
+
+def test_async_client_has_the_same_groups(server):
+    async def main():
+        async with AsyncClient(server.url, token=ADMIN_TOKEN) as c:
+            me = await c.whoami()
+            await c.create_project("groups-b")
+            tok = await c.create_token("dave", project="groups-b", role="viewer")
+            assert tok.id in {t.id for t in await c.list_tokens()}
+            assert (await c.revoke_token(tok.id)).revoked_at is not None
+            assert "groups-b" in {p.name for p in await c.list_projects()}
+            q = await c.set_quota("groups-b", {"cpu": {"max_cpus": 1}})
+            assert q == await c.get_quota("groups-b")
+            job = await c.submit({**HELLO, "project": "groups-b"})
+            assert await c.resolve_job_id(job.id[:16]) == job.id
+            again = await c.resubmit(job.id[:26], overrides=["name=copy"])
+            assert again.name == "copy" and again.project == "groups-b"
+            assert (await c.job_cost(job.id)).job_id == job.id
+            assert (await c.costs()).group_by == "project"
+            assert (await c.report()).total["cost"] == 0
+            assert await c.kinds()
+            assert (await c.audit(actor=me.name, limit=1)).items
+            page = await c.list_jobs(submitted_by=me.name, id_prefix=job.id[:16])
+            assert [j.id for j in page.items] == [job.id]
+            assert await c.logs(job.id, tail=5) == ""
+
+    asyncio.run(main())
+
+
+def test_a_web_page_in_an_answer_is_named_never_shown():
+    import httpx
+
+    from raylane import NotFound, RaylaneError, ServerError
+    from raylane.client.sdk import _error_from
+
+    page = "<html><body>" + "x" * 5000 + "</body></html>"
+    req = httpx.Request("GET", "http://proxy.example/v1/jobs?limit=5")
+
+    def answer(status: int) -> RaylaneError:
+        return _error_from(httpx.Response(status, text=page, headers={"content-type": "text/html"}, request=req))
+
+    e = answer(404)
+    assert isinstance(e, NotFound)
+    assert str(e) == "http://proxy.example/v1/jobs answered 404 text/html: not a Raylane API? Check the URL"
+    e = answer(502)  # a proxy in front of Raylane with no upstream: a server error, the page left out
+    assert isinstance(e, ServerError) and str(e) == "server error 502: http://proxy.example/v1/jobs answered text/html"
