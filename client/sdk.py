@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import (
-    TYPE_CHECKING, Any, AsyncIterator, Callable, Generic, Iterable, Iterator, Literal, Mapping, TypeVar, Union,
+    TYPE_CHECKING, Any, AsyncIterator, Callable, Generic, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, Union,
     overload,
 )
 
@@ -45,8 +45,8 @@ from raylane.client.packaging import PackageTooLarge
 from raylane.orchestrator.domain import views
 from raylane.orchestrator.domain.packages import package_uri
 from raylane.orchestrator.domain.views import (
-    Attempt, AuditPage, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, NewToken, Placement, Project,
-    ProjectQuota, Token, Trial, Whoami,
+    Attempt, AuditPage, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, NewToken, NewWebhook, Placement,
+    Project, ProjectQuota, Schedule, Token, Trial, Webhook, WebhookDelivery, Whoami,
 )
 from raylane.orchestrator.domain.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
 from raylane.orchestrator.domain.states import JobStatus
@@ -505,6 +505,12 @@ def _list_params(*, status, kind, node_group, labels, name_prefix, created_after
     return params
 
 
+def _schedule_body(name: str, cron: str, spec: SpecLike, timezone: str, overlap: str, missed: str,
+                   starting_deadline_s: float, paused: bool) -> dict[str, Any]:
+    return {"name": name, "cron": cron, "spec": spec_body(spec), "timezone": timezone, "overlap": overlap,
+            "missed": missed, "starting_deadline_s": starting_deadline_s, "paused": paused}
+
+
 def spec_body(spec: SpecLike) -> dict[str, Any]:
     """The JSON body for a spec given as a ``JobSpec``, a dict, or a YAML/JSON file path.
 
@@ -711,6 +717,55 @@ class _Api:
         params += [(k, v) for k, v in (("cursor", cursor), ("actor", actor), ("action", action),
                                        ("since", _when(since))) if v is not None]
         return _Call("GET", "/v1/audit", _model(AuditPage), params=params)
+
+    # Webhooks and schedules ----------------------------------------------------
+
+    @staticmethod
+    def create_webhook(url: str, statuses: Sequence[str] | None, project: str | None,
+                       description: str | None) -> _Call[NewWebhook]:
+        body = {"url": url, "statuses": list(statuses) if statuses is not None else None, "project": project,
+                "description": description}
+        # Not resendable: a second arrival would make a second hook with its own secret.
+        return _Call("POST", "/v1/webhooks", _model(NewWebhook), json={k: v for k, v in body.items() if v is not None},
+                     resendable=False)
+
+    @staticmethod
+    def list_webhooks() -> _Call[list[Webhook]]:
+        return _Call("GET", "/v1/webhooks", _adapter(Webhook))
+
+    @staticmethod
+    def get_webhook(hook_id: str) -> _Call[Webhook]:
+        return _Call("GET", f"/v1/webhooks/{hook_id}", _model(Webhook))
+
+    @staticmethod
+    def delete_webhook(hook_id: str) -> _Call[None]:
+        return _Call("DELETE", f"/v1/webhooks/{hook_id}", lambda r: None, ok=frozenset({204}))
+
+    @staticmethod
+    def webhook_deliveries(hook_id: str, limit: int) -> _Call[list[WebhookDelivery]]:
+        return _Call("GET", f"/v1/webhooks/{hook_id}/deliveries", _adapter(WebhookDelivery),
+                     params=[("limit", str(int(limit)))])
+
+    @staticmethod
+    def create_schedule(body: dict[str, Any]) -> _Call[Schedule]:
+        # A second arrival is a 409 (the name is taken), never a second schedule.
+        return _Call("POST", "/v1/schedules", _model(Schedule), json=body)
+
+    @staticmethod
+    def list_schedules() -> _Call[list[Schedule]]:
+        return _Call("GET", "/v1/schedules", _adapter(Schedule))
+
+    @staticmethod
+    def get_schedule(schedule_id: str) -> _Call[Schedule]:
+        return _Call("GET", f"/v1/schedules/{schedule_id}", _model(Schedule))
+
+    @staticmethod
+    def pause_schedule(schedule_id: str, paused: bool) -> _Call[Schedule]:
+        return _Call("POST", f"/v1/schedules/{schedule_id}/{'pause' if paused else 'resume'}", _model(Schedule))
+
+    @staticmethod
+    def delete_schedule(schedule_id: str) -> _Call[None]:
+        return _Call("DELETE", f"/v1/schedules/{schedule_id}", lambda r: None, ok=frozenset({204}))
 
     @staticmethod
     def health() -> _Call[Health]:
@@ -1489,6 +1544,79 @@ class Client:
         """
         return self._call(_Api.kinds())
 
+    # Webhooks -------------------------------------------------------------------------
+
+    def create_webhook(self, url: str, *, statuses: Sequence[str] | None = None, project: str | None = None,
+                       description: str | None = None) -> NewWebhook:
+        """A webhook: a signed POST to ``url`` each time a job of the project changes to one
+        of ``statuses`` (default: SUCCEEDED, FAILED, CANCELLED). Its signing secret is in
+        ``secret``, returned this once only (docs/webhooks.md).
+
+        Raises:
+            ValidationFailed: a URL that is not http(s), a host the server does not allow.
+
+        Example::
+
+            hook = client.create_webhook("https://ci.example.com/raylane", statuses=["FAILED"])
+        """
+        return self._call(_Api.create_webhook(url, statuses, project, description))
+
+    def list_webhooks(self) -> list[Webhook]:
+        """The webhooks of the caller's projects, never their secrets."""
+        return self._call(_Api.list_webhooks())
+
+    def get_webhook(self, hook_id: str) -> Webhook:
+        """One webhook (NotFound: missing, or another project's)."""
+        return self._call(_Api.get_webhook(hook_id))
+
+    def delete_webhook(self, hook_id: str) -> None:
+        """Delete a webhook; deliveries not yet sent are dropped."""
+        return self._call(_Api.delete_webhook(hook_id))
+
+    def webhook_deliveries(self, hook_id: str, *, limit: int = 50) -> list[WebhookDelivery]:
+        """A webhook's delivery log, newest first: status, tries, the last answer and error."""
+        return self._call(_Api.webhook_deliveries(hook_id, limit))
+
+    # Schedules ------------------------------------------------------------------------
+
+    def create_schedule(self, name: str, cron: str, spec: SpecLike, *, timezone: str = "UTC",
+                        overlap: Literal["skip", "queue", "replace"] = "skip",
+                        missed: Literal["skip", "run_once", "run_all"] = "run_once",
+                        starting_deadline_s: float = 60.0, paused: bool = False) -> Schedule:
+        """A schedule: ``spec`` submitted at each tick of ``cron`` in ``timezone``
+        (docs/schedules.md). The answer lists its next runs.
+
+        Raises:
+            ValidationFailed: a cron expression or time zone the server cannot read, a bad spec.
+            Conflict: the project has a schedule of that name.
+
+        Example::
+
+            client.create_schedule("nightly", "0 2 * * *", "examples/train.yaml", timezone="Europe/Berlin")
+        """
+        return self._call(_Api.create_schedule(_schedule_body(name, cron, spec, timezone, overlap, missed,
+                                                              starting_deadline_s, paused)))
+
+    def list_schedules(self) -> list[Schedule]:
+        """The schedules of the caller's projects."""
+        return self._call(_Api.list_schedules())
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        """A schedule with its next runs and its recent ticks (the job each made, or why none)."""
+        return self._call(_Api.get_schedule(schedule_id))
+
+    def pause_schedule(self, schedule_id: str) -> Schedule:
+        """Pause a schedule: no job until it is resumed."""
+        return self._call(_Api.pause_schedule(schedule_id, True))
+
+    def resume_schedule(self, schedule_id: str) -> Schedule:
+        """Resume a schedule from its next tick after now (the pause's ticks are not run)."""
+        return self._call(_Api.pause_schedule(schedule_id, False))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Delete a schedule; the jobs it made stay."""
+        return self._call(_Api.delete_schedule(schedule_id))
+
     # Costs --------------------------------------------------------------------------
 
     def costs(self, *, group_by: Literal["project", "node_group", "kind"] = "project",
@@ -1907,6 +2035,44 @@ class AsyncClient:
 
     async def kinds(self) -> list[KindInfo]:
         return await self._call(_Api.kinds())
+
+    async def create_webhook(self, url: str, *, statuses: Sequence[str] | None = None, project: str | None = None,
+                             description: str | None = None) -> NewWebhook:
+        return await self._call(_Api.create_webhook(url, statuses, project, description))
+
+    async def list_webhooks(self) -> list[Webhook]:
+        return await self._call(_Api.list_webhooks())
+
+    async def get_webhook(self, hook_id: str) -> Webhook:
+        return await self._call(_Api.get_webhook(hook_id))
+
+    async def delete_webhook(self, hook_id: str) -> None:
+        return await self._call(_Api.delete_webhook(hook_id))
+
+    async def webhook_deliveries(self, hook_id: str, *, limit: int = 50) -> list[WebhookDelivery]:
+        return await self._call(_Api.webhook_deliveries(hook_id, limit))
+
+    async def create_schedule(self, name: str, cron: str, spec: SpecLike, *, timezone: str = "UTC",
+                              overlap: Literal["skip", "queue", "replace"] = "skip",
+                              missed: Literal["skip", "run_once", "run_all"] = "run_once",
+                              starting_deadline_s: float = 60.0, paused: bool = False) -> Schedule:
+        return await self._call(_Api.create_schedule(_schedule_body(name, cron, spec, timezone, overlap, missed,
+                                                                    starting_deadline_s, paused)))
+
+    async def list_schedules(self) -> list[Schedule]:
+        return await self._call(_Api.list_schedules())
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        return await self._call(_Api.get_schedule(schedule_id))
+
+    async def pause_schedule(self, schedule_id: str) -> Schedule:
+        return await self._call(_Api.pause_schedule(schedule_id, True))
+
+    async def resume_schedule(self, schedule_id: str) -> Schedule:
+        return await self._call(_Api.pause_schedule(schedule_id, False))
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        return await self._call(_Api.delete_schedule(schedule_id))
 
     async def costs(self, *, group_by: Literal["project", "node_group", "kind"] = "project",
                     start: datetime | str | None = None, end: datetime | str | None = None,

@@ -53,6 +53,17 @@ SDK_FOR_ROUTE = {
     ("GET", "/v1/jobs/{job_id}/logs"): "logs",
     ("HEAD", "/v1/packages/{sha256}"): "upload_package",
     ("PUT", "/v1/packages/{sha256}"): "upload_package",
+    ("POST", "/v1/webhooks"): "create_webhook",
+    ("GET", "/v1/webhooks"): "list_webhooks",
+    ("GET", "/v1/webhooks/{hook_id}"): "get_webhook",
+    ("DELETE", "/v1/webhooks/{hook_id}"): "delete_webhook",
+    ("GET", "/v1/webhooks/{hook_id}/deliveries"): "webhook_deliveries",
+    ("POST", "/v1/schedules"): "create_schedule",
+    ("GET", "/v1/schedules"): "list_schedules",
+    ("GET", "/v1/schedules/{schedule_id}"): "get_schedule",
+    ("POST", "/v1/schedules/{schedule_id}/pause"): "pause_schedule",
+    ("POST", "/v1/schedules/{schedule_id}/resume"): "resume_schedule",
+    ("DELETE", "/v1/schedules/{schedule_id}"): "delete_schedule",
 }
 
 
@@ -198,3 +209,42 @@ def test_a_web_page_in_an_answer_is_named_never_shown():
     assert str(e) == "http://proxy.example/v1/jobs answered 404 text/html: not a Raylane API? Check the URL"
     e = answer(502)  # a proxy in front of Raylane with no upstream: a server error, the page left out
     assert isinstance(e, ServerError) and str(e) == "server error 502: http://proxy.example/v1/jobs answered text/html"
+
+
+def test_webhooks_and_schedules_through_both_clients(server):
+    with Client(server.url, token=ADMIN_TOKEN) as c:
+        hook = c.create_webhook("http://127.0.0.1:9/hook", statuses=["FAILED"], description="ci")
+        assert hook.secret.startswith("whsec_") and [s.value for s in hook.statuses] == ["FAILED"]
+        assert [h.id for h in c.list_webhooks()] == [hook.id] and not hasattr(c.get_webhook(hook.id), "secret")
+        assert c.webhook_deliveries(hook.id) == []
+        with pytest.raises(ValidationFailed) as e:
+            c.create_webhook("ftp://example.com")
+        assert "url" in str(e.value)
+        c.delete_webhook(hook.id)
+        with pytest.raises(NotFound):
+            c.get_webhook(hook.id)
+
+        sch = c.create_schedule("sdk-nightly", "0 2 * * *", HELLO, timezone="Europe/Berlin")
+        assert len(sch.next_runs) == 5 and sch.timezone == "Europe/Berlin"
+        with pytest.raises(Conflict):
+            c.create_schedule("sdk-nightly", "@daily", HELLO)
+        with pytest.raises(ValidationFailed) as e:
+            c.create_schedule("bad", "every night", HELLO)
+        assert "cron" in str(e.value)
+        assert c.pause_schedule(sch.id).paused and c.get_schedule(sch.id).next_runs == []
+        assert not c.resume_schedule(sch.id).paused
+        assert sch.id in {s.id for s in c.list_schedules()}
+        c.delete_schedule(sch.id)
+
+    async def main():
+        async with AsyncClient(server.url, token=ADMIN_TOKEN) as a:
+            h = await a.create_webhook("http://127.0.0.1:9/async")
+            assert (await a.get_webhook(h.id)).url == "http://127.0.0.1:9/async"
+            assert await a.webhook_deliveries(h.id) == [] and h.id in {x.id for x in await a.list_webhooks()}
+            await a.delete_webhook(h.id)
+            s = await a.create_schedule("sdk-async", "@hourly", HELLO)
+            assert (await a.pause_schedule(s.id)).paused and not (await a.resume_schedule(s.id)).paused
+            assert (await a.get_schedule(s.id)).name == "sdk-async" and await a.list_schedules()
+            await a.delete_schedule(s.id)
+
+    asyncio.run(main())
