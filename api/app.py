@@ -20,7 +20,7 @@ from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
 from raylane.api.refusals import RefusalTally
-from raylane.api.routers import access, cluster, costs, health, jobs, packages, schedules, webhooks
+from raylane.api.routers import access, arrays, cluster, costs, health, jobs, packages, schedules, webhooks
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
 from raylane.orchestrator.services.ratelimits import DatabaseWindows
@@ -123,6 +123,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(packages.router, responses=ERROR_RESPONSES)
     app.include_router(webhooks.router, responses=ERROR_RESPONSES)
     app.include_router(schedules.router, responses=ERROR_RESPONSES)
+    app.include_router(arrays.router, responses=ERROR_RESPONSES)
     app.add_middleware(UIHeaders)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.state.metrics_registry.register(LogFollowersCollector(app.state.log_followers))

@@ -32,6 +32,12 @@ class RunContext:
     def submission_id(self) -> str:
         return ids.submission_id(self.job_id, self.attempt)
 
+    @property
+    def array_index(self) -> int | None:
+        """This job's index in its array (``RAYLANE_ARRAY_INDEX``); None outside an array."""
+        value = os.environ.get(Env.ARRAY_INDEX)
+        return int(value) if value else None
+
     @classmethod
     def from_env(cls) -> "RunContext":
         """The runner's inputs, after checking they come from a control plane of

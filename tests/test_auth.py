@@ -87,6 +87,13 @@ class World:
         return self.cp.schedules.create(ScheduleCreate(name=f"s-{uuid.uuid4().hex[:8]}", cron="@daily", spec=HELLO),
                                         project=self.project(target), actor="t").id
 
+    def array(self, target: str) -> str:
+        """An array of the target's project."""
+        from raylane.orchestrator.domain.specs import JobSpec
+
+        spec = JobSpec.model_validate({**HELLO, "array": {"size": 2, "max_parallel": 1}})
+        return self.cp.submit_array(spec, project=self.project(target), actor="t").id
+
     def throwaway_token(self) -> str:
         return self.cp.access.create_token(TokenCreate(name="throwaway", project=OWN, role="viewer"), actor="t").id
 
@@ -218,6 +225,14 @@ RULES: dict[tuple[str, str], Rule] = {
         "POST", f"/v1/schedules/{w.schedule(t)}/resume")),
     ("DELETE", "/v1/schedules/{schedule_id}"): Rule(WRITE_PROJECT, 204, lambda w, t: Req(
         "DELETE", f"/v1/schedules/{w.schedule(t)}")),
+    # Arrays: like the jobs they are made of
+    ("POST", "/v1/arrays"): Rule(SUBMIT, 201, lambda w, t: Req("POST", "/v1/arrays", json={
+        **HELLO, "project": w.project(t), "array": {"size": 2}})),
+    ("GET", "/v1/arrays/{array_id}"): Rule(READ_PROJECT, request=lambda w, t: Req("GET", f"/v1/arrays/{w.array(t)}")),
+    ("POST", "/v1/arrays/{array_id}/cancel"): Rule(WRITE_PROJECT, request=lambda w, t: Req(
+        "POST", f"/v1/arrays/{w.array(t)}/cancel")),
+    ("POST", "/v1/arrays/{array_id}/retry"): Rule(WRITE_PROJECT, request=lambda w, t: Req(
+        "POST", f"/v1/arrays/{w.array(t)}/retry")),
 }
 # Whole subtrees, whatever serves them (a mounted app, static files): a GET of the
 # path itself (with a trailing slash for a mount) must answer as the rule says.

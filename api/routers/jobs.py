@@ -47,7 +47,10 @@ def _project(caller, spec_project: str | None) -> str:
     return spec_project or caller.project or caller.home_project or DEFAULT_PROJECT
 
 
-def _fits(spec: JobSpec, field: str) -> None:
+def _fits(spec: JobSpec, field: str, *, array: bool = False) -> None:
+    if spec.array is not None and not array:
+        raise Invalid("an array goes to POST /v1/arrays (`raylane submit` sends it there)",
+                      field=f"{field}.array" if field != "spec" else "array")
     try:
         check_exec_size(spec)
     except ValueError as e:

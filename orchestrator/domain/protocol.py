@@ -72,6 +72,8 @@ class Env:
     STORAGE = "RAYLANE_STORAGE"
     STORAGE_ENDPOINT = "RAYLANE_STORAGE_ENDPOINT_URL"  # S3 endpoint of s3:// URIs (not AWS); absent: AWS's
     SERVE = "RAYLANE_SERVE"  # a service's ingress, as JSON: {"host", "port", "public_url"}
+    ARRAY_ID = "RAYLANE_ARRAY_ID"  # a member of an array: the array
+    ARRAY_INDEX = "RAYLANE_ARRAY_INDEX"  # ... and its index, 0 .. size-1
     VERSION = "RAYLANE_VERSION"  # the control plane's raylane.__version__
     PROTOCOL = "RAYLANE_PROTOCOL"  # the control plane's PROTOCOL_VERSION
     # Set on a node by the local cluster, not by the control plane: the address
@@ -80,9 +82,12 @@ class Env:
 
 
 def runner_env(*, job_id: str, attempt: int, project: str, spec_json: str, placement_json: str,
-               storage: str, storage_endpoint: str | None = None, serve_json: str | None = None) -> dict[str, str]:
-    """The inputs of one attempt, stamped with this side's versions."""
-    optional = {Env.STORAGE_ENDPOINT: storage_endpoint, Env.SERVE: serve_json}
+               storage: str, storage_endpoint: str | None = None, serve_json: str | None = None,
+               array: tuple[str, str] | None = None) -> dict[str, str]:
+    """The inputs of one attempt, stamped with this side's versions. ``array``:
+    (array id, index) of an array's member."""
+    optional = {Env.STORAGE_ENDPOINT: storage_endpoint, Env.SERVE: serve_json,
+                Env.ARRAY_ID: array and array[0], Env.ARRAY_INDEX: array and array[1]}
     return {
         **{k: v for k, v in optional.items() if v},
         Env.JOB_ID: job_id,

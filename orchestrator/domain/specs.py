@@ -247,6 +247,20 @@ class ServiceSpec(_Model):
     autoscaling: AutoscalingSpec | None = None
 
 
+MAX_ARRAY_SIZE = 10_000
+ARRAY_LABEL = "raylane.array"  # on each member of an array: the array's id
+ARRAY_INDEX_LABEL = "raylane.array.index"  # ... and the member's index
+
+
+class ArraySpec(_Model):
+    """One spec, ``size`` members (``sbatch --array=0-N%K``): member ``i`` sees
+    ``RAYLANE_ARRAY_INDEX=i``; at most ``max_parallel`` members run at once."""
+
+    size: int = Field(..., ge=1, le=MAX_ARRAY_SIZE)
+    max_parallel: int | None = Field(None, ge=1, le=MAX_ARRAY_SIZE,
+                                     description="Most members admitted at once; unset: no limit beyond the cluster's")
+
+
 class JobSpec(_Model):
     """A job as submitted. The three specs of DESIGN.md are accepted as written."""
 
@@ -270,6 +284,8 @@ class JobSpec(_Model):
     sweep: SweepSpec | None = None
     batch: BatchSpec | None = None
     service: ServiceSpec | None = None
+    # An array of this spec (POST /v1/arrays); members are plain jobs without it.
+    array: ArraySpec | None = None
     # Free-form arguments handed to the user's function (JSON-serialisable).
     args: dict[str, Any] = Field(default_factory=dict)
 

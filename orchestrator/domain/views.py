@@ -342,3 +342,26 @@ class Schedule(BaseModel):
     recent_runs: list[ScheduleRun] = Field(default_factory=list, description="Handled ticks, newest first")
     created_at: datetime
     created_by: str
+
+
+# Arrays --------------------------------------------------------------------------
+
+
+class JobArray(BaseModel):
+    """An array: one spec, ``size`` member jobs (``GET /v1/jobs?label=raylane.array=<id>``)."""
+
+    id: str
+    project: str
+    name: str
+    size: int
+    max_parallel: int | None = None
+    counts: dict[str, int] = Field(default_factory=dict,
+                                   description="Members per status, the newest job of each index")
+    held: int = Field(0, description="Members held back by max_parallel (PENDING, not queued yet)")
+    created_at: datetime
+    created_by: str
+
+
+class ArrayAction(BaseModel):
+    array: JobArray
+    jobs: list[str] = Field(default_factory=list, description="The member jobs this action created or cancelled")

@@ -34,7 +34,7 @@ from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.routing import ClusterView
 from raylane.orchestrator.settings import Settings
-from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL, ARRAY_LABEL, JobSpec
 from raylane.orchestrator.domain.policy import state_excludes
 from raylane.orchestrator.store import db, lifecycle, packages as store_packages, queue, quotas as store_quotas, stats
 from raylane.orchestrator.store.queue import Claimed
@@ -57,7 +57,9 @@ def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement
                                spec_json=spec.model_dump_json(exclude_none=True),
                                placement_json=placement.model_dump_json(),
                                storage=job_storage(storage_root, project, job_id),
-                               storage_endpoint=storage_endpoint, serve_json=serve_json)
+                               storage_endpoint=storage_endpoint, serve_json=serve_json,
+                               array=(spec.labels[ARRAY_LABEL], spec.labels.get(ARRAY_INDEX_LABEL, ""))
+                               if ARRAY_LABEL in spec.labels else None)
 
 
 class Dispatcher(LoopService):

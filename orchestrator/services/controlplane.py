@@ -7,6 +7,7 @@ refused before it is stored.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -16,11 +17,12 @@ from raylane.orchestrator.services.access import Access
 from raylane.orchestrator.services.packages import Packages
 from raylane.orchestrator.services.schedules import Schedules
 from raylane.orchestrator.services.webhooks import Webhooks
-from raylane.orchestrator.domain.errors import Invalid
-from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupStatus, Placement
+from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
+from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.domain.views import ArrayAction, Attempt, Job, JobArray, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
-from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.store import db, jobs as store_jobs, migrate, stats
+from raylane.orchestrator.domain.specs import MAX_NAME_LEN, JobSpec
+from raylane.orchestrator.store import arrays as store_arrays, db, jobs as store_jobs, migrate, stats
 
 if TYPE_CHECKING:  # the store alone imports SQLAlchemy
     from raylane.orchestrator.store.db import Engine
@@ -149,6 +151,64 @@ class ControlPlane:
             ids = store_jobs.submit_batch(s, specs, project=project, actor=actor, placements=placements)
         self.new_work.set()
         return ids
+
+    # Arrays ------------------------------------------------------------------
+
+    def submit_array(self, spec: JobSpec, *, project: str, actor: str) -> JobArray:
+        """An array and its members: member ``i`` is the spec named ``<name>-<i>``,
+        labelled with the array and its index (``store.arrays``)."""
+        if spec.array is None:
+            raise Invalid("an array needs an 'array' section with its size", field="array")
+        if len(f"{spec.name}-{spec.array.size - 1}") > MAX_NAME_LEN:
+            raise Invalid(f"member names '<name>-<index>' must fit {MAX_NAME_LEN} characters", field="name")
+        member = store_arrays.member_spec(spec, "arr_" + "0" * 16, spec.array.size - 1)
+        policy.check(member, self.settings)
+        self.packages.claim_for(spec)
+        placement = self._route(member)
+        array_id = "arr_" + secrets.token_hex(8)
+        with db.transaction(self.sessions) as s:
+            store_jobs.submit_array(s, spec, array_id=array_id, project=project, actor=actor, placement=placement)
+        self.new_work.set()
+        return self.get_array(array_id, project=project)
+
+    def get_array(self, array_id: str, *, project: str | None) -> JobArray:
+        with db.transaction(self.sessions) as s:
+            row = store_arrays.get(s, array_id, project=project)
+            if row is None:
+                raise NotFound(f"array {array_id} not found")
+            counts, held = store_arrays.counts(s, array_id)
+        return JobArray(**{k: row[k] for k in ("id", "project", "name", "size", "max_parallel", "created_at",
+                                               "created_by")}, counts=counts, held=held)
+
+    def cancel_array(self, array_id: str, *, project: str | None, actor: str) -> ArrayAction:
+        """Cancel every unfinished member (held ones first, so none is released meanwhile)."""
+        self.get_array(array_id, project=project)
+        with db.transaction(self.sessions) as s:
+            todo = [m for m in store_arrays.members(s, array_id) if not JobStatus(m["status"]).is_terminal()]
+        todo.sort(key=lambda m: not m["array_held"])
+        done = []
+        for m in todo:
+            try:
+                self.cancel(m["id"], project=None, actor=actor)
+                done.append(m["id"])
+            except (Conflict, NotFound):
+                pass  # it ended meanwhile
+        return ArrayAction(array=self.get_array(array_id, project=project), jobs=done)
+
+    def retry_array(self, array_id: str, *, project: str | None, actor: str, failed_only: bool) -> ArrayAction:
+        """New member jobs for the indices whose newest job failed (and, unless
+        ``failed_only``, was cancelled)."""
+        statuses = {JobStatus.FAILED.value} | (set() if failed_only else {JobStatus.CANCELLED.value})
+        with db.transaction(self.sessions) as s:
+            row = store_arrays.get(s, array_id, project=project)
+            if row is None:
+                raise NotFound(f"array {array_id} not found")
+            spec = JobSpec.from_stored(row["spec"])
+            placement = self._route(store_arrays.member_spec(spec, array_id, 0))
+            ids = store_jobs.retry_array(s, row, statuses=statuses, actor=actor, placement=placement)
+        if ids:
+            self.new_work.set()
+        return ArrayAction(array=self.get_array(array_id, project=project), jobs=ids)
 
     def get(self, job_id: str, *, project: str | None) -> Job:
         with db.transaction(self.sessions) as s:

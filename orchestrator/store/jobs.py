@@ -19,6 +19,7 @@ from raylane.orchestrator.domain.ids import new_job_id, submission_id
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
+from raylane.orchestrator.store import arrays as store_arrays
 from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from raylane.orchestrator.store.transitions import transition, utcnow
 
@@ -98,6 +99,30 @@ def submit(
         reason="submitted" + (f"; routed to {placement.node_group}" if placement else ""), actor=actor,
     ))
     return job_id, True
+
+
+def submit_array(session: Session, spec: JobSpec, *, array_id: str, project: str = DEFAULT_PROJECT,
+                 actor: str = "api", placement: Placement | None = None) -> list[str]:
+    """Store an array and its member jobs (``store.arrays``) in the caller's transaction."""
+    now = utcnow()
+
+    def row(mspec: JobSpec, index: int) -> dict[str, Any]:
+        return _job_row(mspec, project=project, job_id=new_job_id(), now=now, placement=placement,
+                        idempotency_key=None, reason=None)
+
+    return store_arrays.create(session, spec, array_id=array_id, project=project, actor=actor, now=now,
+                               placement=placement, job_rows=row)
+
+
+def retry_array(session: Session, array: dict[str, Any], *, statuses: set[str], actor: str,
+                placement: Placement | None) -> list[str]:
+    now = utcnow()
+
+    def row(mspec: JobSpec, index: int) -> dict[str, Any]:
+        return _job_row(mspec, project=array["project"], job_id=new_job_id(), now=now, placement=placement,
+                        idempotency_key=None, reason=None)
+
+    return store_arrays.retry(session, array, statuses=statuses, actor=actor, now=now, job_rows=row)
 
 
 def _by_key(session: Session, project: str, key: str):

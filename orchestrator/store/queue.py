@@ -91,6 +91,7 @@ def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list
     q = _locked(session, select(jobs).where(
         jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
         or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
+        jobs.c.array_held.is_(False),  # held array members are not queued yet (store.arrays)
     ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
                    spec=JobSpec.from_stored(r["spec"]),
@@ -116,6 +117,7 @@ def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM
         jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
         or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
         or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason),
+        jobs.c.array_held.is_(False),
     ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
     rows = session.execute(q).all()
     for jid, status in rows:

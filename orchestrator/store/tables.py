@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 
 class UTCDateTime(TypeDecorator):
@@ -78,6 +79,11 @@ jobs = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("started_at", UTCDateTime(), nullable=True),
     Column("finished_at", UTCDateTime(), nullable=True),
+    # A member of an array (store.arrays): which, its index, and whether it is held
+    # back (not queued) until a running member of its array ends (max_parallel).
+    Column("array_id", String(32), nullable=True),
+    Column("array_index", Integer, nullable=True),
+    Column("array_held", Boolean, nullable=False, default=False, server_default=false()),
     # A retried submit with the same key returns the same job (per project).
     UniqueConstraint("project", "idempotency_key"),
 )
@@ -89,6 +95,8 @@ Index("ix_jobs_status_priority_id", jobs.c.status, jobs.c.priority, jobs.c.id)
 Index("ix_jobs_node_group_status", jobs.c.node_group, jobs.c.status)
 # Filter by name prefix within a project.
 Index("ix_jobs_project_name", jobs.c.project, jobs.c.name)
+# An array's members: its counts, and the next held member to release.
+Index("ix_jobs_array_id_array_held", jobs.c.array_id, jobs.c.array_held)
 
 job_labels = Table(
     "job_labels",
@@ -339,4 +347,20 @@ schedule_runs = Table(
     Column("outcome", String(16), nullable=False),  # created / skipped
     Column("reason", String(256), nullable=True),
     Column("at", UTCDateTime(), nullable=False),
+)
+
+# Arrays (raylane.orchestrator.store.arrays): one spec, ``size`` member jobs. At
+# most ``max_parallel`` members are unheld and unfinished at once: a member that
+# ends releases the next held one, in the transaction of its end.
+arrays = Table(
+    "arrays",
+    metadata,
+    Column("id", String(32), primary_key=True),  # public handle ("arr_...")
+    Column("project", String(64), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("max_parallel", Integer, nullable=True),  # None: no limit
+    Column("spec", JSON, nullable=False),  # the array's spec (members: its copy without ``array``)
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("created_by", String(128), nullable=False),
 )

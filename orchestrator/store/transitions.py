@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
 from raylane.orchestrator.store.tables import attempts, events, jobs
-from raylane.orchestrator.store import webhooks
+from raylane.orchestrator.store import arrays, webhooks
 
 # A status can change only a few times; more lost races than this means a bug
 # (avoid an infinite loop if one happens).
@@ -56,9 +56,10 @@ def transition(
     if expected is not None:
         allowed &= set(expected)
     for _ in range(MAX_CAS_RETRIES):
-        seen = session.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one_or_none()
-        if seen is None:
+        found = session.execute(select(jobs.c.status, jobs.c.array_id).where(jobs.c.id == job_id)).first()
+        if found is None:
             raise NotFound(f"job {job_id} not found")
+        seen, array_id = found
         src = JobStatus(seen)
         if src not in allowed:
             raise InvalidTransition(f"job {job_id} is {src.value}; it cannot become {to.value}")
@@ -75,6 +76,8 @@ def transition(
             )
             # In this transaction: a committed status change always has its deliveries.
             webhooks.enqueue(session, job_id=job_id, event_id=ev.inserted_primary_key[0], to_status=to.value, now=now)
+            if array_id is not None and to.is_terminal():
+                arrays.release(session, array_id, now=now)  # the next held member may start
             return src
     raise InvalidTransition(f"job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
 
