@@ -337,6 +337,18 @@ def _submit_and_watch(spec: dict, *, wait: bool, follow: bool, idempotency_key: 
             _console(stderr=True).print(
                 f"Working dir {escape(str(working_dir))}: {pkg.files} files, {pkg.size_bytes} bytes, package "
                 f"{pkg.sha256[:12]} ({what})", soft_wrap=True)
+        if spec.get("array") is not None:
+            if wait or follow:
+                raise _fail("--wait/--follow watch one job; an array's members are "
+                            "`raylane ls --label raylane.array=<id>`", EXIT_USAGE)
+            arr = c.submit_array(spec)
+            if output is Output.json:
+                _print_json(arr)
+            else:
+                _console().print(f"Submitted array [bold]{arr.id}[/] ({escape(arr.name)}): {arr.size} members, "
+                                 f"{arr.held} held by max_parallel; list them with "
+                                 f"`raylane ls --label raylane.array={arr.id}`", soft_wrap=True)
+            return
         job = c.submit(spec, idempotency_key=idempotency_key)
         _show_and_watch(c, job, wait=wait, follow=follow, timeout=timeout, output=output)
 

@@ -45,8 +45,8 @@ from raylane.client.packaging import PackageTooLarge
 from raylane.orchestrator.domain import views
 from raylane.orchestrator.domain.packages import package_uri
 from raylane.orchestrator.domain.views import (
-    Attempt, AuditPage, BatchSubmitResponse, CancelResponse, Job, JobEvent, JobPage, NewToken, NewWebhook, Placement,
-    Project, ProjectQuota, Schedule, Token, Trial, Webhook, WebhookDelivery, Whoami,
+    ArrayAction, Attempt, AuditPage, BatchSubmitResponse, CancelResponse, Job, JobArray, JobEvent, JobPage, NewToken,
+    NewWebhook, Placement, Project, ProjectQuota, Schedule, Token, Trial, Webhook, WebhookDelivery, Whoami,
 )
 from raylane.orchestrator.domain.specs import JobKind, JobSpec, SpecLoadError, load_spec_document
 from raylane.orchestrator.domain.states import JobStatus
@@ -717,6 +717,25 @@ class _Api:
         params += [(k, v) for k, v in (("cursor", cursor), ("actor", actor), ("action", action),
                                        ("since", _when(since))) if v is not None]
         return _Call("GET", "/v1/audit", _model(AuditPage), params=params)
+
+    @staticmethod
+    def submit_array(spec: SpecLike) -> _Call[JobArray]:
+        # Not resendable: a second arrival would make a second array.
+        return _Call("POST", "/v1/arrays", _model(JobArray), json=spec_body(spec), resendable=False)
+
+    @staticmethod
+    def get_array(array_id: str) -> _Call[JobArray]:
+        return _Call("GET", f"/v1/arrays/{array_id}", _model(JobArray))
+
+    @staticmethod
+    def cancel_array(array_id: str) -> _Call[ArrayAction]:
+        return _Call("POST", f"/v1/arrays/{array_id}/cancel", _model(ArrayAction))
+
+    @staticmethod
+    def retry_array(array_id: str, failed_only: bool) -> _Call[ArrayAction]:
+        # Not resendable: a second arrival after the first's members failed again would retry twice.
+        return _Call("POST", f"/v1/arrays/{array_id}/retry", _model(ArrayAction),
+                     params=[("failed_only", str(failed_only).lower())], resendable=False)
 
     # Webhooks and schedules ----------------------------------------------------
 
@@ -1544,6 +1563,34 @@ class Client:
         """
         return self._call(_Api.kinds())
 
+    # Arrays ---------------------------------------------------------------------------
+
+    def submit_array(self, spec: SpecLike) -> JobArray:
+        """Submit an array: a spec with ``array: {size: N, max_parallel: K}``; member
+        ``i`` is the job ``<name>-<i>`` with ``RAYLANE_ARRAY_INDEX=i``. Its members are
+        ``list_jobs(labels={"raylane.array": array.id})``.
+
+        Raises:
+            ValidationFailed: no ``array`` section, a size out of range, a bad spec.
+
+        Example::
+
+            arr = client.submit_array({**spec, "array": {"size": 1000, "max_parallel": 50}})
+        """
+        return self._call(_Api.submit_array(spec))
+
+    def get_array(self, array_id: str) -> JobArray:
+        """An array with its members counted per status."""
+        return self._call(_Api.get_array(array_id))
+
+    def cancel_array(self, array_id: str) -> ArrayAction:
+        """Cancel every unfinished member of an array."""
+        return self._call(_Api.cancel_array(array_id))
+
+    def retry_array(self, array_id: str, *, failed_only: bool = False) -> ArrayAction:
+        """A new job for each index whose newest job failed (or, unless ``failed_only``, was cancelled)."""
+        return self._call(_Api.retry_array(array_id, failed_only))
+
     # Webhooks -------------------------------------------------------------------------
 
     def create_webhook(self, url: str, *, statuses: Sequence[str] | None = None, project: str | None = None,
@@ -2035,6 +2082,18 @@ class AsyncClient:
 
     async def kinds(self) -> list[KindInfo]:
         return await self._call(_Api.kinds())
+
+    async def submit_array(self, spec: SpecLike) -> JobArray:
+        return await self._call(_Api.submit_array(spec))
+
+    async def get_array(self, array_id: str) -> JobArray:
+        return await self._call(_Api.get_array(array_id))
+
+    async def cancel_array(self, array_id: str) -> ArrayAction:
+        return await self._call(_Api.cancel_array(array_id))
+
+    async def retry_array(self, array_id: str, *, failed_only: bool = False) -> ArrayAction:
+        return await self._call(_Api.retry_array(array_id, failed_only))
 
     async def create_webhook(self, url: str, *, statuses: Sequence[str] | None = None, project: str | None = None,
                              description: str | None = None) -> NewWebhook:

@@ -370,3 +370,18 @@ def test_logs_tail_prints_the_last_lines(api, cp, monkeypatch):
     assert (r.exit_code, r.stdout) == (0, "line 6\nline 7\n")
     r = run.invoke(cli.app, ["logs", job_id, "--tail", "-1"])
     assert r.exit_code == 2 and "--tail" in r.stderr and "greater than or equal to" in " ".join(r.stderr.split())
+
+
+def test_submit_sends_an_array_spec_to_the_arrays_api(server, sdk, tmp_path, tag):
+    path = spec_file(tmp_path, hello(tag, name="shards", array={"size": 3, "max_parallel": 1}))
+    r = rl("submit", path, url=server.url)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"Submitted array (arr_[0-9a-f]+) \(shards\): 3 members, 2 held by max_parallel", r.stdout)
+    assert m, r.stdout
+    assert f"raylane ls --label raylane.array={m.group(1)}" in r.stdout
+    assert sorted(j.name for j in sdk.list_jobs(labels={"raylane.array": m.group(1)}).items) == \
+        ["shards-0", "shards-1", "shards-2"]
+    r = rl("submit", path, "--wait", url=server.url)
+    assert r.returncode == 2 and "an array's members" in r.stderr
+    r = rl("submit", path, "-o", "json", url=server.url)
+    assert r.returncode == 0 and json.loads(r.stdout)["size"] == 3

@@ -53,6 +53,10 @@ SDK_FOR_ROUTE = {
     ("GET", "/v1/jobs/{job_id}/logs"): "logs",
     ("HEAD", "/v1/packages/{sha256}"): "upload_package",
     ("PUT", "/v1/packages/{sha256}"): "upload_package",
+    ("POST", "/v1/arrays"): "submit_array",
+    ("GET", "/v1/arrays/{array_id}"): "get_array",
+    ("POST", "/v1/arrays/{array_id}/cancel"): "cancel_array",
+    ("POST", "/v1/arrays/{array_id}/retry"): "retry_array",
     ("POST", "/v1/webhooks"): "create_webhook",
     ("GET", "/v1/webhooks"): "list_webhooks",
     ("GET", "/v1/webhooks/{hook_id}"): "get_webhook",
@@ -246,5 +250,25 @@ def test_webhooks_and_schedules_through_both_clients(server):
             assert (await a.pause_schedule(s.id)).paused and not (await a.resume_schedule(s.id)).paused
             assert (await a.get_schedule(s.id)).name == "sdk-async" and await a.list_schedules()
             await a.delete_schedule(s.id)
+
+    asyncio.run(main())
+
+
+def test_arrays_through_both_clients(server):
+    with Client(server.url, token=ADMIN_TOKEN) as c:
+        arr = c.submit_array({**HELLO, "name": "sdk-arr", "array": {"size": 4, "max_parallel": 2}})
+        assert (arr.size, arr.held, arr.counts) == (4, 2, {"PENDING": 4})
+        assert len(c.list_jobs(labels={"raylane.array": arr.id}).items) == 4
+        with pytest.raises(ValidationFailed):
+            c.submit_array(HELLO)  # no array section
+        assert len(c.cancel_array(arr.id).jobs) == 4 and c.get_array(arr.id).counts == {"CANCELLED": 4}
+
+    async def main():
+        async with AsyncClient(server.url, token=ADMIN_TOKEN) as a:
+            assert (await a.get_array(arr.id)).id == arr.id
+            again = await a.retry_array(arr.id)
+            assert len(again.jobs) == 4 and again.array.held == 2
+            assert len((await a.cancel_array(arr.id)).jobs) == 4
+            assert (await a.submit_array({**HELLO, "array": {"size": 1}})).size == 1
 
     asyncio.run(main())
