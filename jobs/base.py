@@ -33,6 +33,15 @@ class RunContext:
         return ids.submission_id(self.job_id, self.attempt)
 
     @property
+    def parents(self) -> dict[str, dict]:
+        """This job's parents (``depends_on``) by id: name, status, storage (their
+        checkpoints and outputs, to read) and result (``RAYLANE_PARENTS``); {} without."""
+        import json
+
+        value = os.environ.get(Env.PARENTS)
+        return json.loads(value) if value else {}
+
+    @property
     def array_index(self) -> int | None:
         """This job's index in its array (``RAYLANE_ARRAY_INDEX``); None outside an array."""
         value = os.environ.get(Env.ARRAY_INDEX)

@@ -74,6 +74,7 @@ class Env:
     SERVE = "RAYLANE_SERVE"  # a service's ingress, as JSON: {"host", "port", "public_url"}
     ARRAY_ID = "RAYLANE_ARRAY_ID"  # a member of an array: the array
     ARRAY_INDEX = "RAYLANE_ARRAY_INDEX"  # ... and its index, 0 .. size-1
+    PARENTS = "RAYLANE_PARENTS"  # a job with depends_on: {parent id: {name, status, storage, result}} as JSON
     VERSION = "RAYLANE_VERSION"  # the control plane's raylane.__version__
     PROTOCOL = "RAYLANE_PROTOCOL"  # the control plane's PROTOCOL_VERSION
     # Set on a node by the local cluster, not by the control plane: the address
@@ -83,11 +84,11 @@ class Env:
 
 def runner_env(*, job_id: str, attempt: int, project: str, spec_json: str, placement_json: str,
                storage: str, storage_endpoint: str | None = None, serve_json: str | None = None,
-               array: tuple[str, str] | None = None) -> dict[str, str]:
+               array: tuple[str, str] | None = None, parents_json: str | None = None) -> dict[str, str]:
     """The inputs of one attempt, stamped with this side's versions. ``array``:
     (array id, index) of an array's member."""
     optional = {Env.STORAGE_ENDPOINT: storage_endpoint, Env.SERVE: serve_json,
-                Env.ARRAY_ID: array and array[0], Env.ARRAY_INDEX: array and array[1]}
+                Env.ARRAY_ID: array and array[0], Env.ARRAY_INDEX: array and array[1], Env.PARENTS: parents_json}
     return {
         **{k: v for k, v in optional.items() if v},
         Env.JOB_ID: job_id,

@@ -261,6 +261,23 @@ class ArraySpec(_Model):
                                      description="Most members admitted at once; unset: no limit beyond the cluster's")
 
 
+MAX_DEPENDENCIES = 64
+
+
+class Dependency(_Model):
+    """A parent this job waits for (Slurm's ``--dependency=afterok:ID``)."""
+
+    job: str = Field(..., min_length=1, max_length=128,
+                     description="The parent's job id; in a batch, also the name of another spec of the batch")
+    on: Literal["succeeded", "failed", "finished"] = Field(
+        "succeeded", description="What the parent must end as: SUCCEEDED, FAILED, or either (or CANCELLED)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"job": v} if isinstance(v, str) else v
+
+
 class JobSpec(_Model):
     """A job as submitted. The three specs of DESIGN.md are accepted as written."""
 
@@ -286,6 +303,9 @@ class JobSpec(_Model):
     service: ServiceSpec | None = None
     # An array of this spec (POST /v1/arrays); members are plain jobs without it.
     array: ArraySpec | None = None
+    # Parents: this job is queued only once each has ended as its condition says;
+    # one that ends otherwise cancels it (docs/workflows.md).
+    depends_on: list[Dependency] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
     # Free-form arguments handed to the user's function (JSON-serialisable).
     args: dict[str, Any] = Field(default_factory=dict)
 

@@ -36,7 +36,8 @@ from raylane.orchestrator.domain.routing import ClusterView
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL, ARRAY_LABEL, JobSpec
 from raylane.orchestrator.domain.policy import state_excludes
-from raylane.orchestrator.store import db, lifecycle, packages as store_packages, queue, quotas as store_quotas, stats
+from raylane.orchestrator.store import db, dependencies as store_dependencies, lifecycle, packages as store_packages, queue
+from raylane.orchestrator.store import quotas as store_quotas, stats
 from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.transitions import utcnow
 
@@ -51,7 +52,7 @@ def job_storage(storage_root: str | Path, project: str, job_id: str) -> str:
 
 def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement: Placement,
                storage_root: str | Path, *, storage_endpoint: str | None = None,
-               serve_json: str | None = None) -> dict[str, str]:
+               serve_json: str | None = None, parents_json: str | None = None) -> dict[str, str]:
     """The attempt's inputs under the runner protocol's names (``protocol.Env``)."""
     return protocol.runner_env(job_id=job_id, attempt=attempt, project=project,
                                spec_json=spec.model_dump_json(exclude_none=True),
@@ -59,7 +60,7 @@ def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement
                                storage=job_storage(storage_root, project, job_id),
                                storage_endpoint=storage_endpoint, serve_json=serve_json,
                                array=(spec.labels[ARRAY_LABEL], spec.labels.get(ARRAY_INDEX_LABEL, ""))
-                               if ARRAY_LABEL in spec.labels else None)
+                               if ARRAY_LABEL in spec.labels else None, parents_json=parents_json)
 
 
 class Dispatcher(LoopService):
@@ -136,9 +137,15 @@ class Dispatcher(LoopService):
         spec, pl = c.spec, c.placement
         metadata = {"raylane_job_id": c.job_id, "raylane_project": c.project, "raylane_kind": spec.kind.value,
                     "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name}
+        parents = None
+        if spec.depends_on:  # its parents' results and storage, by reference (store.dependencies)
+            with db.transaction(self.sessions) as s:
+                parents = store_dependencies.parents_json(
+                    s, c.job_id, storage=lambda project, pid: job_storage(self.storage_root, project, pid))
         env = runner_env(c.job_id, c.attempt, c.project, spec, pl, self.storage_root,
                          storage_endpoint=self.settings.storage_endpoint_url,
-                         serve_json=self.profile.serve.model_dump_json() if spec.kind.value == "service" else None)
+                         serve_json=self.profile.serve.model_dump_json() if spec.kind.value == "service" else None,
+                         parents_json=parents)
         # Storage credentials reach every process of the job (a trial or a training
         # worker writes its own checkpoints); the job's own env_vars win over them.
         job_env = {**self.settings.storage_env, **spec.runtime_env.env_vars}

@@ -19,7 +19,7 @@ from raylane.orchestrator.domain.ids import new_job_id, submission_id
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
-from raylane.orchestrator.store import arrays as store_arrays
+from raylane.orchestrator.store import arrays as store_arrays, dependencies
 from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from raylane.orchestrator.store.transitions import transition, utcnow
 
@@ -80,8 +80,10 @@ def submit(
             return _check_same(existing, spec), False
     now = utcnow()
     job_id = new_job_id()
+    deps = dependencies.resolve(session, spec, project=project)  # in this transaction: parents cannot end meanwhile
     row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
                    idempotency_key=idempotency_key, reason=reason)
+    _wait_for(row, deps)
     try:
         with session.begin_nested():
             session.execute(insert(jobs).values(**row))
@@ -92,6 +94,7 @@ def submit(
         if existing is None:  # pragma: no cover - the unique index said it exists
             raise
         return _check_same(existing, spec), False
+    dependencies.record(session, job_id, deps)
     if spec.labels:
         session.execute(insert(job_labels), [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
     session.execute(insert(events).values(
@@ -99,6 +102,14 @@ def submit(
         reason="submitted" + (f"; routed to {placement.node_group}" if placement else ""), actor=actor,
     ))
     return job_id, True
+
+
+def _wait_for(row: dict[str, Any], deps) -> None:
+    """A job with parents still to end waits for them, out of the queue, saying which."""
+    waiting = sum(1 for _, _, state in deps if state == dependencies.WAITING)
+    row["deps_waiting"] = waiting
+    if waiting:
+        row["status_reason"] = dependencies.waiting_reason(deps)
 
 
 def submit_array(session: Session, spec: JobSpec, *, array_id: str, project: str = DEFAULT_PROJECT,
@@ -150,16 +161,28 @@ def submit_batch(
     rows, label_rows, event_rows, ids = [], [], [], []
     # One millisecond, many ids: new_job_id's random part keeps them unique;
     # sorting keeps "newest first" meaning "last in the batch first".
+    ids = [new_job_id() for _ in specs]
+    linked = any(spec.depends_on for spec in specs)
+    if linked:
+        dependencies.order_batch(specs)
+    names = {spec.name: ids[i] for i, spec in reversed(list(enumerate(specs)))} if linked else {}
+    all_deps = []
     for i, spec in enumerate(specs):
-        job_id = new_job_id()
-        ids.append(job_id)
+        job_id = ids[i]
         placement = placements[i] if placements else None
-        rows.append(_job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
-                             idempotency_key=None, reason=None))
+        row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
+                       idempotency_key=None, reason=None)
+        deps = dependencies.resolve(session, spec, project=project, batch=names, field=f"jobs.{i}.depends_on") \
+            if spec.depends_on else []
+        _wait_for(row, deps)
+        all_deps.append((job_id, deps))
+        rows.append(row)
         label_rows.extend({"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items())
         event_rows.append({"job_id": job_id, "at": now, "from_status": None, "to_status": "PENDING",
                            "reason": "submitted in a batch", "actor": actor, "attempt": None})
     session.execute(insert(jobs), rows)
+    for job_id, deps in all_deps:
+        dependencies.record(session, job_id, deps)
     if label_rows:
         session.execute(insert(job_labels), label_rows)
     session.execute(insert(events), event_rows)

@@ -92,6 +92,7 @@ def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list
         jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
         or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
         jobs.c.array_held.is_(False),  # held array members are not queued yet (store.arrays)
+        jobs.c.deps_waiting == 0,  # nor jobs whose parents have not ended (store.dependencies)
     ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
                    spec=JobSpec.from_stored(r["spec"]),
@@ -118,6 +119,7 @@ def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM
         or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
         or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason),
         jobs.c.array_held.is_(False),
+        jobs.c.deps_waiting == 0,
     ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
     rows = session.execute(q).all()
     for jid, status in rows:

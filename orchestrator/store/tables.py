@@ -84,6 +84,8 @@ jobs = Table(
     Column("array_id", String(32), nullable=True),
     Column("array_index", Integer, nullable=True),
     Column("array_held", Boolean, nullable=False, default=False, server_default=false()),
+    # Parents not yet ended as this job needs (store.dependencies); queued only at 0.
+    Column("deps_waiting", Integer, nullable=False, default=0, server_default="0"),
     # A retried submit with the same key returns the same job (per project).
     UniqueConstraint("project", "idempotency_key"),
 )
@@ -364,3 +366,16 @@ arrays = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("created_by", String(128), nullable=False),
 )
+
+# A job's parents (spec.depends_on), one row each: ``state`` waiting until the
+# parent ends, then met or broken (a broken one cancels the child).
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column("child_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("parent_id", String(26), primary_key=True),
+    Column("condition", String(16), nullable=False),  # succeeded / failed / finished
+    Column("state", String(16), nullable=False),  # waiting / met / broken
+)
+# A parent's end: its waiting children.
+Index("ix_job_dependencies_parent_id_state", job_dependencies.c.parent_id, job_dependencies.c.state)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
 from raylane.orchestrator.store.tables import attempts, events, jobs
-from raylane.orchestrator.store import arrays, webhooks
+from raylane.orchestrator.store import arrays, dependencies, webhooks
 
 # A status can change only a few times; more lost races than this means a bug
 # (avoid an infinite loop if one happens).
@@ -76,8 +76,10 @@ def transition(
             )
             # In this transaction: a committed status change always has its deliveries.
             webhooks.enqueue(session, job_id=job_id, event_id=ev.inserted_primary_key[0], to_status=to.value, now=now)
-            if array_id is not None and to.is_terminal():
-                arrays.release(session, array_id, now=now)  # the next held member may start
+            if to.is_terminal():
+                if array_id is not None:
+                    arrays.release(session, array_id, now=now)  # the next held member may start
+                dependencies.parent_ended(session, job_id, to, now=now)  # its children count it, or are cancelled
             return src
     raise InvalidTransition(f"job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
 

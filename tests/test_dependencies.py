@@ -1,0 +1,162 @@
+"""Dependencies (issue #18, point 1) without Ray: a child waits out of the queue
+with a reason naming its parents, is queued when they end as it needs, is
+cancelled (and its own children with it) when one ends otherwise; a parent that
+already ended is judged at submit; pipelines in one batch by name, cycles
+refused; a child is told its parents' results and storage. Parents are moved
+through their statuses with the store's own transitions, as the loops do.
+tests/ray/test_dependencies.py runs a pipeline on the cluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.store import db, dependencies, queue
+from raylane.orchestrator.store.jobs import set_result
+from raylane.orchestrator.store.transitions import transition, utcnow
+
+HELLO = {"name": "step", "kind": "command", "entrypoint": "echo hi"}
+PATH = {"SUCCEEDED": ["DISPATCHING", "RUNNING", "SUCCEEDED"], "FAILED": ["DISPATCHING", "RUNNING", "FAILED"]}
+
+
+def _submit(api, name="step", **spec):
+    r = api.post("/v1/jobs", json={**HELLO, "name": name, **spec})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _end(cp, job_id, status: str):
+    with db.transaction(cp.sessions) as s:
+        if status == "CANCELLED":
+            transition(s, job_id, JobStatus.CANCELLED, reason="test", actor="t")
+            return
+        for to in PATH[status]:
+            transition(s, job_id, JobStatus(to), reason="test", actor="t",
+                       values={"finished_at": utcnow()} if to == status else None)
+
+
+def _queued(cp) -> set[str]:
+    with db.transaction(cp.sessions) as s:
+        return {q.id for q in queue.queued(s, now=utcnow())}
+
+
+def _job(api, job_id):
+    return api.get(f"/v1/jobs/{job_id}").json()
+
+
+def test_a_child_waits_out_of_the_queue_until_its_parent_succeeds(api, cp):
+    parent = _submit(api, "train")
+    child = _submit(api, "eval", depends_on=[parent["id"]])
+    assert child["status"] == "PENDING" and child["status_reason"] == f"waiting for parents: {parent['id']} to succeed"
+    assert _queued(cp) == {parent["id"]}  # admission never sees the child
+    _end(cp, parent["id"], "SUCCEEDED")
+    child = _job(api, child["id"])
+    assert child["status"] == "PENDING" and child["status_reason"].startswith("parents done")
+    assert _queued(cp) == {child["id"]}
+
+
+def test_a_failed_parent_cancels_its_children_and_theirs(api, cp):
+    parent = _submit(api, "train")
+    child = _submit(api, "eval", depends_on=[{"job": parent["id"]}])
+    grandchild = _submit(api, "score", depends_on=[child["id"]])
+    _end(cp, parent["id"], "FAILED")
+    child, grandchild = _job(api, child["id"]), _job(api, grandchild["id"])
+    assert child["status"] == "CANCELLED"
+    assert child["status_reason"] == f"parent {parent['id']} ended FAILED; this job needed it to succeed"
+    assert grandchild["status"] == "CANCELLED" and child["id"] in grandchild["status_reason"]
+    assert _queued(cp) == set()
+
+
+@pytest.mark.parametrize("on, ends, queued", [
+    ("failed", "FAILED", True), ("failed", "SUCCEEDED", False),
+    ("finished", "CANCELLED", True), ("finished", "FAILED", True), ("succeeded", "CANCELLED", False),
+])
+def test_the_condition_decides(api, cp, on, ends, queued):
+    parent = _submit(api, "p")
+    child = _submit(api, "c", depends_on=[{"job": parent["id"], "on": on}])
+    _end(cp, parent["id"], ends)
+    assert (child["id"] in _queued(cp)) is queued
+    assert _job(api, child["id"])["status"] == ("PENDING" if queued else "CANCELLED")
+
+
+def test_a_child_waits_for_every_parent(api, cp):
+    a, b = _submit(api, "a"), _submit(api, "b")
+    child = _submit(api, "c", depends_on=[a["id"], {"job": b["id"], "on": "finished"}])
+    assert child["status_reason"] == f"waiting for parents: {a['id']} to succeed, {b['id']} to finish"
+    _end(cp, a["id"], "SUCCEEDED")
+    assert child["id"] not in _queued(cp)
+    _end(cp, b["id"], "FAILED")
+    assert child["id"] in _queued(cp)
+
+
+def test_a_parent_that_already_ended_is_judged_at_submit(api, cp):
+    done, failed = _submit(api, "done"), _submit(api, "failed")
+    _end(cp, done["id"], "SUCCEEDED")
+    _end(cp, failed["id"], "FAILED")
+    child = _submit(api, "c", depends_on=[done["id"]])
+    assert child["id"] in _queued(cp) and not child["status_reason"].startswith("waiting for parents")
+    r = api.post("/v1/jobs", json={**HELLO, "name": "never", "depends_on": [done["id"], failed["id"]]})
+    assert r.status_code == 422 and "depends_on.1.job" in r.text
+    assert f"job {failed['id']} already ended FAILED; this job needs it to succeed" in r.text
+    assert api.get("/v1/jobs", params={"name_prefix": "never"}).json()["items"] == []
+
+
+def test_unknown_or_other_projects_parents_are_refused(api, cp):
+    assert api.post("/v1/projects", json={"name": "other"}).status_code == 201
+    theirs = _submit(api, "theirs", project="other")
+    for parent in ("01nosuchjob0000000000000000", theirs["id"]):
+        r = api.post("/v1/jobs", json={**HELLO, "depends_on": [parent]})
+        assert r.status_code == 422 and "not found in project default" in r.text and "depends_on.0.job" in r.text
+    r = api.post("/v1/jobs", json={**HELLO, "depends_on": [theirs["id"], theirs["id"]]})
+    assert r.status_code == 422
+    r = api.post("/v1/jobs", json={**HELLO, "depends_on": [{"job": theirs["id"], "on": "sometimes"}]})
+    assert r.status_code == 422 and "depends_on" in r.text
+
+
+def test_a_pipeline_in_one_batch_by_name(api, cp):
+    r = api.post("/v1/jobs/batch", json={"jobs": [
+        {**HELLO, "name": "train"},
+        {**HELLO, "name": "sweep", "depends_on": ["train"]},
+        {**HELLO, "name": "score", "depends_on": [{"job": "sweep"}]},
+    ]})
+    assert r.status_code == 201, r.text
+    train, sweep, score = r.json()["ids"]
+    assert _queued(cp) == {train}
+    assert _job(api, score)["status_reason"] == f"waiting for parents: {sweep} to succeed"
+    _end(cp, train, "SUCCEEDED")
+    assert _queued(cp) == {sweep}
+    _end(cp, sweep, "SUCCEEDED")
+    assert _queued(cp) == {score}
+
+
+@pytest.mark.parametrize("jobs, where", [
+    ([{"name": "a", "depends_on": ["b"]}, {"name": "b", "depends_on": ["a"]}], "jobs.1.depends_on"),
+    ([{"name": "a", "depends_on": ["a"]}], "jobs.0.depends_on"),
+    ([{"name": "a", "depends_on": ["c"]}, {"name": "b", "depends_on": ["a"]}, {"name": "c", "depends_on": ["b"]}],
+     "depends_on"),
+])
+def test_cycles_in_a_batch_are_refused(api, jobs, where):
+    r = api.post("/v1/jobs/batch", json={"jobs": [{**HELLO, **j} for j in jobs]})
+    assert r.status_code == 422 and "cycle" in r.text and where in r.text, r.text
+    assert api.get("/v1/jobs").json()["items"] == []
+
+
+def test_a_child_is_told_its_parents_results_and_storage(api, cp):
+    small, big = _submit(api, "small"), _submit(api, "big")
+    child = _submit(api, "c", depends_on=[small["id"], big["id"]])
+    with db.transaction(cp.sessions) as s:
+        set_result(s, small["id"], {"best_lr": 0.001})
+        set_result(s, big["id"], {"blob": "x" * (dependencies.MAX_PARENTS_JSON + 10)})
+    with db.transaction(cp.sessions) as s:
+        told = json.loads(dependencies.parents_json(s, child["id"], storage=lambda p, j: f"s3://b/{p}/{j}"))
+    assert told[small["id"]] == {"name": "small", "status": "PENDING", "storage": f"s3://b/default/{small['id']}",
+                                 "result": {"best_lr": 0.001}}
+    assert "result" not in told[big["id"]] and "GET /v1/jobs/" in told[big["id"]]["result_omitted"]
+
+
+def test_an_array_with_parents_is_refused(api):
+    parent = _submit(api, "p")
+    r = api.post("/v1/arrays", json={**HELLO, "depends_on": [parent["id"]], "array": {"size": 2}})
+    assert r.status_code == 422 and "depends_on" in r.text
