@@ -91,6 +91,7 @@ class Settings(BaseSettings):
     webhook_interval_s: float = Field(1.0, gt=0, description="How often the notifier looks for due webhook deliveries.")
     webhook_timeout_s: float = Field(5.0, gt=0, le=60, description="A receiver that has not answered after this long counts as a failed try.")
     webhook_max_attempts: int = Field(8, ge=1, le=100, description="Tries of one delivery before it is FAILED; between them the wait doubles from 1 s up to 5 minutes.")
+    webhook_allow_private: bool = Field(False, description="Let webhook URLs resolve to loopback, private and link-local addresses (receivers inside your network). Off: only public addresses, checked at creation and at every send.")
     webhook_allowed_hosts: list[str] = Field(
         ["*"], description="Host patterns (fnmatch, JSON list) a webhook URL may name, e.g. `[\"hooks.slack.com\", \"*.example.com\"]`. Ray's dashboard is refused whatever this says.")
 

@@ -133,7 +133,7 @@ def test_a_pipeline_in_one_batch_by_name(api, cp):
 
 
 @pytest.mark.parametrize("jobs, where", [
-    ([{"name": "a", "depends_on": ["b"]}, {"name": "b", "depends_on": ["a"]}], "jobs.1.depends_on"),
+    ([{"name": "a", "depends_on": ["b"]}, {"name": "b", "depends_on": ["a"]}], "jobs.0.depends_on"),
     ([{"name": "a", "depends_on": ["a"]}], "jobs.0.depends_on"),
     ([{"name": "a", "depends_on": ["c"]}, {"name": "b", "depends_on": ["a"]}, {"name": "c", "depends_on": ["b"]}],
      "depends_on"),
@@ -161,3 +161,59 @@ def test_an_array_with_parents_is_refused(api):
     parent = _submit(api, "p")
     r = api.post("/v1/arrays", json={**HELLO, "depends_on": [parent["id"]], "array": {"size": 2}})
     assert r.status_code == 422 and "depends_on" in r.text
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # SQLite has one writer: no such window
+def test_a_parent_ending_while_its_child_is_submitted_is_seen(cp, db_url, monkeypatch):
+    """PostgreSQL, READ COMMITTED: another replica ends the parent between the
+    child's check of it and the child's commit. The parent's row is locked by the
+    check, so that end waits for the child's commit and then counts it."""
+    import threading
+
+    import psycopg
+
+    from raylane.orchestrator.domain.specs import JobSpec
+    from raylane.orchestrator.store import jobs as store_jobs
+    from tests.helpers import wait_for
+
+    with db.transaction(cp.sessions) as s:
+        pid, _ = store_jobs.submit(s, JobSpec(name="p", kind="command", entrypoint="echo"), project="default")
+        for to in ("DISPATCHING", "RUNNING"):
+            transition(s, pid, JobStatus(to), reason="t", actor="t")
+
+    def end_parent():
+        with db.transaction(cp.sessions) as s2:
+            transition(s2, pid, JobStatus.SUCCEEDED, reason="t", actor="another replica")
+
+    other = threading.Thread(target=end_parent)
+    real = dependencies.resolve
+
+    def racing(*a, **k):
+        out = real(*a, **k)
+        other.start()  # the parent's end arrives now, before this submit commits
+        dsn = db_url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            wait_for(lambda: not other.is_alive() or conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0] > 0, timeout=10, what="the end to block")
+        return out
+
+    monkeypatch.setattr(dependencies, "resolve", racing)
+    with db.transaction(cp.sessions) as s:
+        cid, _ = store_jobs.submit(s, JobSpec(name="c", kind="command", entrypoint="echo", depends_on=[pid]),
+                                   project="default")
+    other.join(30)
+    assert cid in _queued(cp), "the child waits for a parent that already succeeded"
+
+
+def test_long_chains_cancel_and_check_without_recursion(api, cp):
+    n = 1000  # RAYLANE_MAX_BATCH_JOBS
+    chain = [{**HELLO, "name": f"s{i}", **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(n)]
+    r = api.post("/v1/jobs/batch", json={"jobs": chain})
+    assert r.status_code == 201, r.text[:300]
+    ids = r.json()["ids"]
+    assert api.post(f"/v1/jobs/{ids[0]}/cancel").status_code == 200  # the whole chain ends with it
+    last = _job(api, ids[-1])
+    assert last["status"] == "CANCELLED" and ids[-2] in last["status_reason"]
+    ring = [{**HELLO, "name": f"r{i}", "depends_on": [f"r{(i + 1) % n}"]} for i in range(n)]
+    r = api.post("/v1/jobs/batch", json={"jobs": ring})
+    assert r.status_code == 422 and "cycle" in r.text

@@ -207,3 +207,8 @@ def test_the_server_runs_a_per_second_schedule(settings, cp):
 def _runs_direct(cp, sid):
     with db.transaction(cp.sessions) as s:
         return store.runs(s, sid, limit=1000)
+
+
+def test_a_cron_that_never_fires_is_refused(api):
+    r = api.post("/v1/schedules", json={"name": "never", "cron": "0 0 31 2 *", "spec": HELLO})
+    assert r.status_code == 422 and "never fires" in r.text and "cron" in str(r.json()["detail"])

@@ -191,6 +191,7 @@ class Dispatcher(LoopService):
         except Exception as e:
             with db.transaction(self.sessions) as s:
                 lifecycle.submit_refused(s, c.job_id, c.attempt, str(e))
+            self.backend.forget_inputs(sid)  # no Ray job will read them; the spec's values must not linger
             return
         if self.after_submit_hook:
             self.after_submit_hook(c)
@@ -204,6 +205,7 @@ class Dispatcher(LoopService):
                 self.backend.stop(sid)
             except RayUnavailable as e:
                 log.warning("could not stop %s, cancelled while being submitted: %s", sid, e)
+            self.backend.forget_inputs(sid)
             return
         if self.on_submitted:
             self.on_submitted()

@@ -31,6 +31,7 @@ import logging
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import httpx
@@ -44,6 +45,7 @@ from raylane.orchestrator.store.transitions import utcnow
 log = logging.getLogger(__name__)
 
 BATCH = 50
+SENDERS = 8  # deliveries in flight at once per replica
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 300.0
 EVENT_TYPE = "job.status"
@@ -91,10 +93,28 @@ class Notifier(LoopService):
         # Redirects are not followed: a receiver must not bounce the request elsewhere.
         self.http = httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False,
                                  headers={"User-Agent": f"raylane-webhooks/{__version__}"})
+        self._pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="raylane-webhook")
 
     def stop(self, timeout: float = 15) -> None:
         super().stop(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
+
+    def _refused(self, url: str) -> str | None:
+        """Why a URL may not be called now (it resolves to a private address, say,
+        since the hook was made); None when it may."""
+        if self.settings.webhook_allow_private:
+            return None
+        from urllib.parse import urlsplit
+
+        from raylane.orchestrator.services.webhooks import resolve
+
+        parts = urlsplit(url)
+        try:
+            private = [a for a in resolve(parts.hostname or "", parts.port) if not a.is_global]
+        except OSError as e:
+            return f"does not resolve: {e}"
+        return f"refused: {parts.hostname} resolves to {private[0]}, not a public address" if private else None
 
     def run_once(self) -> None:
         while True:
@@ -103,8 +123,8 @@ class Notifier(LoopService):
             lease_until = now + timedelta(seconds=self.settings.webhook_timeout_s * (BATCH + 1))
             with db.transaction(self.sessions) as s:
                 due = store.claim(s, owner=self.owner, now=now, lease_until=lease_until, limit=BATCH)
-            for d in due:
-                self.send(d)
+            # Concurrently: one slow or dead receiver must not hold up every other's deliveries.
+            list(self._pool.map(self.send, due))
             if len(due) < BATCH or self._stop.is_set():
                 return
 
@@ -112,14 +132,16 @@ class Notifier(LoopService):
         body = json.dumps(payload(d), separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Raylane-Delivery": str(d["id"]), "Raylane-Event": EVENT_TYPE,
                    "Raylane-Signature": signature(d["secret"], int(time.time()), body)}
-        code, error = None, None
-        try:
-            r = self.http.post(d["url"], content=body, headers=headers)
-            code = r.status_code
-            if not 200 <= code < 300:
-                error = f"answered {code}: {r.text[:200]}"
-        except httpx.HTTPError as e:
-            error = f"{type(e).__name__}: {e}"
+        code, error = None, self._refused(d["url"])
+        if error is None:
+            try:
+                r = self.http.post(d["url"], content=body, headers=headers)
+                code = r.status_code
+                if not 200 <= code < 300:
+                    # Not its body: whoever reads the delivery log must not read a service through it.
+                    error = f"answered {code}"
+            except httpx.HTTPError as e:
+                error = f"{type(e).__name__}"
         tries = d["attempts"] + 1
         retry_in = None if tries >= self.settings.webhook_max_attempts else timedelta(seconds=backoff(tries))
         with db.transaction(self.sessions) as s:

@@ -186,16 +186,23 @@ class ControlPlane:
     def cancel_array(self, array_id: str, *, project: str | None, actor: str) -> ArrayAction:
         """Cancel every unfinished member (held ones first, so none is released meanwhile)."""
         self.get_array(array_id, project=project)
+        done = []
+        # Queued members (held ones first, so none is released meanwhile) in one transaction:
+        # 10,000 of them must not be 10,000 commits.
         with db.transaction(self.sessions) as s:
             todo = [m for m in store_arrays.members(s, array_id) if not JobStatus(m["status"]).is_terminal()]
-        todo.sort(key=lambda m: not m["array_held"])
-        done = []
-        for m in todo:
-            try:
-                self.cancel(m["id"], project=None, actor=actor)
-                done.append(m["id"])
-            except (Conflict, NotFound):
-                pass  # it ended meanwhile
+            todo.sort(key=lambda m: not m["array_held"])
+            for m in todo:
+                if m["status"] in (JobStatus.PENDING.value, JobStatus.RETRYING.value):
+                    store_jobs.cancel(s, m["id"], project=None, actor=actor)
+                    done.append(m["id"])
+        for m in todo:  # the ones on Ray: CANCELLING, the reconciler stops them
+            if m["status"] not in (JobStatus.PENDING.value, JobStatus.RETRYING.value):
+                try:
+                    self.cancel(m["id"], project=None, actor=actor)
+                    done.append(m["id"])
+                except (Conflict, NotFound):
+                    pass  # it ended meanwhile
         return ArrayAction(array=self.get_array(array_id, project=project), jobs=done)
 
     def retry_array(self, array_id: str, *, project: str | None, actor: str, failed_only: bool) -> ArrayAction:

@@ -63,10 +63,14 @@ class Schedules:
             raise Invalid(str(e), field="spec") from None
         policy.check(body.spec, self.cp.settings, where="spec")
         now = utcnow()
+        try:
+            first = rules.next_ticks(body.cron, body.timezone, now, 1)[0]
+        except ValueError as e:  # croniter's "no such date" (0 0 31 2 *): a cron that never fires
+            raise Invalid(f"{body.cron!r} never fires: {e}", field="cron") from None
         row = {"id": "sch_" + secrets.token_hex(8), "project": project, "name": body.name, "cron": body.cron,
                "timezone": body.timezone, "spec": body.spec.model_dump(mode="json", exclude_none=True),
                "overlap": body.overlap, "missed": body.missed, "starting_deadline_s": body.starting_deadline_s,
-               "paused": body.paused, "next_at": rules.next_ticks(body.cron, body.timezone, now, 1)[0],
+               "paused": body.paused, "next_at": first,
                "last_job_id": None, "created_at": now, "created_by": actor, "updated_at": now}
         with db.transaction(self.sessions) as s:
             if any(r["name"] == body.name for r in store.list_(s, project=project)):

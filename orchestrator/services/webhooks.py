@@ -3,15 +3,20 @@ changes (docs/webhooks.md).
 
 Rules: members and admins manage the hooks of projects they see (the API's
 ``CallerDep``); a hook's URL is http or https, names a host that
-``RAYLANE_WEBHOOK_ALLOWED_HOSTS`` allows, and never Ray's dashboard (the
-control plane holds Ray's token; it must not be turned into a client of Ray
-by a member's URL). The secret that signs deliveries is shown once.
+``RAYLANE_WEBHOOK_ALLOWED_HOSTS`` allows and that resolves to public addresses
+only (unless ``RAYLANE_WEBHOOK_ALLOW_PRIVATE``; the notifier checks again at
+each send), and never Ray's dashboard (the control plane holds Ray's token; it
+must not be turned into a client of Ray, or of the cloud's metadata service, by
+a member's URL). The secret that signs deliveries is shown once; listings show
+a URL's scheme and host, not its path (often a credential).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import secrets
+import socket
 from urllib.parse import urlsplit
 
 from raylane.orchestrator.domain.errors import Invalid, NotFound
@@ -23,8 +28,22 @@ from raylane.orchestrator.store.transitions import utcnow
 DELIVERY_LOG_LIMIT = 200
 
 
+def resolve(host: str, port: int | None) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Every address ``host`` resolves to (OSError when it does not)."""
+    return {ipaddress.ip_address(info[4][0].split("%", 1)[0])
+            for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+
+
+def redacted(url: str) -> str:
+    """A URL as listed: scheme, host and port; its path and query may be a credential
+    (a chat service's hook URL is), shown only to whoever created it."""
+    parts = urlsplit(url)
+    tail = "/\u2026" if (parts.path not in ("", "/") or parts.query) else parts.path
+    return f"{parts.scheme}://{parts.netloc}{tail}"
+
+
 def _view(row: dict) -> dict:
-    return {**{k: v for k, v in row.items() if k != "secret"},
+    return {**{k: v for k, v in row.items() if k != "secret"}, "url": redacted(row["url"]),
             "statuses": [s for s in row["statuses"].split(",") if s]}
 
 
@@ -53,23 +72,36 @@ class Webhooks:
         host = parts.hostname.lower()
         if not any(fnmatch.fnmatchcase(host, p.lower()) for p in self.settings.webhook_allowed_hosts):
             raise Invalid(f"host {host} is not allowed by RAYLANE_WEBHOOK_ALLOWED_HOSTS", field="url")
+        try:
+            addresses = resolve(host, _port(parts))
+        except OSError as e:
+            raise Invalid(f"host {host} does not resolve: {e}", field="url") from None
+        if not self.settings.webhook_allow_private:
+            private = [a for a in addresses if not a.is_global]
+            if private:
+                raise Invalid(f"host {host} resolves to {private[0]}, not a public address (set "
+                              f"RAYLANE_WEBHOOK_ALLOW_PRIVATE=true for receivers inside your network)", field="url")
         ray = self.dashboard_url()
         if ray:
             rp = urlsplit(ray)
-            if (rp.hostname or "").lower() == host and _port(rp) == _port(parts):
+            try:
+                ray_addresses = resolve(rp.hostname or "", _port(rp))
+            except OSError:
+                ray_addresses = set()
+            if _port(rp) == _port(parts) and (ray_addresses & addresses or (rp.hostname or "").lower() == host):
                 raise Invalid("names Ray's dashboard; a webhook may not call Ray", field="url")
 
     def create(self, body: WebhookCreate, *, project: str, actor: str) -> NewWebhook:
-        self.check_url(body.url)
         statuses = list(dict.fromkeys(s.value for s in body.statuses))
         if "PENDING" in statuses:
             raise Invalid("PENDING is not a change a hook can follow; a job is PENDING when it is submitted",
                           field="statuses")
+        self.check_url(body.url)
         secret = "whsec_" + secrets.token_urlsafe(32)
         with db.transaction(self.sessions) as s:
             row = store.create(s, hook_id="wh_" + secrets.token_hex(8), project=project, url=body.url, secret=secret,
                                statuses=statuses, description=body.description, actor=actor, now=utcnow())
-        return NewWebhook(**_view(row), secret=secret)
+        return NewWebhook(**{**_view(row), "url": body.url}, secret=secret)
 
     def list(self, *, project: str | None) -> list[Webhook]:
         with db.transaction(self.sessions) as s:

@@ -16,6 +16,7 @@ child, except within one batch, where ``order_batch`` refuses them.
 from __future__ import annotations
 
 import json
+from collections import Counter, deque
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -56,8 +57,13 @@ def resolve(session: Session, spec: JobSpec, *, project: str, batch: dict[str, s
             status = JobStatus.PENDING
         else:
             pid = dep.job
-            found = session.execute(select(jobs.c.status).where(jobs.c.id == pid, jobs.c.project == project)
-                                    ).scalar_one_or_none()
+            q = select(jobs.c.status).where(jobs.c.id == pid, jobs.c.project == project)
+            if session.bind.dialect.name == "postgresql":
+                # Under READ COMMITTED a parent could end in another replica's transaction
+                # between this read and our commit, and its parent_ended would not see this
+                # child: the lock makes that end wait for our commit (SQLite: one writer).
+                q = q.with_for_update(key_share=True)
+            found = session.execute(q).scalar_one_or_none()
             if found is None:
                 raise Invalid(f"job {pid} not found in project {project}", field=where)
             status = JobStatus(found)
@@ -88,63 +94,71 @@ def record(session: Session, child_id: str, deps: Sequence[tuple[str, str, str]]
 
 
 def order_batch(specs: Sequence[JobSpec]) -> None:
-    """Refuse a batch whose specs name each other in a cycle, or a name that two specs share."""
-    names: dict[str, int] = {}
+    """Refuse a batch whose specs name each other in a cycle, or a name that two specs
+    share. Kahn's algorithm: no recursion, linear in specs and dependencies."""
+    counts = Counter(spec.name for spec in specs)
+    first = {}
     for i, spec in enumerate(specs):
-        names.setdefault(spec.name, i)
+        first.setdefault(spec.name, i)
     edges: dict[int, list[int]] = {}
+    indegree = [0] * len(specs)
     for i, spec in enumerate(specs):
         for k, dep in enumerate(spec.depends_on):
-            if dep.job in names:
-                if sum(1 for s in specs if s.name == dep.job) > 1:
+            if dep.job in first:
+                if counts[dep.job] > 1:
                     raise Invalid(f"{dep.job!r} names several specs of the batch", field=f"jobs.{i}.depends_on.{k}.job")
-                edges.setdefault(i, []).append(names[dep.job])
-    state: dict[int, int] = {}  # 1: on the path, 2: done
-
-    def visit(i: int, path: list[int]) -> None:
-        state[i] = 1
-        for j in edges.get(i, []):
-            if state.get(j) == 1:
-                stack = [*path, i]
-                cycle = " -> ".join(specs[n].name for n in [*stack[stack.index(j):], j])
-                raise Invalid(f"the batch's depends_on make a cycle: {cycle}", field=f"jobs.{i}.depends_on")
-            if state.get(j) is None:
-                visit(j, [*path, i])
-        state[i] = 2
-
-    for i in range(len(specs)):
-        if state.get(i) is None:
-            visit(i, [])
+                edges.setdefault(first[dep.job], []).append(i)  # parent -> child
+                indegree[i] += 1
+    ready = deque(i for i, d in enumerate(indegree) if d == 0)
+    done = 0
+    while ready:
+        n = ready.popleft()
+        done += 1
+        for child in edges.get(n, []):
+            indegree[child] -= 1
+            if indegree[child] == 0:
+                ready.append(child)
+    if done < len(specs):
+        stuck = [i for i, d in enumerate(indegree) if d > 0]
+        names = ", ".join(specs[i].name for i in stuck[:10])
+        raise Invalid(f"the batch's depends_on make a cycle among: {names}", field=f"jobs.{stuck[0]}.depends_on")
 
 
 def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: datetime) -> None:
-    """The parent ended as ``status``: its waiting children count it, or are cancelled."""
-    rows = session.execute(select(job_dependencies.c.child_id, job_dependencies.c.condition).where(
-        job_dependencies.c.parent_id == parent_id, job_dependencies.c.state == WAITING)).all()
-    for child_id, condition in rows:
-        ok = meets(condition, status)
-        session.execute(update(job_dependencies).where(job_dependencies.c.child_id == child_id,
-                                                       job_dependencies.c.parent_id == parent_id)
-                        .values(state=MET if ok else BROKEN))
-        if ok:
-            session.execute(update(jobs).where(jobs.c.id == child_id)
-                            .values(deps_waiting=jobs.c.deps_waiting - 1, updated_at=now))
-            left = session.execute(select(jobs.c.deps_waiting, jobs.c.status).where(jobs.c.id == child_id)).first()
-            if left is not None and left[0] == 0 and not JobStatus(left[1]).is_terminal():
-                reason = f"parents done (the last: {parent_id} {status.value}); queued"
-                session.execute(update(jobs).where(jobs.c.id == child_id).values(status_reason=reason))
-                session.execute(insert(events).values(job_id=child_id, at=now, from_status=left[1],
-                                                      to_status=left[1], reason=reason, actor="scheduler"))
-            continue
-        from raylane.orchestrator.store.transitions import transition  # it calls this module
+    """The parent ended as ``status``: its waiting children count it, or are cancelled,
+    and so on down the chain, as a worklist (no recursion, however long the chain).
+    Children in id order, so two parents ending together lock rows in one order."""
+    from raylane.orchestrator.store.transitions import transition  # it calls this module
 
-        current = session.execute(select(jobs.c.status).where(jobs.c.id == child_id)).scalar_one_or_none()
-        if current is None or JobStatus(current).is_terminal():
-            continue
-        transition(session, child_id, JobStatus.CANCELLED, actor="scheduler",
-                   reason=f"parent {parent_id} ended {status.value}; this job needed it to {WORDS[condition]}",
-                   expected={JobStatus.PENDING, JobStatus.RETRYING},
-                   values={"finished_at": now, "failure_cause": FailureCause.CANCELLED.value, "lease_owner": None})
+    work = deque([(parent_id, status)])
+    while work:
+        pid, st = work.popleft()
+        rows = session.execute(select(job_dependencies.c.child_id, job_dependencies.c.condition).where(
+            job_dependencies.c.parent_id == pid, job_dependencies.c.state == WAITING)
+            .order_by(job_dependencies.c.child_id)).all()
+        for child_id, condition in rows:
+            ok = meets(condition, st)
+            session.execute(update(job_dependencies).where(job_dependencies.c.child_id == child_id,
+                                                           job_dependencies.c.parent_id == pid)
+                            .values(state=MET if ok else BROKEN))
+            if ok:
+                session.execute(update(jobs).where(jobs.c.id == child_id)
+                                .values(deps_waiting=jobs.c.deps_waiting - 1, updated_at=now))
+                left = session.execute(select(jobs.c.deps_waiting, jobs.c.status).where(jobs.c.id == child_id)).first()
+                if left is not None and left[0] == 0 and not JobStatus(left[1]).is_terminal():
+                    reason = f"parents done (the last: {pid} {st.value}); queued"
+                    session.execute(update(jobs).where(jobs.c.id == child_id).values(status_reason=reason))
+                    session.execute(insert(events).values(job_id=child_id, at=now, from_status=left[1],
+                                                          to_status=left[1], reason=reason, actor="scheduler"))
+                continue
+            current = session.execute(select(jobs.c.status).where(jobs.c.id == child_id)).scalar_one_or_none()
+            if current is None or JobStatus(current).is_terminal():
+                continue
+            transition(session, child_id, JobStatus.CANCELLED, actor="scheduler", cascade=False,
+                       reason=f"parent {pid} ended {st.value}; this job needed it to {WORDS[condition]}",
+                       expected={JobStatus.PENDING, JobStatus.RETRYING},
+                       values={"finished_at": now, "failure_cause": FailureCause.CANCELLED.value, "lease_owner": None})
+            work.append((child_id, JobStatus.CANCELLED))
 
 
 def parents_json(session: Session, child_id: str, *, storage: Any) -> str | None:

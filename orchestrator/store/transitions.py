@@ -44,8 +44,11 @@ def transition(
     attempt: int | None = None,
     values: dict[str, Any] | None = None,
     now: datetime | None = None,
+    cascade: bool = True,
 ) -> JobStatus:
-    """Move ``job_id`` to ``to``; return the status it came from.
+    """Move ``job_id`` to ``to``; return the status it came from. ``cascade``: an end
+    updates the job's dependents (``store.dependencies``, which passes False while it
+    walks a chain itself).
 
     ``expected`` narrows the allowed sources further (e.g. the reconciler only
     moves RUNNING jobs to SUCCEEDED). ``values`` are other columns set in the
@@ -79,7 +82,8 @@ def transition(
             if to.is_terminal():
                 if array_id is not None:
                     arrays.release(session, array_id, now=now)  # the next held member may start
-                dependencies.parent_ended(session, job_id, to, now=now)  # its children count it, or are cancelled
+                if cascade:  # its children count it, or are cancelled (parent_ended walks the chain itself)
+                    dependencies.parent_ended(session, job_id, to, now=now)
             return src
     raise InvalidTransition(f"job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
 
