@@ -52,7 +52,7 @@ FAKE_HEAD_NODE_ID = "f" * 51 + "00000"
 IDLE_TIMEOUT_MIN = 1.0  # an idle node goes after a minute: a 2-core machine cannot keep many
 
 
-def autoscaling_config(profile: Profile, gcs_address: str) -> dict:
+def autoscaling_config(profile: Profile, gcs_address: str, *, idle_timeout_min: float = IDLE_TIMEOUT_MIN) -> dict:
     """The autoscaler's cluster config for ``profile`` on the fake multi-node provider."""
     types: dict[str, dict] = {"ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0}}
     for g in profile.workers:
@@ -70,7 +70,7 @@ def autoscaling_config(profile: Profile, gcs_address: str) -> dict:
         "cluster_name": f"raylane-{profile.name}",
         "max_workers": sum(g.max_nodes for g in profile.workers),
         "upscaling_speed": 1.0,
-        "idle_timeout_minutes": IDLE_TIMEOUT_MIN,
+        "idle_timeout_minutes": idle_timeout_min,
         "provider": {"type": "external", "module": FAKE_PROVIDER, "gcs_address": gcs_address, "use_node_id_as_ip": True,
                      "disable_node_updaters": True, "disable_launch_config_check": True,
                      "launch_multiple": True, "head_node_id": FAKE_HEAD_NODE_ID},
@@ -85,14 +85,21 @@ def autoscaling_config(profile: Profile, gcs_address: str) -> dict:
 
 
 class AutoscalingCluster(LocalCluster):
-    """A ``LocalCluster`` whose worker nodes Ray's autoscaler starts and stops."""
+    """A ``LocalCluster`` whose worker nodes Ray's autoscaler starts and stops.
+    ``idle_timeout_min``: how long an idle node stays (a benchmark that scales one
+    group up again and again wants it short)."""
+
+    def __init__(self, profile: Profile, dir: str | Path, *, idle_timeout_min: float = IDLE_TIMEOUT_MIN):
+        super().__init__(profile, dir)
+        self.idle_timeout_min = idle_timeout_min
 
     def _start_workers(self) -> None:
         """None: the autoscaler starts each group's ``min_nodes`` itself."""
 
     def _head_args(self, env: dict[str, str]) -> list[str]:
         path = Path(self.dir, AUTOSCALING_CONFIG)  # JSON is YAML: the autoscaler reads it as such
-        path.write_text(json.dumps(autoscaling_config(self.profile, self.state.gcs_address), indent=2))
+        path.write_text(json.dumps(autoscaling_config(self.profile, self.state.gcs_address,
+                                                        idle_timeout_min=self.idle_timeout_min), indent=2))
         env.pop("RAY_NODE_TYPE_NAME", None)
         env.pop("RAY_NODE_MARKET_TYPE", None)
         env.update({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": str(AUTOSCALER_UPDATE_S),
