@@ -20,7 +20,9 @@ SCALE_AHEAD = 2  # RAYLANE_AUTOSCALE_AHEAD_JOBS of the control plane here
 TEST_GROUPS = [
     {"name": "burst", "market": "ON_DEMAND", "cpus": 2, "memory_gb": 1, "min_nodes": 0, "max_nodes": 2,
      "price_per_hour": 0.08},
-    {"name": "a100", "market": "ON_DEMAND", "accelerator": {"type": "A100", "count": 2}, "cpus": 4,
+    # Bigger nodes than gpu's: the router puts an auto-routed GPU job on the smallest
+    # fitting group by the profile alone, and would pick a100 (cheaper) over gpu.
+    {"name": "a100", "market": "ON_DEMAND", "accelerator": {"type": "A100", "count": 2}, "cpus": 8,
      "memory_gb": 2, "min_nodes": 0, "max_nodes": 0, "price_per_hour": 3.0},
 ]
 

@@ -50,7 +50,7 @@ def test_training_job_on_a_gpu_group_at_zero_runs_after_ray_adds_a_node(aapi, au
     # While it waits, its reason names the scale-up (as it is admitted and as Ray holds it).
     waiting = wait_for(lambda: aapi.get(f"/v1/jobs/{job['id']}").json(), timeout=30,
                        what="the job's first answer")
-    assert waiting["status"] in {"PENDING", "DISPATCHING", "RUNNING"}
+    assert waiting["status"] in {"PENDING", "DISPATCHING", "RUNNING"}, waiting["status_reason"]
     done = wait_status(aapi, job["id"], TERMINAL, timeout=240)
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert any("waiting for the autoscaler: 0 of 1 gpu nodes up" in r for r in reasons(aapi, job["id"])), \
