@@ -184,13 +184,11 @@ def _print_cluster(view: dict) -> None:
 
 @cluster_app.command("up")
 def cluster_up(output: Output = OUTPUT,
-               autoscale: bool = typer.Option(False, "--autoscale", help="Ray's autoscaler (fake multi-node "
+               autoscale: bool = typer.Option(False, "--autoscale", help="Ray's autoscaler (v2, fake multi-node "
                                               "provider) starts and stops the worker nodes between each group's "
                                               "min_nodes and max_nodes; without RAYLANE_PROFILE, the "
                                               "local-autoscale profile (gpu and spot-cpu from zero). Serve with "
-                                              "the same RAYLANE_PROFILE and RAYLANE_AUTOSCALE_AHEAD_JOBS > 0. Experimental: Ray's "
-                                              "v1 autoscaler here does not yet add a node for a driver that a "
-                                              "label selector pins to an empty group (docs/deploy.md).")) -> None:
+                                              "the same RAYLANE_PROFILE and RAYLANE_AUTOSCALE_AHEAD_JOBS > 0 (docs/deploy.md).")) -> None:
     """Start the local cluster (one node after another); a no-op if it is up."""
     cluster = _local_cluster(autoscale)
     if not cluster.is_up():

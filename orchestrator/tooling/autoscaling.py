@@ -17,6 +17,11 @@ Invariants:
 - the head carries no group label of its own (the labels of the nodes it
   launches come from the node types, and a market label inherited from the
   head's environment would contradict them); it runs no jobs (0 CPUs);
+- the autoscaler is Ray's v2 (``RAY_enable_autoscaler_v2``, as KubeRay runs
+  it): v1 reports a pending driver's demand without its label selector (a job
+  pinned to ``gpu`` asking one CPU reads as ``{'CPU': 1}``, which the ``cpu``
+  node already fits), so no ``gpu`` node came; v2 matches a request's label
+  selector against the node types' labels;
 - ``down`` also stops the raylets the autoscaler started: every process whose
   command line names this cluster's GCS address (a port of this cluster alone).
 
@@ -37,10 +42,17 @@ AUTOSCALE_PROFILE = Path(__file__).resolve().parents[1] / "domain" / "profiles" 
 AUTOSCALING_CONFIG = "autoscaling.json"  # in the cluster's dir while it is up: `cluster down` finds the mode there
 AUTOSCALER_UPDATE_S = 1  # Ray's default is 5 s; a scale-up shows within a second or two
 OBJECT_STORE_BYTES = 200 * 1024**2
+# Ray's fake multi-node provider, named as an external module: autoscaler v2 reads
+# a provider's defaults file first, and the wheel lacks the one of type
+# ``fake_multinode`` (an external provider has built-in defaults).
+FAKE_PROVIDER = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider"
+# The head's node id as the fake provider lists it (its FAKE_HEAD_NODE_ID): autoscaler
+# v2 matches the instances it knows to Ray's nodes by id, so the head must run with it.
+FAKE_HEAD_NODE_ID = "f" * 51 + "00000"
 IDLE_TIMEOUT_MIN = 1.0  # an idle node goes after a minute: a 2-core machine cannot keep many
 
 
-def autoscaling_config(profile: Profile, gcs_address: str) -> dict:
+def autoscaling_config(profile: Profile, gcs_address: str, *, idle_timeout_min: float = IDLE_TIMEOUT_MIN) -> dict:
     """The autoscaler's cluster config for ``profile`` on the fake multi-node provider."""
     types: dict[str, dict] = {"ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0}}
     for g in profile.workers:
@@ -58,9 +70,10 @@ def autoscaling_config(profile: Profile, gcs_address: str) -> dict:
         "cluster_name": f"raylane-{profile.name}",
         "max_workers": sum(g.max_nodes for g in profile.workers),
         "upscaling_speed": 1.0,
-        "idle_timeout_minutes": IDLE_TIMEOUT_MIN,
-        "provider": {"type": "fake_multinode", "gcs_address": gcs_address, "use_node_id_as_ip": True,
-                     "disable_node_updaters": True, "disable_launch_config_check": True},
+        "idle_timeout_minutes": idle_timeout_min,
+        "provider": {"type": "external", "module": FAKE_PROVIDER, "gcs_address": gcs_address, "use_node_id_as_ip": True,
+                     "disable_node_updaters": True, "disable_launch_config_check": True,
+                     "launch_multiple": True, "head_node_id": FAKE_HEAD_NODE_ID},
         "auth": {"ssh_user": "ubuntu"},
         "available_node_types": types,
         "head_node_type": "ray.head.default",
@@ -72,17 +85,26 @@ def autoscaling_config(profile: Profile, gcs_address: str) -> dict:
 
 
 class AutoscalingCluster(LocalCluster):
-    """A ``LocalCluster`` whose worker nodes Ray's autoscaler starts and stops."""
+    """A ``LocalCluster`` whose worker nodes Ray's autoscaler starts and stops.
+    ``idle_timeout_min``: how long an idle node stays (a benchmark that scales one
+    group up again and again wants it short)."""
+
+    def __init__(self, profile: Profile, dir: str | Path, *, idle_timeout_min: float = IDLE_TIMEOUT_MIN):
+        super().__init__(profile, dir)
+        self.idle_timeout_min = idle_timeout_min
 
     def _start_workers(self) -> None:
         """None: the autoscaler starts each group's ``min_nodes`` itself."""
 
     def _head_args(self, env: dict[str, str]) -> list[str]:
         path = Path(self.dir, AUTOSCALING_CONFIG)  # JSON is YAML: the autoscaler reads it as such
-        path.write_text(json.dumps(autoscaling_config(self.profile, self.state.gcs_address), indent=2))
+        path.write_text(json.dumps(autoscaling_config(self.profile, self.state.gcs_address,
+                                                        idle_timeout_min=self.idle_timeout_min), indent=2))
         env.pop("RAY_NODE_TYPE_NAME", None)
         env.pop("RAY_NODE_MARKET_TYPE", None)
-        env.update({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": str(AUTOSCALER_UPDATE_S)})
+        env.update({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": str(AUTOSCALER_UPDATE_S),
+                    "RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
+                    "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID})
         return [f"--autoscaling-config={path}"]
 
     def down(self) -> None:
