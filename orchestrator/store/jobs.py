@@ -19,6 +19,7 @@ from raylane.orchestrator.domain.ids import new_job_id, submission_id
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
+from raylane.orchestrator.store import tallies
 from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from raylane.orchestrator.store.transitions import transition, utcnow
 
@@ -91,6 +92,7 @@ def submit(
         if existing is None:  # pragma: no cover - the unique index said it exists
             raise
         return _check_same(existing, spec), False
+    _tally_new(session, row)
     if spec.labels:
         session.execute(insert(job_labels), [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
     session.execute(insert(events).values(
@@ -98,6 +100,11 @@ def submit(
         reason="submitted" + (f"; routed to {placement.node_group}" if placement else ""), actor=actor,
     ))
     return job_id, True
+
+
+def _tally_new(session: Session, row: dict[str, Any]) -> None:
+    tallies.job_moved(session, src=None, src_group=None, to=row["status"], to_group=row["node_group"])
+    tallies.add(session, "jobs_created", row["kind"])
 
 
 def _by_key(session: Session, project: str, key: str):
@@ -135,6 +142,8 @@ def submit_batch(
         event_rows.append({"job_id": job_id, "at": now, "from_status": None, "to_status": "PENDING",
                            "reason": "submitted in a batch", "actor": actor, "attempt": None})
     session.execute(insert(jobs), rows)
+    for row in rows:
+        _tally_new(session, row)
     if label_rows:
         session.execute(insert(job_labels), label_rows)
     session.execute(insert(events), event_rows)

@@ -34,6 +34,7 @@ from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.store import tallies
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import record_event, transition
 
@@ -65,6 +66,7 @@ class Queued:
     attempts: int
     skips: int
     preemptions: int
+    created_at: datetime | None = None  # None: admit reads it (admission's unit tests build these)
 
 
 def _locked(session: Session, q):
@@ -95,7 +97,8 @@ def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
                    spec=JobSpec.from_stored(r["spec"]),
                    placement=Placement.model_validate(r["placement"]) if r["placement"] else None,
-                   attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"])
+                   attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"],
+                   created_at=r["created_at"])
             for r in session.execute(q).mappings().all()]
 
 
@@ -142,6 +145,9 @@ def admit(session: Session, job: Queued, placement: Placement, *, passed_over: l
         job_id=job.id, number=n, submission_id=submission_id(job.id, n), node_group=group,
         market=placement.market, status=AttemptStatus.CLAIMED.value, resources=placement.total, created_at=now,
         message=scale_up))
+    created = job.created_at or session.execute(select(jobs.c.created_at).where(jobs.c.id == job.id)).scalar_one()
+    tallies.attempt_created(session, node_group=group, market=placement.market, number=n, created_at=now,
+                            job_created_at=created)
     for other in passed_over:
         session.execute(update(jobs).where(jobs.c.id == other).values(skips=jobs.c.skips + 1))
     return Claimed(job.id, n, job.spec, placement, job.project, scale_up)

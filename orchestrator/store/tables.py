@@ -85,8 +85,9 @@ jobs = Table(
 Index("ix_jobs_project_id", jobs.c.project, jobs.c.id)
 # The scheduler's queue scan: queued jobs by priority then age.
 Index("ix_jobs_status_priority_id", jobs.c.status, jobs.c.priority, jobs.c.id)
-# Capacity accounting: active jobs per node group; filter by node group.
-Index("ix_jobs_node_group_status", jobs.c.node_group, jobs.c.status)
+# Capacity accounting: active jobs per node group; filter by node group; and
+# /metrics' oldest queued job per group (created_at: one index step, not a scan).
+Index("ix_jobs_node_group_status_created_at", jobs.c.node_group, jobs.c.status, jobs.c.created_at)
 # Filter by name prefix within a project.
 Index("ix_jobs_project_name", jobs.c.project, jobs.c.name)
 
@@ -254,3 +255,15 @@ packages = Table(
 )
 # The sweep: packages unused since a cutoff.
 Index("ix_packages_last_used_at", packages.c.last_used_at)
+
+# Counts /metrics reads instead of scanning jobs and attempts (store.tallies):
+# one row per tally and shard, moved in the transaction that moves what it counts.
+tallies = Table(
+    "tallies",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("label1", String(64), primary_key=True),
+    Column("label2", String(64), primary_key=True),
+    Column("shard", Integer, primary_key=True),  # PostgreSQL: one of store.tallies.SHARDS; SQLite: 0
+    Column("value", Float, nullable=False),
+)
