@@ -1,5 +1,6 @@
 """tallies: counts /metrics reads instead of scanning every job (store.tallies),
 filled from the tables as they are; the node-group index gains created_at
+(the oldest queued job per group); attempts get an index on ended_at (costs)
 
 Revision ID: 0006_tallies
 Revises: 0005_packages
@@ -89,10 +90,14 @@ def upgrade() -> None:
         batch_op.drop_index('ix_jobs_node_group_status')
         batch_op.create_index('ix_jobs_node_group_status_created_at', ['node_group', 'status', 'created_at'],
                               unique=False)
+    with op.batch_alter_table('attempts', schema=None) as batch_op:
+        batch_op.create_index('ix_attempts_ended_at', ['ended_at'], unique=False)
     _backfill(op.get_bind())
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('attempts', schema=None) as batch_op:
+        batch_op.drop_index('ix_attempts_ended_at')
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.drop_index('ix_jobs_node_group_status_created_at')
         batch_op.create_index('ix_jobs_node_group_status', ['node_group', 'status'], unique=False)

@@ -123,6 +123,9 @@ attempts = Table(
 )
 # The reconciler's scan: attempts Ray still runs.
 Index("ix_attempts_status", attempts.c.status)
+# /v1/costs and /v1/report: attempts that had not ended before the window's start
+# (ended_at >= :start, or NULL: still live), not every attempt ever made.
+Index("ix_attempts_ended_at", attempts.c.ended_at)
 
 events = Table(
     "events",

@@ -16,8 +16,10 @@ def load_usage(session: Session, *, start: datetime, end: datetime, project: str
                job_id: str | None = None) -> list[AttemptUsage]:
     """Attempts dispatched before ``end`` that had not ended before ``start``.
 
-    Scans attempts by time (no index serves it): a report over a long window of a
-    busy cluster reads many rows; the API bounds the window (``MAX_WINDOW_DAYS``).
+    Reads attempts through ``ix_attempts_ended_at`` (ended within or after the
+    window, or still live), so a window costs what it holds, not what is stored;
+    a report over a long window of a busy cluster still reads many rows; the API
+    bounds the window (``accounting.MAX_WINDOW``).
     """
     q = (
         select(attempts.c.job_id, attempts.c.number, attempts.c.node_group, attempts.c.market,
