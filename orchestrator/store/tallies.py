@@ -57,6 +57,7 @@ DISPATCH_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900)
 BUCKETS = {"admission_wait": ADMISSION_BUCKETS, "dispatch_latency": DISPATCH_BUCKETS}
 
 _PENDING = "tallies.pending"  # session.info key: this transaction's deltas
+_SAVED = "tallies.saved"  # session.info key: the deltas as each open savepoint found them
 
 
 def group(name: str | None) -> str:
@@ -129,12 +130,29 @@ def _before_commit(session: Session) -> None:
     _flush(session)
 
 
+# A rolled-back transaction's deltas are dropped with its rows; a rolled-back
+# savepoint's too (the group committer runs each unit in one): the deltas as they
+# were when it began come back. A savepoint that commits writes them (above).
+
+
+@event.listens_for(Session, "after_transaction_create")
+def _after_create(session: Session, transaction) -> None:
+    if transaction.nested:
+        session.info.setdefault(_SAVED, {})[id(transaction)] = dict(session.info.get(_PENDING) or {})
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _after_soft_rollback(session: Session, previous_transaction) -> None:
+    saved = session.info.get(_SAVED, {}).get(id(previous_transaction))
+    if previous_transaction.nested and saved is not None:
+        session.info[_PENDING] = defaultdict(float, saved)
+
+
 @event.listens_for(Session, "after_transaction_end")
 def _after_end(session: Session, transaction) -> None:
-    # A rolled-back transaction's deltas are dropped with its rows. (A savepoint
-    # that rolls back is not the outermost; no writer adds deltas inside one.)
     if transaction.parent is None:
         session.info.pop(_PENDING, None)
+        session.info.pop(_SAVED, None)
 
 
 # Reading -----------------------------------------------------------------------
