@@ -19,6 +19,7 @@ from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, NodeGroupS
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.store import db, jobs as store_jobs, migrate, stats
+from raylane.orchestrator.store.groupcommit import GroupCommit
 
 if TYPE_CHECKING:  # the store alone imports SQLAlchemy
     from raylane.orchestrator.store.db import Engine
@@ -40,6 +41,8 @@ class ControlPlane:
         self.engine = engine or db.make_engine(settings.resolved_database_url,
                                                sqlite_synchronous=settings.sqlite_synchronous)
         self.sessions = db.make_sessionmaker(self.engine)
+        # Single submits and audit rows: many per commit, each answered after it.
+        self.writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units)
         # Set on every accepted submission; the dispatcher waits on it so a new
         # job is dispatched at once instead of at the next poll.
         self.new_work = threading.Event()
@@ -51,6 +54,7 @@ class ControlPlane:
         self._view_cache = None
         # Identities, projects, quotas, audit (raylane.orchestrator.services.access).
         self.access = Access(settings, self.sessions)
+        self.access.writes = self.writes
         # Code uploaded by clients (raylane.orchestrator.services.packages).
         self.packages = Packages(settings, self.sessions)
 
@@ -111,6 +115,7 @@ class ControlPlane:
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()  # its HTTP client and GCS channel
+        self.writes.close()
         self.engine.dispose()
 
     # Jobs ------------------------------------------------------------------
@@ -122,10 +127,9 @@ class ControlPlane:
         policy.check(spec, self.settings)
         self.packages.claim_for(spec)
         placement = self._route(spec)
-        with db.transaction(self.sessions) as s:
-            job_id, created = store_jobs.submit(s, spec, project=project, actor=actor,
-                                                idempotency_key=idempotency_key, placement=placement)
-            job = store_jobs.get_job(s, job_id, project=project, dashboard_url=self.dashboard_url)
+        job, created = self.writes.run(lambda s: store_jobs.submit_view(
+            s, spec, project=project, actor=actor, idempotency_key=idempotency_key, placement=placement,
+            dashboard_url=self.dashboard_url))
         if created:
             self.new_work.set()
         return job, created
