@@ -1,6 +1,7 @@
 """tallies: counts /metrics reads instead of scanning every job (store.tallies),
 filled from the tables as they are; the node-group index gains created_at
-(the oldest queued job per group); attempts get an index on ended_at (costs)
+(the oldest queued job per group); the queue's index orders priority high
+first (read in order, not sorted); attempts get an index on ended_at (costs)
 
 Revision ID: 0006_tallies
 Revises: 0005_packages
@@ -90,6 +91,8 @@ def upgrade() -> None:
         batch_op.drop_index('ix_jobs_node_group_status')
         batch_op.create_index('ix_jobs_node_group_status_created_at', ['node_group', 'status', 'created_at'],
                               unique=False)
+        batch_op.drop_index('ix_jobs_status_priority_id')
+        batch_op.create_index('ix_jobs_status_priority_id', ['status', sa.text('priority DESC'), 'id'], unique=False)
     with op.batch_alter_table('attempts', schema=None) as batch_op:
         batch_op.create_index('ix_attempts_ended_at', ['ended_at'], unique=False)
     _backfill(op.get_bind())
@@ -101,4 +104,6 @@ def downgrade() -> None:
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.drop_index('ix_jobs_node_group_status_created_at')
         batch_op.create_index('ix_jobs_node_group_status', ['node_group', 'status'], unique=False)
+        batch_op.drop_index('ix_jobs_status_priority_id')
+        batch_op.create_index('ix_jobs_status_priority_id', ['status', 'priority', 'id'], unique=False)
     op.drop_table('tallies')

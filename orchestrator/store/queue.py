@@ -88,18 +88,29 @@ def take_stale_leases(session: Session, *, owner: str, now: datetime, lease_unti
     return out
 
 
+def _head(session: Session, cols, *conds, limit: int) -> list:
+    """The first ``limit`` queued jobs in admission order: priority (high first),
+    then id (old first). One read per queued status, each in the order of
+    ``ix_jobs_status_priority_id`` (an IN over both would sort every queued job
+    to find the first few), merged here. On PostgreSQL both reads lock their
+    rows, so up to ``limit`` rows past the head stay locked until this pass commits."""
+    rows = []
+    for status in (JobStatus.PENDING.value, JobStatus.RETRYING.value):
+        rows += session.execute(_locked(session, select(*cols).where(
+            jobs.c.status == status, *conds).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))).all()
+    rows.sort(key=lambda r: (-r.priority, r.id))
+    return rows[:limit]
+
+
 def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list[Queued]:
     """The queue's head in admission order: priority (high first), then id (old first)."""
-    q = _locked(session, select(jobs).where(
-        jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
-        or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
-    ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
+    rows = _head(session, [jobs], or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), limit=limit)
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
                    spec=JobSpec.from_stored(r["spec"]),
                    placement=Placement.model_validate(r["placement"]) if r["placement"] else None,
                    attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"],
                    created_at=r["created_at"])
-            for r in session.execute(q).mappings().all()]
+            for r in (row._mapping for row in rows)]
 
 
 def fail_unroutable(session: Session, job: Queued, message: str, *, now: datetime) -> None:
@@ -115,13 +126,10 @@ def set_waiting(session: Session, job: Queued, reason: str) -> None:
 
 def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM_BATCH) -> int:
     """Queued jobs not already saying ``reason`` now say it (with an event each). Returns how many."""
-    q = _locked(session, select(jobs.c.id, jobs.c.status).where(
-        jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
-        or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
-        or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason),
-    ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
-    rows = session.execute(q).all()
-    for jid, status in rows:
+    rows = _head(session, [jobs.c.id, jobs.c.status, jobs.c.priority],
+                 or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
+                 or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason), limit=limit)
+    for jid, status, _ in rows:
         session.execute(update(jobs).where(jobs.c.id == jid, jobs.c.status == status).values(status_reason=reason))
         record_event(session, jid, status=JobStatus(status), reason=reason, actor="scheduler")
     return len(rows)

@@ -29,17 +29,19 @@ def load_usage(session: Session, *, start: datetime, end: datetime, project: str
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .outerjoin(results, results.c.job_id == attempts.c.job_id)
         .where(attempts.c.created_at <= end, or_(attempts.c.ended_at.is_(None), attempts.c.ended_at >= start))
-        .order_by(attempts.c.job_id, attempts.c.number)
     )
     if project is not None:
         q = q.where(jobs.c.project == project)
     if job_id is not None:
         q = q.where(attempts.c.job_id == job_id)
+    # Sorted here, not in SQL: an ORDER BY (job_id, number) leads SQLite to walk
+    # that unique index over every attempt instead of the window's.
+    rows = sorted(session.execute(q), key=lambda r: (r.job_id, r.number))
     return [
         AttemptUsage(job_id=r.job_id, project=r.project, kind=r.kind, name=r.name, number=r.number,
                      node_group=r.node_group, market=r.market,
                      resources={k: float(v) for k, v in (r.resources or {}).items() if isinstance(v, (int, float))},
                      status=r.status, cause=r.cause, created_at=r.created_at, started_at=r.started_at,
                      ended_at=r.ended_at, spec=r.spec or {}, result=r.result)
-        for r in session.execute(q)
+        for r in rows
     ]
