@@ -1,7 +1,8 @@
 """tallies: counts /metrics reads instead of scanning every job (store.tallies),
 filled from the tables as they are; the node-group index gains created_at
 (the oldest queued job per group); the queue's index orders priority high
-first (read in order, not sorted); attempts get an index on ended_at (costs)
+first (read in order, not sorted); (status, id) serves an admin's list by
+status; attempts get an index on ended_at (costs)
 
 Revision ID: 0006_tallies
 Revises: 0005_packages
@@ -93,6 +94,7 @@ def upgrade() -> None:
                               unique=False)
         batch_op.drop_index('ix_jobs_status_priority_id')
         batch_op.create_index('ix_jobs_status_priority_id', ['status', sa.text('priority DESC'), 'id'], unique=False)
+        batch_op.create_index('ix_jobs_status_id', ['status', 'id'], unique=False)
     with op.batch_alter_table('attempts', schema=None) as batch_op:
         batch_op.create_index('ix_attempts_ended_at', ['ended_at'], unique=False)
     _backfill(op.get_bind())
@@ -106,4 +108,5 @@ def downgrade() -> None:
         batch_op.create_index('ix_jobs_node_group_status', ['node_group', 'status'], unique=False)
         batch_op.drop_index('ix_jobs_status_priority_id')
         batch_op.create_index('ix_jobs_status_priority_id', ['status', 'priority', 'id'], unique=False)
+        batch_op.drop_index('ix_jobs_status_id')
     op.drop_table('tallies')

@@ -89,6 +89,9 @@ Index("ix_jobs_status_priority_id", jobs.c.status, jobs.c.priority.desc(), jobs.
 # Capacity accounting: active jobs per node group; filter by node group; and
 # /metrics' oldest queued job per group (created_at: one index step, not a scan).
 Index("ix_jobs_node_group_status_created_at", jobs.c.node_group, jobs.c.status, jobs.c.created_at)
+# GET /v1/jobs?status= across projects (admins): newest first within a status,
+# instead of sorting every job in it (550 ms for PENDING at 1M stored).
+Index("ix_jobs_status_id", jobs.c.status, jobs.c.id)
 # Filter by name prefix within a project.
 Index("ix_jobs_project_name", jobs.c.project, jobs.c.name)
 
