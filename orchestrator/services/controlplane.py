@@ -41,8 +41,14 @@ class ControlPlane:
         self.engine = engine or db.make_engine(settings.resolved_database_url,
                                                sqlite_synchronous=settings.sqlite_synchronous)
         self.sessions = db.make_sessionmaker(self.engine)
-        # Single submits and audit rows: many per commit, each answered after it.
-        self.writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units)
+        # SQLite: single submits and audit rows many per commit, each answered
+        # after it (every write transaction there queues for one lock and pays
+        # its own fsync). PostgreSQL runs concurrent transactions and groups
+        # their WAL flushes itself; one writer thread there serialised every
+        # round trip and measured slower (docs/benchmarks.md), so it writes directly.
+        self.writes: GroupCommit | None = None
+        if self.engine.dialect.name == "sqlite" and settings.group_commit_max_units > 1:
+            self.writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units)
         # Set on every accepted submission; the dispatcher waits on it so a new
         # job is dispatched at once instead of at the next poll.
         self.new_work = threading.Event()
@@ -115,7 +121,8 @@ class ControlPlane:
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()  # its HTTP client and GCS channel
-        self.writes.close()
+        if self.writes is not None:
+            self.writes.close()
         self.engine.dispose()
 
     # Jobs ------------------------------------------------------------------
@@ -127,12 +134,19 @@ class ControlPlane:
         policy.check(spec, self.settings)
         self.packages.claim_for(spec)
         placement = self._route(spec)
-        job, created = self.writes.run(lambda s: store_jobs.submit_view(
+        job, created = self._write(lambda s: store_jobs.submit_view(
             s, spec, project=project, actor=actor, idempotency_key=idempotency_key, placement=placement,
             dashboard_url=self.dashboard_url))
         if created:
             self.new_work.set()
         return job, created
+
+    def _write(self, fn):
+        """``fn(session)`` committed: in the next group commit, or in a transaction of its own."""
+        if self.writes is not None:
+            return self.writes.run(fn)
+        with db.transaction(self.sessions) as s:
+            return fn(s)
 
     def submit_batch(self, specs: Sequence[JobSpec], *, project: str, actor: str) -> list[str]:
         if len(specs) > self.settings.max_batch_jobs:
