@@ -115,8 +115,11 @@ def set_attempt(
         allowed &= set(expected)
     where = (attempts.c.job_id == job_id, attempts.c.number == number)
     for _ in range(MAX_CAS_RETRIES):
-        seen = session.execute(select(attempts.c.status, attempts.c.cause, attempts.c.node_group,
-                                      attempts.c.created_at, attempts.c.started_at).where(*where)).first()
+        # Locked (PostgreSQL): the cause read here is the one this update replaces,
+        # even when set_attempt_cause writes the same row meanwhile.
+        seen = session.execute(_for_update(session, select(
+            attempts.c.status, attempts.c.cause, attempts.c.node_group, attempts.c.created_at,
+            attempts.c.started_at).where(*where))).first()
         if seen is None:
             raise NotFound(f"attempt {number} of job {job_id} not found")
         src = AttemptStatus(seen.status)
@@ -139,11 +142,7 @@ def set_attempt_cause(session: Session, job_id: str, number: int, cause: str, *,
                       message: str | None = None) -> None:
     """Name the cause a live attempt will end with (Raylane is stopping it), and its message if given."""
     where = (attempts.c.job_id == job_id, attempts.c.number == number)
-    # FOR UPDATE: the cause read here must be the one replaced (PostgreSQL; SQLite serialises writers).
-    q = select(attempts.c.cause, attempts.c.node_group).where(*where)
-    if session.bind.dialect.name == "postgresql":
-        q = q.with_for_update()
-    seen = session.execute(q).first()
+    seen = session.execute(_for_update(session, select(attempts.c.cause, attempts.c.node_group).where(*where))).first()
     if seen is None:
         raise NotFound(f"attempt {number} of job {job_id} not found")
     vals: dict[str, Any] = {"cause": cause}
@@ -151,3 +150,8 @@ def set_attempt_cause(session: Session, job_id: str, number: int, cause: str, *,
         vals["message"] = message
     session.execute(update(attempts).where(*where).values(**vals))
     tallies.cause_changed(session, seen.node_group, seen.cause, cause)
+
+
+def _for_update(session: Session, q):
+    """``q`` locking its rows on PostgreSQL (SQLite serialises writers already)."""
+    return q.with_for_update() if session.bind.dialect.name == "postgresql" else q
