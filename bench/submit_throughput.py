@@ -107,6 +107,12 @@ def pg_database() -> tuple[str, callable]:
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
     data_dir = tempfile.mkdtemp(prefix="raylane-bench-")
     proc, url = start_server(db_url, data_dir, tree)
@@ -114,7 +120,10 @@ def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
     try:
         asyncio.run(singles(url, 1.0, 4))  # warm-up
         base = count_rows(db_url)
+        cpu0 = cpu_s(proc.pid)
         n, dt, lat = asyncio.run(singles(url, args.seconds, args.concurrency))
+        # The server's CPU per submit: what a shared machine's load distorts least.
+        cpu_ms = (cpu_s(proc.pid) - cpu0) * 1000 / max(n, 1)
         assert count_rows(db_url) - base == n, "stored count differs from acknowledged submits"
         lat.sort()
         base = count_rows(db_url)
@@ -122,7 +131,7 @@ def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
         assert count_rows(db_url) - base == bn
         return {"database": label, "single_per_s": n / dt, "single_p50_ms": lat[len(lat) // 2] * 1000,
                 "single_p99_ms": lat[int(len(lat) * 0.99)] * 1000, "batch_jobs_per_s": bn / bdt,
-                "single_n": n, "batch_n": bn}
+                "single_n": n, "batch_n": bn, "server_cpu_ms_per_submit": cpu_ms}
     finally:
         _server.stop_server(proc)
 
@@ -153,22 +162,27 @@ def compare(args) -> None:
             out.append({"db": db, "pair": i + 1, "first": order[0][0], "load": load, **pair})
             b, a = pair["before"], pair["after"]
             print(f"{db} pair {i + 1} ({order[0][0]} first, load {load:.1f}): singles/s {b['single_per_s']:.0f} -> "
-                  f"{a['single_per_s']:.0f}, p50 {b['single_p50_ms']:.0f} -> {a['single_p50_ms']:.0f} ms, "
+                  f"{a['single_per_s']:.0f}, server CPU/submit {b['server_cpu_ms_per_submit']:.2f} -> "
+                  f"{a['server_cpu_ms_per_submit']:.2f} ms, p50 {b['single_p50_ms']:.0f} -> {a['single_p50_ms']:.0f} ms, "
                   f"p99 {b['single_p99_ms']:.0f} -> {a['single_p99_ms']:.0f} ms, batch jobs/s "
                   f"{b['batch_jobs_per_s']:.0f} -> {a['batch_jobs_per_s']:.0f}", flush=True)
-    print("| database | pair (first) | load | before/s | after/s | ratio | p50 ms before/after | p99 ms before/after "
-          "| batch jobs/s before/after |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| database | pair (first) | load | before/s | after/s | ratio | server CPU ms/submit before/after "
+          "| p50 ms before/after | p99 ms before/after | batch jobs/s before/after |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in out:
         b, a = r["before"], r["after"]
         print(f"| {r['db']} | {r['pair']} ({r['first']}) | {r['load']:.1f} | {b['single_per_s']:.0f} | "
-              f"{a['single_per_s']:.0f} | {a['single_per_s'] / b['single_per_s']:.2f} | {b['single_p50_ms']:.0f} / "
+              f"{a['single_per_s']:.0f} | {a['single_per_s'] / b['single_per_s']:.2f} | "
+              f"{b['server_cpu_ms_per_submit']:.2f} / {a['server_cpu_ms_per_submit']:.2f} | {b['single_p50_ms']:.0f} / "
               f"{a['single_p50_ms']:.0f} | {b['single_p99_ms']:.0f} / {a['single_p99_ms']:.0f} | "
               f"{b['batch_jobs_per_s']:.0f} / {a['batch_jobs_per_s']:.0f} |")
     for db in ("sqlite", "postgresql"):
         ratios = [r["after"]["single_per_s"] / r["before"]["single_per_s"] for r in out if r["db"] == db]
+        cpu = [r["after"]["server_cpu_ms_per_submit"] / r["before"]["server_cpu_ms_per_submit"]
+               for r in out if r["db"] == db]
         print(f"{db}: median ratio after/before {statistics.median(ratios):.2f} "
-              f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs)")
+              f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs); server CPU per submit "
+              f"after/before {statistics.median(cpu):.2f} (range {min(cpu):.2f}-{max(cpu):.2f})")
     print(json.dumps(out))
 
 

@@ -104,7 +104,9 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
                    idempotency_key=idempotency_key, reason=reason)
     try:
         with session.begin_nested():
-            session.execute(insert(jobs).values(**row))
+            # The row as parameters, not .values(**row): one statement compiled
+            # once, instead of a new one built and keyed per submit.
+            session.execute(insert(jobs), row)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -115,10 +117,10 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
     _tally_new(session, row)
     if spec.labels:
         session.execute(insert(job_labels), [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
-    session.execute(insert(events).values(
-        job_id=job_id, at=now, from_status=None, to_status=JobStatus.PENDING.value,
-        reason="submitted" + (f"; routed to {placement.node_group}" if placement else ""), actor=actor,
-    ))
+    session.execute(insert(events), {
+        "job_id": job_id, "at": now, "from_status": None, "to_status": JobStatus.PENDING.value,
+        "reason": "submitted" + (f"; routed to {placement.node_group}" if placement else ""), "actor": actor,
+        "attempt": None})
     return job_id, True, row
 
 
