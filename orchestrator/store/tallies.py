@@ -22,8 +22,10 @@ Tallies (label1, label2):
   ``sum`` (the total seconds); bounds are cumulative, like Prometheus'.
 
 *Shards*: on PostgreSQL a transaction writes its deltas to one of ``SHARDS``
-rows per tally, chosen at random, so concurrent submits do not queue behind one
-hot row's lock until the holder's commit; a read sums the shards. Deltas are
+rows per tally: its connection's own (numbered as this process's pool opens
+them; another replica's connection may share one), so concurrent submits, each
+on its own connection, do not queue behind one hot row's lock until the
+holder's commit; a read sums the shards. Deltas are
 written in key order, so two transactions never lock the same rows in opposite
 orders (no deadlock). SQLite serialises writers anyway: one shard.
 
@@ -33,7 +35,7 @@ walks every transition compares the two, and ``rebuild`` repairs the rows.
 
 from __future__ import annotations
 
-import random
+import itertools
 from collections import defaultdict
 from datetime import datetime
 from typing import Any, Sequence
@@ -47,7 +49,9 @@ from raylane.orchestrator.domain.states import FailureCause
 from raylane.orchestrator.store.tables import attempts, jobs, tallies
 
 NONE = "none"  # the node group of a job or attempt not yet routed
-SHARDS = 16  # PostgreSQL rows per tally: concurrent writers rarely pick the same one
+# PostgreSQL rows per tally: at least the pool's connections (db.make_engine: 10
+# + 20 overflow), so two live connections never share a row.
+SHARDS = 32
 Key = tuple[str, str, str]
 
 # Seconds. Admission waits range from instant to hours on a busy GPU group.
@@ -121,12 +125,22 @@ def _upsert(dialect: str):
     return stmt
 
 
+_numbers = itertools.count()  # connections of this process, in the order they opened
+
+
+def _shard(session: Session) -> int:
+    info = session.connection().info  # the pooled DBAPI connection's: lives as long as it does
+    if "tallies.shard" not in info:
+        info["tallies.shard"] = next(_numbers) % SHARDS
+    return info["tallies.shard"]
+
+
 def _flush(session: Session) -> None:
     pending = session.info.pop(_PENDING, None)
     if not pending:
         return
     dialect = session.bind.dialect.name
-    shard = random.randrange(SHARDS) if dialect == "postgresql" else 0
+    shard = _shard(session) if dialect == "postgresql" else 0
     rows = [{"name": k[0], "label1": k[1], "label2": k[2], "shard": shard, "value": v}
             for k, v in sorted(pending.items()) if v != 0]
     if rows:
