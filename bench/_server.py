@@ -16,14 +16,17 @@ from tests.helpers import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_server(work: Path, env: dict[str, str], *, timeout: float = 120) -> tuple[subprocess.Popen, str]:
+def start_server(work: Path, env: dict[str, str], *, timeout: float = 120,
+                 tree: Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start the server with ``env`` on a free port; its log goes to ``work/server.log``.
+    ``tree``: run another checkout's code (a before/after comparison in one run).
     Returns (process, base URL) once /readyz answers 200."""
     port = free_port()
+    root = Path(tree).resolve() if tree else ROOT
     full = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_LOG_LEVEL": "WARNING",
-            **env}
+            "PYTHONPATH": str(root), **env}
     log = Path(work) / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve"], env=full, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve"], env=full, cwd=root,
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 

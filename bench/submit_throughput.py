@@ -8,6 +8,11 @@ Every count is checked against the database afterwards (GET /v1/jobs paging is
 too slow for 100k rows, so we count rows directly).
 
     python bench/submit_throughput.py [--seconds 10] [--concurrency 32]
+    python bench/submit_throughput.py --before ../main --pairs 3   # this tree against another, alternated
+
+With ``--before TREE``, each database runs ``--pairs`` pairs of (that tree's
+server, this tree's server), the order flipped every pair, each on a fresh
+database, and prints each pair and the median ratio after/before.
 """
 
 from __future__ import annotations
@@ -36,10 +41,10 @@ TOKEN = "rl_bench-admin-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def start_server(db_url: str, data_dir: str) -> tuple[subprocess.Popen, str]:
+def start_server(db_url: str, data_dir: str, tree: Path | None = None) -> tuple[subprocess.Popen, str]:
     return _server.start_server(Path(data_dir), {
         "RAYLANE_DATABASE_URL": db_url, "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_ADMIN_TOKEN": TOKEN,
-        "RAYLANE_SUBMIT_RATE_PER_S": "0"}, timeout=60)
+        "RAYLANE_SUBMIT_RATE_PER_S": "0"}, timeout=60, tree=tree)
 
 
 async def singles(url: str, seconds: float, concurrency: int) -> tuple[int, float, list[float]]:
@@ -102,14 +107,23 @@ def pg_database() -> tuple[str, callable]:
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
 
 
-def run(label: str, db_url: str, args) -> dict:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
     data_dir = tempfile.mkdtemp(prefix="raylane-bench-")
-    proc, url = start_server(db_url, data_dir)
+    proc, url = start_server(db_url, data_dir, tree)
     print(f"{label}: server log in {data_dir}/server.log", file=sys.stderr)
     try:
         asyncio.run(singles(url, 1.0, 4))  # warm-up
         base = count_rows(db_url)
+        cpu0 = cpu_s(proc.pid)
         n, dt, lat = asyncio.run(singles(url, args.seconds, args.concurrency))
+        # The server's CPU per submit: what a shared machine's load distorts least.
+        cpu_ms = (cpu_s(proc.pid) - cpu0) * 1000 / max(n, 1)
         assert count_rows(db_url) - base == n, "stored count differs from acknowledged submits"
         lat.sort()
         base = count_rows(db_url)
@@ -117,9 +131,59 @@ def run(label: str, db_url: str, args) -> dict:
         assert count_rows(db_url) - base == bn
         return {"database": label, "single_per_s": n / dt, "single_p50_ms": lat[len(lat) // 2] * 1000,
                 "single_p99_ms": lat[int(len(lat) * 0.99)] * 1000, "batch_jobs_per_s": bn / bdt,
-                "single_n": n, "batch_n": bn}
+                "single_n": n, "batch_n": bn, "server_cpu_ms_per_submit": cpu_ms}
     finally:
         _server.stop_server(proc)
+
+
+def compare(args) -> None:
+    """Pairs of (before, after) per database, alternating which runs first."""
+    import statistics
+
+    before = Path(args.before).resolve()
+    out = []
+    for db in ("sqlite", "postgresql"):
+        for i in range(args.pairs):
+            order = [("before", before), ("after", None)]
+            if i % 2:
+                order.reverse()
+            pair = {}
+            for which, tree in order:
+                if db == "sqlite":
+                    url, drop = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-bench-')}/b.db", None
+                else:
+                    url, drop = pg_database()
+                try:
+                    pair[which] = run(f"{db} {which}", url, args, tree)
+                finally:
+                    if drop:
+                        drop()
+            load = os.getloadavg()[0]
+            out.append({"db": db, "pair": i + 1, "first": order[0][0], "load": load, **pair})
+            b, a = pair["before"], pair["after"]
+            print(f"{db} pair {i + 1} ({order[0][0]} first, load {load:.1f}): singles/s {b['single_per_s']:.0f} -> "
+                  f"{a['single_per_s']:.0f}, server CPU/submit {b['server_cpu_ms_per_submit']:.2f} -> "
+                  f"{a['server_cpu_ms_per_submit']:.2f} ms, p50 {b['single_p50_ms']:.0f} -> {a['single_p50_ms']:.0f} ms, "
+                  f"p99 {b['single_p99_ms']:.0f} -> {a['single_p99_ms']:.0f} ms, batch jobs/s "
+                  f"{b['batch_jobs_per_s']:.0f} -> {a['batch_jobs_per_s']:.0f}", flush=True)
+    print("| database | pair (first) | load | before/s | after/s | ratio | server CPU ms/submit before/after "
+          "| p50 ms before/after | p99 ms before/after | batch jobs/s before/after |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in out:
+        b, a = r["before"], r["after"]
+        print(f"| {r['db']} | {r['pair']} ({r['first']}) | {r['load']:.1f} | {b['single_per_s']:.0f} | "
+              f"{a['single_per_s']:.0f} | {a['single_per_s'] / b['single_per_s']:.2f} | "
+              f"{b['server_cpu_ms_per_submit']:.2f} / {a['server_cpu_ms_per_submit']:.2f} | {b['single_p50_ms']:.0f} / "
+              f"{a['single_p50_ms']:.0f} | {b['single_p99_ms']:.0f} / {a['single_p99_ms']:.0f} | "
+              f"{b['batch_jobs_per_s']:.0f} / {a['batch_jobs_per_s']:.0f} |")
+    for db in ("sqlite", "postgresql"):
+        ratios = [r["after"]["single_per_s"] / r["before"]["single_per_s"] for r in out if r["db"] == db]
+        cpu = [r["after"]["server_cpu_ms_per_submit"] / r["before"]["server_cpu_ms_per_submit"]
+               for r in out if r["db"] == db]
+        print(f"{db}: median ratio after/before {statistics.median(ratios):.2f} "
+              f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs); server CPU per submit "
+              f"after/before {statistics.median(cpu):.2f} (range {min(cpu):.2f}-{max(cpu):.2f})")
+    print(json.dumps(out))
 
 
 def main() -> None:
@@ -127,7 +191,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--before", help="another checkout to compare against (its server, alternated with this one's)")
+    ap.add_argument("--pairs", type=int, default=3)
     args = ap.parse_args()
+    if args.before:
+        compare(args)
+        return
     rows = []
     tmp = tempfile.mkdtemp(prefix="raylane-bench-sqlite-")
     for sync in ("FULL", "NORMAL"):

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
         "FULL", description="SQLite fsync level. FULL: a committed job survives power loss; NORMAL: survives a process crash."
     )
     auto_migrate: bool = Field(True, description="Run `alembic upgrade head` on start.")
+    group_commit_max_units: int = Field(
+        256, ge=1, description="SQLite: single submits and audit rows made durable by one commit, at most this "
+        "many (each acknowledged only after it); 1: one commit each. PostgreSQL groups WAL flushes itself.")
 
     # Job storage (docs/deploy.md#storage): what jobs write that must outlive a node
     storage_uri: str | None = Field(

@@ -2,8 +2,9 @@
 come from the database (a second app on the same database serves the same), the
 request middleware sets X-Request-ID, and the Grafana dashboard refers only to
 metrics that /metrics exposes. Status changes are driven the way the loops drive
-them: the dispatcher's claim() for admission, ``transitions.transition`` for the
-rest (no Ray)."""
+them: the dispatcher's claim() for admission, ``transitions.transition`` and
+``set_attempt`` for the rest (no Ray): the counts /metrics reads move only
+through the store's writers."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from sqlalchemy import update
 from raylane.orchestrator.loops.dispatcher import Dispatcher
 from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.domain.routing import GroupState
-from raylane.orchestrator.domain.states import FailureCause, JobStatus
+from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.store import db
 from raylane.orchestrator.store.tables import attempts, jobs
-from raylane.orchestrator.store.transitions import transition, utcnow
+from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
 
 GiB = 1024**3
 GRAFANA = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "raylane.json"
@@ -63,16 +64,15 @@ def running(cp, job_id, n, *, after_s: float):
     with db.transaction(cp.sessions) as s:
         created = s.execute(attempts.select().where(attempts.c.job_id == job_id, attempts.c.number == n)) \
             .mappings().one()["created_at"]
-        s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == n)
-                  .values(status="RUNNING", started_at=created + timedelta(seconds=after_s)))
+        set_attempt(s, job_id, n, AttemptStatus.SUBMITTED)
+        set_attempt(s, job_id, n, AttemptStatus.RUNNING, values={"started_at": created + timedelta(seconds=after_s)})
         transition(s, job_id, JobStatus.RUNNING, reason="running", actor="test", attempt=n,
                    expected={JobStatus.DISPATCHING}, values={"started_at": utcnow(), "lease_owner": None})
 
 
 def ended_badly(cp, job_id, n, cause: FailureCause, *, retry: bool):
     with db.transaction(cp.sessions) as s:
-        s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == n)
-                  .values(status="FAILED", ended_at=utcnow(), cause=cause.value))
+        set_attempt(s, job_id, n, AttemptStatus.FAILED, values={"ended_at": utcnow(), "cause": cause.value})
         extra = {"preemptions": jobs.c.preemptions + 1} if cause is FailureCause.PREEMPTED else {}
         if retry:
             transition(s, job_id, JobStatus.RETRYING, reason=f"{cause.value}; retrying", actor="test", attempt=n,

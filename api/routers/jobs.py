@@ -62,15 +62,16 @@ def _fits(spec: JobSpec, field: str, *, array: bool = False) -> None:
                         403: {"description": "Another project's spec, or a policy rule refused it (`rule`)"},
                         409: {"description": "Idempotency-Key reused with a different spec"},
                         429: {"description": "Submit rate of this token exceeded; see Retry-After"}})
-def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request, response: Response,
-               idempotency_key: IdemKey = None) -> Job:
+def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request,
+               idempotency_key: IdemKey = None) -> Response:
     _fits(spec, "spec")
     job, created = cp.submit(spec, project=_project(caller, spec.project), actor=caller.name,
                              idempotency_key=idempotency_key)
     request.state.audit_target = job.id
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return job
+    # The Job is built by the store already: encoded once here, not dumped,
+    # validated against response_model and encoded again by FastAPI.
+    return Response(job.model_dump_json(), media_type="application/json",
+                    status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 @router.post("/batch", status_code=201, response_model=BatchSubmitResponse, dependencies=[Depends(submit_limit)],

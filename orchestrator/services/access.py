@@ -107,6 +107,7 @@ class Access:
     def __init__(self, settings: Settings, sessions):
         self.settings = settings
         self.sessions = sessions
+        self.writes = None  # the control plane's GroupCommit: audit rows share its commits
 
     # Authentication ----------------------------------------------------------
 
@@ -114,10 +115,17 @@ class Access:
         """The caller a Bearer secret belongs to, or None (unknown, revoked or expired)."""
         if not secret or len(secret) > MAX_TOKEN_LEN:
             return None
-        with db.transaction(self.sessions) as s:
-            row = store.token_by_hash(s, hash_token(secret), now=utcnow())
+        now = utcnow()
+        # Every request's lookup reads the token's row, so a revoke is refused
+        # on its next request, on every replica; only a read (no write lock),
+        # and a write at most once a minute per token (last_used_at).
+        with db.read(self.sessions) as s:
+            row = store.token_by_hash(s, hash_token(secret), now=now, mark_used=False)
         if row is None:
             return None
+        if store.needs_mark(row, now):
+            with db.transaction(self.sessions) as s:
+                store.mark(s, row["id"], now)
         admin = row["role"] == Role.ADMIN.value
         return Caller(name=row["name"], project=None if admin else row["project"], role=row["role"],
                       token_id=row["id"], home_project=row["project"])
@@ -234,9 +242,13 @@ class Access:
     # Audit -------------------------------------------------------------------------
 
     def record(self, entry: dict) -> int:
-        """Write one audit row; return its id."""
+        """Write one audit row; return its id (once committed: with the
+        control plane's group commit when it has one, ``writes``)."""
+        row = {**entry, "at": entry.get("at") or utcnow()}
+        if self.writes is not None:
+            return self.writes.run(lambda s: store.record(s, row))
         with db.transaction(self.sessions) as s:
-            return store.record(s, {**entry, "at": entry.get("at") or utcnow()})
+            return store.record(s, row)
 
     def add_to_counts(self, counts: dict[int, int]) -> None:
         """Add requests to aggregated audit rows (``api.refusals``): row id -> how many."""

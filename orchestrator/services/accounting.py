@@ -52,7 +52,7 @@ def window(start: datetime | None, end: datetime | None, now: datetime | None = 
 def _priced(cp: "ControlPlane", start: datetime, end: datetime, now: datetime, *, project: str | None,
             job_id: str | None = None) -> list[costs.AttemptCost]:
     with db.transaction(cp.sessions) as s:
-        usages = load_usage(s, start=start, end=end, project=project, job_id=job_id)
+        usages = load_usage(s, start=start, end=end, project=project, job_id=job_id, with_spec=False)
     return costs.costs(usages, profile(cp), start=start, end=end, now=now)
 
 

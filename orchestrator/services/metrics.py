@@ -1,12 +1,14 @@
 """Prometheus metrics computed from the database at scrape time.
 
-Every number here is derived from the tables (jobs, attempts), never from
-counters kept in a process, so every control-plane replica serves the same
-values and a restart loses nothing. Counters are counts of immutable rows
-(attempts are never deleted or moved to another group), so they only go up.
-Histograms are built the same way: one aggregate query per histogram, the
-bucket counts summed in SQL. The queries are ``store.stats``'; this module names
-the families and fills in the zeros.
+Every number here comes from the database, never from counters kept in a
+process, so every control-plane replica serves the same values and a restart
+loses nothing. Counts of jobs and attempts, and the histograms, are
+``store.tallies``: rows moved in the same transaction as what they count, so a
+scrape costs the same at 1,000,000 stored jobs as at 1,000. What active and
+queued jobs hold or how long they waited is read from those jobs only
+(``store.stats``). Counters count immutable facts (a job submitted, an attempt
+dispatched), so they only go up. This module names the families and fills in
+the zeros.
 
 Metrics (labels in braces):
 
@@ -39,8 +41,8 @@ from prometheus_client.registry import Collector
 from raylane.orchestrator.domain.costs import node_share
 from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.states import FailureCause, JobStatus
-from raylane.orchestrator.store import stats
-from raylane.orchestrator.store.stats import NONE
+from raylane.orchestrator.store import stats, tallies
+from raylane.orchestrator.store.tallies import ADMISSION_BUCKETS, DISPATCH_BUCKETS, NONE
 from raylane.orchestrator.store.transitions import utcnow
 
 if TYPE_CHECKING:  # the store alone imports SQLAlchemy
@@ -48,13 +50,7 @@ if TYPE_CHECKING:  # the store alone imports SQLAlchemy
 
 log = logging.getLogger(__name__)
 
-# Seconds. Admission waits range from instant to hours on a busy GPU group.
-ADMISSION_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
-# Dispatch latency: Ray accepting the submission and starting the driver.
-DISPATCH_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900)
-
-
-def _histogram(name: str, doc: str, rows: dict[str, stats.HistogramRow], buckets,
+def _histogram(name: str, doc: str, rows: dict[str, tuple[int, float, list[int]]], buckets,
                groups: list[str]) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(name, doc, labels=["node_group"])
     for g in groups:
@@ -68,10 +64,15 @@ def _histogram(name: str, doc: str, rows: dict[str, stats.HistogramRow], buckets
 
 def collect_from(session: Session, profile: Profile | None) -> Iterator:
     now = utcnow()
+    kept = tallies.read(session)
 
+    def tally(name: str) -> dict[tuple[str, str], int]:
+        return {(a, b): int(v) for (n, a, b), v in kept.items() if n == name}
+
+    by_status = tally("jobs")
     fam = GaugeMetricFamily("raylane_jobs", "Jobs now in each status, by node group.", labels=["status", "node_group"])
     seen = set()
-    for status, group, n in stats.jobs_by_status(session):
+    for (status, group), n in sorted(by_status.items()):
         fam.add_metric([status, group], n)
         seen.add((status, group))
     for s in JobStatus:  # every status present, so a panel shows 0, not "no data"
@@ -84,7 +85,7 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
     age = GaugeMetricFamily("raylane_queue_oldest_age_seconds",
                             "Seconds the oldest waiting job has waited (PENDING: since submit; "
                             "RETRYING: since its last failure).", labels=["node_group"])
-    queue = stats.queue_by_group(session)
+    queue = stats.queue_oldest(session, by_status)
     for group in sorted(queue):
         n, oldest = queue[group]
         depth.add_metric([group], n)
@@ -96,14 +97,14 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
     yield age
 
     fam = CounterMetricFamily("raylane_jobs_created", "Jobs ever submitted, by kind.", labels=["kind"])
-    for kind, n in stats.jobs_by_kind(session).items():
+    for (kind, _), n in sorted(tally("jobs_created").items()):
         fam.add_metric([kind], n)
     yield fam
 
     # Counters start at 0 for every worker group (and cause), so rate() and
     # increase() see the first attempt instead of a series appearing from nothing.
     workers = profile.workers if profile else []
-    rows = stats.attempts_by_market(session)
+    rows = tally("attempts")
     for w in workers:
         rows.setdefault((w.name, w.market), 0)
     fam = CounterMetricFamily("raylane_attempts", "Attempts dispatched to Ray.", labels=["node_group", "market"])
@@ -111,7 +112,8 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
         fam.add_metric(list(key), rows[key])
     yield fam
 
-    rows = stats.failures_by_cause(session)
+    failures = tally("failures")
+    rows = dict(failures)
     for w in workers:
         for cause in FailureCause:
             rows.setdefault((w.name, cause.value), 0)
@@ -121,12 +123,14 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
         fam.add_metric(list(key), rows[key])
     yield fam
 
+    retries = {g: n for (g, _), n in tally("retries").items()}
+    preemptions = {g: n for (g, cause), n in failures.items() if cause == FailureCause.PREEMPTED.value}
     for name, doc, read in (
-        ("raylane_retries", "Attempts after a job's first: each one is a retry.", stats.retries_by_group),
-        ("raylane_preemptions", "Attempts lost to a spot reclaim or drain.", stats.preemptions_by_group),
+        ("raylane_retries", "Attempts after a job's first: each one is a retry.", retries),
+        ("raylane_preemptions", "Attempts lost to a spot reclaim or drain.", preemptions),
     ):
         counts = {w.name: 0 for w in workers}
-        counts.update(read(session))
+        counts.update(read)
         fam = CounterMetricFamily(name, doc, labels=["node_group"])
         for grp in sorted(counts):
             fam.add_metric([grp], counts[grp])
@@ -134,10 +138,10 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
 
     yield _histogram("raylane_admission_wait_seconds",
                      "Seconds from submit to the first dispatch (admission), by the node group admitted to.",
-                     stats.admission_waits(session, ADMISSION_BUCKETS), ADMISSION_BUCKETS, [w.name for w in workers])
+                     tallies.histogram(kept, "admission_wait"), ADMISSION_BUCKETS, [w.name for w in workers])
     yield _histogram("raylane_dispatch_latency_seconds",
                      "Seconds from dispatch to the attempt running on Ray, per attempt.",
-                     stats.dispatch_latencies(session, DISPATCH_BUCKETS), DISPATCH_BUCKETS, [w.name for w in workers])
+                     tallies.histogram(kept, "dispatch_latency"), DISPATCH_BUCKETS, [w.name for w in workers])
 
     held = GaugeMetricFamily("raylane_resources_held", "CPUs and GPUs held by active jobs (dispatching, running, "
                              "cancelling), by node group.", labels=["node_group", "resource"])

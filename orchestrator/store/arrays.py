@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL as INDEX_LABEL, ARRAY_LABEL, JobSpec
 from raylane.orchestrator.domain.states import TERMINAL, JobStatus
 from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.store import tallies
 from raylane.orchestrator.store.tables import arrays, events, job_labels, jobs
 
 _DONE = [s.value for s in TERMINAL]
@@ -67,6 +68,9 @@ def _add_members(session, spec, array_id, indices: Sequence[int], k: int | None,
                     "reason": f"submitted as member {i} of array {array_id}" + (" (held)" if held else ""),
                     "actor": actor, "attempt": None})
     session.execute(insert(jobs), rows)
+    for row in rows:  # the counts /metrics reads (store.tallies), as store.jobs keeps them for a submit
+        tallies.job_moved(session, src=None, src_group=None, to=row["status"], to_group=row["node_group"])
+        tallies.add(session, "jobs_created", row["kind"])
     session.execute(insert(job_labels), labels)
     session.execute(insert(events), evs)
     return ids

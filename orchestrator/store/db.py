@@ -4,7 +4,9 @@ SQLite: WAL (readers never block the writer), a busy timeout, and every
 transaction started with ``BEGIN IMMEDIATE``: pysqlite's deferred transactions
 take the write lock only at the first write, and a reader upgrading to a writer
 can fail with "database is locked" without waiting; IMMEDIATE makes writers
-queue on the busy timeout instead. PostgreSQL: psycopg 3, a pool, READ COMMITTED,
+queue on the busy timeout instead. A ``read`` that never writes begins deferred
+(``READ_ONLY``): it reads its WAL snapshot without queueing for the write lock,
+so the per-request token lookup does not wait behind every submit's commit. PostgreSQL: psycopg 3, a pool, READ COMMITTED,
 and ``FOR UPDATE SKIP LOCKED`` where work is claimed.
 """
 
@@ -18,6 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker  # Engine and Session: the type hints of the layers above
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # longer than any write transaction we make
+READ_ONLY = "raylane_read_only"  # a connection execution option: this transaction only reads
 
 
 def normalise_url(url: str) -> str:
@@ -45,7 +48,7 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=True)
@@ -60,6 +63,15 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any error."""
     with factory() as session:
         with session.begin():
+            yield session
+
+
+@contextmanager
+def read(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A unit of work that only reads (SQLite: no write lock; a write in it fails)."""
+    with factory() as session:
+        with session.begin():
+            session.connection(execution_options={READ_ONLY: True})
             yield session
 
 

@@ -19,7 +19,7 @@ from raylane.orchestrator.domain.ids import new_job_id, submission_id
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
-from raylane.orchestrator.store import arrays as store_arrays, dependencies
+from raylane.orchestrator.store import arrays as store_arrays, dependencies, tallies
 from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from raylane.orchestrator.store.transitions import transition, utcnow
 
@@ -74,10 +74,30 @@ def submit(
     unique index decides, the loser reads the winner's row. The same key with a
     different spec is a Conflict.
     """
+    job_id, created, _ = _submit(session, spec, project=project, actor=actor, idempotency_key=idempotency_key,
+                                 placement=placement, reason=reason)
+    return job_id, created
+
+
+def submit_view(session: Session, spec: JobSpec, *, project: str = DEFAULT_PROJECT, actor: str = "api",
+                idempotency_key: str | None = None, placement: Placement | None = None,
+                dashboard_url: str | None = None) -> tuple[Job, bool]:
+    """``submit``, returning the job as GET shows it: a new one built from the row
+    just written (no read back, the spec not validated again), an existing one read."""
+    job_id, created, row = _submit(session, spec, project=project, actor=actor,
+                                   idempotency_key=idempotency_key, placement=placement, reason=None)
+    if not created:
+        return get_job(session, job_id, project=project, dashboard_url=dashboard_url), False
+    row = {**row, "started_at": None, "finished_at": None, "failure_cause": None}
+    return _view(row, dict(spec.labels), None, dashboard_url, spec=spec), True
+
+
+def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None,
+            placement: Placement | None, reason: str | None) -> tuple[str, bool, dict[str, Any] | None]:
     if idempotency_key is not None:
         existing = _by_key(session, project, idempotency_key)
         if existing is not None:
-            return _check_same(existing, spec), False
+            return _check_same(existing, spec), False, None
     now = utcnow()
     job_id = new_job_id()
     deps = dependencies.resolve(session, spec, project=project)  # in this transaction: parents cannot end meanwhile
@@ -86,22 +106,30 @@ def submit(
     _wait_for(row, deps)
     try:
         with session.begin_nested():
-            session.execute(insert(jobs).values(**row))
+            # The row as parameters, not .values(**row): one statement compiled
+            # once, instead of a new one built and keyed per submit.
+            session.execute(insert(jobs), row)
     except IntegrityError:
         if idempotency_key is None:
             raise
         existing = _by_key(session, project, idempotency_key)
         if existing is None:  # pragma: no cover - the unique index said it exists
             raise
-        return _check_same(existing, spec), False
+        return _check_same(existing, spec), False, None
     dependencies.record(session, job_id, deps)
+    _tally_new(session, row)
     if spec.labels:
         session.execute(insert(job_labels), [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
-    session.execute(insert(events).values(
-        job_id=job_id, at=now, from_status=None, to_status=JobStatus.PENDING.value,
-        reason="submitted" + (f"; routed to {placement.node_group}" if placement else ""), actor=actor,
-    ))
-    return job_id, True
+    session.execute(insert(events), {
+        "job_id": job_id, "at": now, "from_status": None, "to_status": JobStatus.PENDING.value,
+        "reason": "submitted" + (f"; routed to {placement.node_group}" if placement else ""), "actor": actor,
+        "attempt": None})
+    return job_id, True, row
+
+
+def _tally_new(session: Session, row: dict[str, Any]) -> None:
+    tallies.job_moved(session, src=None, src_group=None, to=row["status"], to_group=row["node_group"])
+    tallies.add(session, "jobs_created", row["kind"])
 
 
 def _wait_for(row: dict[str, Any], deps) -> None:
@@ -185,6 +213,8 @@ def submit_batch(
     session.execute(insert(jobs), rows)
     for job_id, deps in all_deps:
         dependencies.record(session, job_id, deps)
+    for row in rows:
+        _tally_new(session, row)
     if label_rows:
         session.execute(insert(job_labels), label_rows)
     session.execute(insert(events), event_rows)
@@ -311,19 +341,20 @@ def _views(session: Session, rows, dashboard_url: str | None) -> list[Job]:
                                      .where(job_labels.c.job_id.in_(ids))):
         labels[jid][k] = v
     res = {jid: r for jid, r in session.execute(select(results.c.job_id, results.c.result).where(results.c.job_id.in_(ids)))}
-    out = []
-    for r in rows:
-        sid = submission_id(r["id"], r["attempts"]) if r["attempts"] else None
-        out.append(Job(
-            id=r["id"], name=r["name"], kind=r["kind"], project=r["project"], status=r["status"],
-            status_reason=r["status_reason"], priority=r["priority"], labels=labels[r["id"]],
-            created_at=r["created_at"], updated_at=r["updated_at"], started_at=r["started_at"],
-            finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
-            preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
-            placement=r["placement"], ray_submission_id=sid, dashboard_url=job_dashboard_url(dashboard_url, sid),
-            result=res.get(r["id"]), spec=JobSpec.from_stored(r["spec"]),
-        ))
-    return out
+    return [_view(r, labels[r["id"]], res.get(r["id"]), dashboard_url) for r in rows]
+
+
+def _view(r, labels: dict[str, str], result, dashboard_url: str | None, *, spec: JobSpec | None = None) -> Job:
+    sid = submission_id(r["id"], r["attempts"]) if r["attempts"] else None
+    return Job(
+        id=r["id"], name=r["name"], kind=r["kind"], project=r["project"], status=r["status"],
+        status_reason=r["status_reason"], priority=r["priority"], labels=labels,
+        created_at=r["created_at"], updated_at=r["updated_at"], started_at=r["started_at"],
+        finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
+        preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
+        placement=r["placement"], ray_submission_id=sid, dashboard_url=job_dashboard_url(dashboard_url, sid),
+        result=result, spec=spec if spec is not None else JobSpec.from_stored(r["spec"]),
+    )
 
 
 # Cancel ----------------------------------------------------------------------

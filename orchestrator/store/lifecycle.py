@@ -27,7 +27,7 @@ from raylane.orchestrator.domain.states import (ATTEMPT_LIVE, INFRASTRUCTURE_CAU
                                                 FailureCause, JobStatus, decide)
 from raylane.orchestrator.store.jobs import save_trials, set_result
 from raylane.orchestrator.store.tables import attempts, jobs, results
-from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
+from raylane.orchestrator.store.transitions import set_attempt, set_attempt_cause, transition, utcnow
 
 MESSAGE_CHARS = 4000  # of an attempt's error message kept in its row
 
@@ -207,15 +207,13 @@ def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus
 def timeout_requested(s: Session, job_id: str, number: int) -> None:
     """The attempt ran past timeout_s and Raylane is stopping it: when Ray
     reports it stopped, its cause is TIMEOUT (not a cancel)."""
-    s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
-              .values(cause=FailureCause.TIMEOUT.value))
+    set_attempt_cause(s, job_id, number, FailureCause.TIMEOUT.value)
 
 
 def scale_up_overdue(s: Session, job_id: str, number: int, message: str) -> None:
     """The attempt waited for a scale-up past its deadline and Raylane is
     stopping it: when Ray reports it stopped, its cause is SCALE_UP_TIMEOUT."""
-    s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
-              .values(cause=FailureCause.SCALE_UP_TIMEOUT.value, message=message))
+    set_attempt_cause(s, job_id, number, FailureCause.SCALE_UP_TIMEOUT.value, message=message)
     s.execute(update(jobs).where(jobs.c.id == job_id).values(status_reason=message))
 
 

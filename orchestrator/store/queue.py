@@ -34,6 +34,7 @@ from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.store import tallies
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import record_event, transition
 
@@ -65,6 +66,7 @@ class Queued:
     attempts: int
     skips: int
     preemptions: int
+    created_at: datetime | None = None  # None: admit reads it (admission's unit tests build these)
 
 
 def _locked(session: Session, q):
@@ -86,19 +88,34 @@ def take_stale_leases(session: Session, *, owner: str, now: datetime, lease_unti
     return out
 
 
+# Held array members (store.arrays) and jobs whose parents have not ended
+# (store.dependencies) are PENDING but not queued yet.
+NOT_HELD = (jobs.c.array_held.is_(False), jobs.c.deps_waiting == 0)
+
+
+def _head(session: Session, cols, *conds, limit: int) -> list:
+    """The first ``limit`` queued jobs in admission order: priority (high first),
+    then id (old first). One read per queued status, each in the order of
+    ``ix_jobs_status_priority_id`` (an IN over both would sort every queued job
+    to find the first few), merged here. On PostgreSQL both reads lock their
+    rows, so up to ``limit`` rows past the head stay locked until this pass commits."""
+    rows = []
+    for status in (JobStatus.PENDING.value, JobStatus.RETRYING.value):
+        rows += session.execute(_locked(session, select(*cols).where(
+            jobs.c.status == status, *conds).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))).all()
+    rows.sort(key=lambda r: (-r.priority, r.id))
+    return rows[:limit]
+
+
 def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list[Queued]:
     """The queue's head in admission order: priority (high first), then id (old first)."""
-    q = _locked(session, select(jobs).where(
-        jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
-        or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
-        jobs.c.array_held.is_(False),  # held array members are not queued yet (store.arrays)
-        jobs.c.deps_waiting == 0,  # nor jobs whose parents have not ended (store.dependencies)
-    ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
+    rows = _head(session, [jobs], or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), *NOT_HELD, limit=limit)
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
                    spec=JobSpec.from_stored(r["spec"]),
                    placement=Placement.model_validate(r["placement"]) if r["placement"] else None,
-                   attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"])
-            for r in session.execute(q).mappings().all()]
+                   attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"],
+                   created_at=r["created_at"])
+            for r in (row._mapping for row in rows)]
 
 
 def fail_unroutable(session: Session, job: Queued, message: str, *, now: datetime) -> None:
@@ -114,15 +131,10 @@ def set_waiting(session: Session, job: Queued, reason: str) -> None:
 
 def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM_BATCH) -> int:
     """Queued jobs not already saying ``reason`` now say it (with an event each). Returns how many."""
-    q = _locked(session, select(jobs.c.id, jobs.c.status).where(
-        jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RETRYING.value]),
-        or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
-        or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason),
-        jobs.c.array_held.is_(False),
-        jobs.c.deps_waiting == 0,
-    ).order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit))
-    rows = session.execute(q).all()
-    for jid, status in rows:
+    rows = _head(session, [jobs.c.id, jobs.c.status, jobs.c.priority],
+                 or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
+                 or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason), *NOT_HELD, limit=limit)
+    for jid, status, _ in rows:
         session.execute(update(jobs).where(jobs.c.id == jid, jobs.c.status == status).values(status_reason=reason))
         record_event(session, jid, status=JobStatus(status), reason=reason, actor="scheduler")
     return len(rows)
@@ -146,6 +158,9 @@ def admit(session: Session, job: Queued, placement: Placement, *, passed_over: l
         job_id=job.id, number=n, submission_id=submission_id(job.id, n), node_group=group,
         market=placement.market, status=AttemptStatus.CLAIMED.value, resources=placement.total, created_at=now,
         message=scale_up))
+    created = job.created_at or session.execute(select(jobs.c.created_at).where(jobs.c.id == job.id)).scalar_one()
+    tallies.attempt_created(session, node_group=group, market=placement.market, number=n, created_at=now,
+                            job_created_at=created)
     for other in passed_over:
         session.execute(update(jobs).where(jobs.c.id == other).values(skips=jobs.c.skips + 1))
     return Claimed(job.id, n, job.spec, placement, job.project, scale_up)

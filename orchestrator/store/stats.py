@@ -1,33 +1,30 @@
 """Aggregate reads: what active jobs hold (admission, GET /v1/node-groups) and the
 counts the metrics collector turns into Prometheus families.
 
-Every function is one read, or a few, of the tables as they are now; nothing is
-kept between calls, so every control-plane replica answers the same. Jobs and
-attempts not yet routed are counted under ``NONE``.
+Every function is one read, or a few, of the tables as they are now, bounded by
+the jobs that are active or queued (never by every job stored: the counts of
+those live in ``store.tallies``); nothing is kept between calls, so every
+control-plane replica answers the same. Jobs and attempts not yet routed are
+counted under ``NONE``.
 
 Words: *active* is ``states.ACTIVE`` (dispatching, running, cancelling),
-*queued* is ``states.QUEUED`` (pending, retrying); a *histogram row* is
-``(count, sum, [how many <= each bucket])`` per node group, summed in SQL.
+*queued* is ``states.QUEUED`` (pending, retrying).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Sequence
-
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from raylane.orchestrator.domain.states import ACTIVE, QUEUED, AttemptStatus, FailureCause, JobStatus
+from raylane.orchestrator.domain.states import ACTIVE, QUEUED, AttemptStatus, JobStatus
 from raylane.orchestrator.store.tables import attempts, jobs
+from raylane.orchestrator.store.tallies import NONE
 
-assert QUEUED == {JobStatus.PENDING, JobStatus.RETRYING}, "queue_by_group below names both statuses"
+assert QUEUED == {JobStatus.PENDING, JobStatus.RETRYING}, "queue_oldest below names both statuses"
 
-NONE = "none"
-HistogramRow = tuple[int, float, list[int]]
 
 _ACTIVE = [s.value for s in ACTIVE]
-_job_group = func.coalesce(jobs.c.node_group, NONE)
 _attempt_group = func.coalesce(attempts.c.node_group, NONE)
 
 
@@ -68,80 +65,25 @@ def jobs_per_group(session: Session) -> tuple[dict[str, int], dict[str, int]]:
     return count(ACTIVE), count(QUEUED)
 
 
-def jobs_by_status(session: Session) -> list[tuple[str, str, int]]:
-    """(status, node group, jobs) for every pair that has a job."""
-    return [tuple(r) for r in session.execute(
-        select(jobs.c.status, _job_group, func.count()).group_by(jobs.c.status, _job_group))]
-
-
-def queue_by_group(session: Session) -> dict[str, tuple[int, datetime | None]]:
+def queue_oldest(session: Session, counts: dict[tuple[str, str], float]) -> dict[str, tuple[int, datetime | None]]:
     """Node group -> (queued jobs, when the longest-waiting one started waiting):
-    PENDING waits since submit, RETRYING since its last failure."""
+    PENDING waits since submit, RETRYING since its last failure. ``counts`` is
+    ``(status, group) -> jobs`` (``tallies``); the oldest is one index step per
+    group for PENDING (``ix_jobs_node_group_status_created_at``), and a read of
+    the group's RETRYING jobs (those wait out a backoff: few at a time)."""
     out: dict[str, tuple[int, datetime | None]] = {}
-    for status, col in ((JobStatus.PENDING.value, jobs.c.created_at), (JobStatus.RETRYING.value, jobs.c.updated_at)):
-        for group, n, first in session.execute(
-                select(_job_group, func.count(), func.min(col)).where(jobs.c.status == status).group_by(_job_group)):
-            count, oldest = out.get(group, (0, None))
-            if first is not None and (oldest is None or first < oldest):
-                oldest = first
-            out[group] = (count + n, oldest)
+    for (status, group), n in sorted(counts.items()):
+        if status not in (JobStatus.PENDING.value, JobStatus.RETRYING.value) or n <= 0:
+            continue
+        col = jobs.c.created_at if status == JobStatus.PENDING.value else jobs.c.updated_at
+        in_group = jobs.c.node_group.is_(None) if group == NONE else jobs.c.node_group == group
+        first = session.execute(select(col).where(in_group, jobs.c.status == status)
+                                .order_by(col).limit(1)).scalar_one_or_none()
+        count, oldest = out.get(group, (0, None))
+        if first is not None and (oldest is None or first < oldest):
+            oldest = first
+        out[group] = (count + int(n), oldest)
     return out
-
-
-def jobs_by_kind(session: Session) -> dict[str, int]:
-    return dict(session.execute(select(jobs.c.kind, func.count()).group_by(jobs.c.kind)).all())
-
-
-def attempts_by_market(session: Session) -> dict[tuple[str, str], int]:
-    market = func.coalesce(attempts.c.market, NONE)
-    return {(g, m): n for g, m, n in session.execute(
-        select(_attempt_group, market, func.count()).group_by(_attempt_group, attempts.c.market))}
-
-
-def failures_by_cause(session: Session) -> dict[tuple[str, str], int]:
-    return {(g, cause): n for g, cause, n in session.execute(
-        select(_attempt_group, attempts.c.cause, func.count()).where(attempts.c.cause.is_not(None))
-        .group_by(_attempt_group, attempts.c.cause))}
-
-
-def retries_by_group(session: Session) -> dict[str, int]:
-    """Attempts after a job's first: each one is a retry."""
-    return _attempts_per_group(session, attempts.c.number > 1)
-
-
-def preemptions_by_group(session: Session) -> dict[str, int]:
-    return _attempts_per_group(session, attempts.c.cause == FailureCause.PREEMPTED.value)
-
-
-def _attempts_per_group(session: Session, cond) -> dict[str, int]:
-    return dict(session.execute(select(_attempt_group, func.count()).where(cond).group_by(_attempt_group)).all())
-
-
-def _seconds_between(session: Session, later, earlier):
-    """``later - earlier`` in seconds, as SQL, on SQLite and PostgreSQL."""
-    if session.bind.dialect.name == "postgresql":
-        return func.extract("epoch", later - earlier)
-    return (func.julianday(later) - func.julianday(earlier)) * 86400.0
-
-
-def _histogram(session: Session, seconds, where, buckets: Sequence[float]) -> dict[str, HistogramRow]:
-    sub = select(attempts.c.node_group.label("g"), seconds.label("d")).where(*where).subquery()
-    cols = [func.count(), func.coalesce(func.sum(sub.c.d), 0.0)]
-    cols += [func.sum(case((sub.c.d <= b, 1), else_=0)) for b in buckets]
-    return {g or NONE: (count, total, le) for g, count, total, *le in
-            session.execute(select(sub.c.g, *cols).group_by(sub.c.g))}
-
-
-def admission_waits(session: Session, buckets: Sequence[float]) -> dict[str, HistogramRow]:
-    """Seconds from submit to the first dispatch, per node group admitted to."""
-    return _histogram(session, _seconds_between(session, attempts.c.created_at, jobs.c.created_at),
-                      [attempts.c.job_id == jobs.c.id, attempts.c.number == 1], buckets)
-
-
-def dispatch_latencies(session: Session, buckets: Sequence[float]) -> dict[str, HistogramRow]:
-    """Seconds from dispatch to the attempt running on Ray, per attempt."""
-    return _histogram(session, _seconds_between(session, attempts.c.started_at, attempts.c.created_at),
-                      [attempts.c.started_at.is_not(None)], buckets)
 
 
 def active_attempt_resources(session: Session) -> list[tuple[str | None, dict]]:

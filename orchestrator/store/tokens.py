@@ -70,17 +70,26 @@ def insert_token(session: Session, *, token_id: str, token_hash: str, name: str,
     return _token({**row, "revoked_at": None, "revoked_by": None, "last_used_at": None})
 
 
-def token_by_hash(session: Session, token_hash: str, *, now: datetime) -> dict[str, Any] | None:
-    """The live token with this hash (not revoked, not expired), and mark it used."""
+def token_by_hash(session: Session, token_hash: str, *, now: datetime, mark_used: bool = True) -> dict[str, Any] | None:
+    """The live token with this hash (not revoked, not expired), and mark it used
+    (unless ``mark_used`` is False: the caller then asks ``needs_mark``)."""
     row = session.execute(select(api_tokens).where(
         api_tokens.c.token_hash == token_hash, api_tokens.c.revoked_at.is_(None),
     )).mappings().first()
     if row is None or (row["expires_at"] is not None and row["expires_at"] <= now):
         return None
-    last = row["last_used_at"]
-    if last is None or now - last > LAST_USED_RESOLUTION:
-        session.execute(update(api_tokens).where(api_tokens.c.id == row["id"]).values(last_used_at=now))
+    if mark_used and needs_mark(row, now):
+        mark(session, row["id"], now)
     return dict(row)
+
+
+def needs_mark(row, now: datetime) -> bool:
+    last = row["last_used_at"]
+    return last is None or now - last > LAST_USED_RESOLUTION
+
+
+def mark(session: Session, token_id: str, now: datetime) -> None:
+    session.execute(update(api_tokens).where(api_tokens.c.id == token_id).values(last_used_at=now))
 
 
 def list_tokens(session: Session, *, project: str | None = None, include_revoked: bool = False) -> list[Token]:

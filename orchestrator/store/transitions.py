@@ -9,6 +9,10 @@ an event row in the same transaction.
 ``set_attempt`` does the same for an attempt (``states.ATTEMPT_ALLOWED``), keyed
 by job id and attempt number; an attempt's change has no event of its own (the
 job's transition written with it names the attempt).
+
+Both keep ``store.tallies`` in step (a job's (status, node group), an attempt's
+failure cause and start) in the same transaction; so does ``set_attempt_cause``,
+the only other writer of an attempt's cause.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
+from raylane.orchestrator.store import arrays, dependencies, tallies, webhooks
 from raylane.orchestrator.store.tables import attempts, events, jobs
-from raylane.orchestrator.store import arrays, dependencies, webhooks
 
 # A status can change only a few times; more lost races than this means a bug
 # (avoid an infinite loop if one happens).
@@ -59,11 +63,12 @@ def transition(
     if expected is not None:
         allowed &= set(expected)
     for _ in range(MAX_CAS_RETRIES):
-        found = session.execute(select(jobs.c.status, jobs.c.array_id).where(jobs.c.id == job_id)).first()
-        if found is None:
+        seen = session.execute(select(jobs.c.status, jobs.c.node_group, jobs.c.array_id)
+                                .where(jobs.c.id == job_id)).first()
+        if seen is None:
             raise NotFound(f"job {job_id} not found")
-        seen, array_id = found
-        src = JobStatus(seen)
+        src = JobStatus(seen.status)
+        array_id = seen.array_id
         if src not in allowed:
             raise InvalidTransition(f"job {job_id} is {src.value}; it cannot become {to.value}")
         vals = {"status_reason": reason, **(values or {}), "status": to.value, "updated_at": now}
@@ -71,6 +76,8 @@ def transition(
             update(jobs).where(jobs.c.id == job_id, jobs.c.status == src.value).values(**vals)
         )
         if res.rowcount == 1:
+            tallies.job_moved(session, src=src.value, src_group=seen.node_group, to=to.value,
+                              to_group=vals.get("node_group", seen.node_group))
             ev = session.execute(
                 insert(events).values(
                     job_id=job_id, at=now, from_status=src.value, to_status=to.value,
@@ -120,14 +127,43 @@ def set_attempt(
         allowed &= set(expected)
     where = (attempts.c.job_id == job_id, attempts.c.number == number)
     for _ in range(MAX_CAS_RETRIES):
-        seen = session.execute(select(attempts.c.status).where(*where)).scalar_one_or_none()
+        # Locked (PostgreSQL): the cause read here is the one this update replaces,
+        # even when set_attempt_cause writes the same row meanwhile.
+        seen = session.execute(_for_update(session, select(
+            attempts.c.status, attempts.c.cause, attempts.c.node_group, attempts.c.created_at,
+            attempts.c.started_at).where(*where))).first()
         if seen is None:
             raise NotFound(f"attempt {number} of job {job_id} not found")
-        src = AttemptStatus(seen)
+        src = AttemptStatus(seen.status)
         if src not in allowed:
             raise InvalidTransition(f"attempt {number} of job {job_id} is {src.value}; it cannot become {to.value}")
         res = session.execute(update(attempts).where(*where, attempts.c.status == src.value)
                               .values(**(values or {}), status=to.value))
         if res.rowcount == 1:
+            vals = values or {}
+            if "cause" in vals:
+                tallies.cause_changed(session, seen.node_group, seen.cause, vals["cause"])
+            if vals.get("started_at") is not None and seen.started_at is None:
+                tallies.observe(session, "dispatch_latency", seen.node_group,
+                                (vals["started_at"] - seen.created_at).total_seconds())
             return src
     raise InvalidTransition(f"attempt {number} of job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
+
+
+def set_attempt_cause(session: Session, job_id: str, number: int, cause: str, *,
+                      message: str | None = None) -> None:
+    """Name the cause a live attempt will end with (Raylane is stopping it), and its message if given."""
+    where = (attempts.c.job_id == job_id, attempts.c.number == number)
+    seen = session.execute(_for_update(session, select(attempts.c.cause, attempts.c.node_group).where(*where))).first()
+    if seen is None:
+        raise NotFound(f"attempt {number} of job {job_id} not found")
+    vals: dict[str, Any] = {"cause": cause}
+    if message is not None:
+        vals["message"] = message
+    session.execute(update(attempts).where(*where).values(**vals))
+    tallies.cause_changed(session, seen.node_group, seen.cause, cause)
+
+
+def _for_update(session: Session, q):
+    """``q`` locking its rows on PostgreSQL (SQLite serialises writers already)."""
+    return q.with_for_update() if session.bind.dialect.name == "postgresql" else q

@@ -1,0 +1,70 @@
+"""Where a single submit's server CPU goes: py-spy samples a real server (GIL
+holders only, 200 Hz) while 32 connections submit for 8 s, then prints the
+share of samples under each function (inclusive), largest first.
+
+    python bench/profile_submit.py [--db sqlite|postgresql] [--top 60] [--grep NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import _server, submit_throughput as st  # noqa: E402
+
+
+def shares(raw: Path) -> tuple[int, collections.Counter]:
+    """(samples, samples under each function) from py-spy's raw (collapsed) output."""
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        total += int(n)
+        for name in {f.split(" (")[0] for f in stack.split(";")}:
+            inclusive[name] += int(n)
+    return total, inclusive
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite")
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--top", type=int, default=60)
+    ap.add_argument("--grep", help="only functions whose name contains this")
+    args = ap.parse_args()
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    drop = None
+    if args.db == "sqlite":
+        url = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-prof-')}/p.db"
+    else:
+        url, drop = st.pg_database()
+    raw = Path(tempfile.mkdtemp(prefix="raylane-prof-")) / "submit.txt"
+    proc, base = st.start_server(url, tempfile.mkdtemp(prefix="raylane-prof-"))
+    try:
+        asyncio.run(st.singles(base, 1.0, 4))  # warm-up
+        rec = subprocess.Popen([spy, "record", "-p", str(proc.pid), "-r", "200", "-d", str(args.seconds), "--gil",
+                                "--nonblocking", "--format", "raw", "-o", str(raw)], stdout=subprocess.DEVNULL)
+        n, dt, _ = asyncio.run(st.singles(base, args.seconds, 32))
+        rec.wait()
+    finally:
+        _server.stop_server(proc)
+        if drop:
+            drop()
+    total, inclusive = shares(raw)
+    print(f"{args.db}: {n / dt:.0f} submits/s while sampled; {total} samples")
+    rows = [(k, v) for k, v in inclusive.most_common() if not args.grep or args.grep in k]
+    for name, v in rows[:args.top]:
+        print(f"{100 * v / total:5.1f}%  {name}")
+
+
+if __name__ == "__main__":
+    main()
