@@ -124,6 +124,7 @@ def test_a_pipeline_in_one_batch_by_name(api, cp):
     assert r.status_code == 201, r.text
     train, sweep, score = r.json()["ids"]
     assert _queued(cp) == {train}
+    assert _job(api, sweep)["spec"]["depends_on"] == [{"job": train, "on": "succeeded"}]  # stored by id
     assert _job(api, score)["status_reason"] == f"waiting for parents: {sweep} to succeed"
     _end(cp, train, "SUCCEEDED")
     assert _queued(cp) == {sweep}

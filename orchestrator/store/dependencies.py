@@ -74,6 +74,13 @@ def resolve(session: Session, spec: JobSpec, *, project: str, batch: dict[str, s
     return out
 
 
+def by_id(spec: JobSpec, deps: Sequence[tuple[str, str, str]]) -> JobSpec:
+    """The spec with its parents named by id (a batch may name them by spec name)."""
+    from raylane.orchestrator.domain.specs import Dependency
+
+    return spec.model_copy(update={"depends_on": [Dependency(job=p, on=c) for p, c, _ in deps]})
+
+
 def record(session: Session, child_id: str, deps: Sequence[tuple[str, str, str]]) -> None:
     if deps:
         session.execute(insert(job_dependencies), [{"child_id": child_id, "parent_id": p, "condition": c, "state": s}

@@ -170,10 +170,12 @@ def submit_batch(
     for i, spec in enumerate(specs):
         job_id = ids[i]
         placement = placements[i] if placements else None
-        row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
-                       idempotency_key=None, reason=None)
         deps = dependencies.resolve(session, spec, project=project, batch=names, field=f"jobs.{i}.depends_on") \
             if spec.depends_on else []
+        if deps:  # the stored spec names its parents by id, as a resubmit of it must
+            spec = dependencies.by_id(spec, deps)
+        row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
+                       idempotency_key=None, reason=None)
         _wait_for(row, deps)
         all_deps.append((job_id, deps))
         rows.append(row)
