@@ -297,23 +297,23 @@ def test_the_page_acts_pages_and_keeps_its_state_in_the_url(server_factory, tmp_
     # Cancel, then resubmit, as the admin.
     page.goto(f"{srv.url}/ui/#/jobs/{research['id']}")
     page.click("#cancel")
-    page.wait_for_function("() => document.querySelector('#job-head .badge').textContent === 'CANCELLED'")
+    page.wait_for_function("() => (document.querySelector('#job-head .badge') || {}).textContent === 'CANCELLED'")
     assert page.locator("#cancel").count() == 0  # nothing left to cancel
     page.click("#resubmit")
     page.wait_for_function(f"() => location.hash.startsWith('#/jobs/') && !location.hash.endsWith('{research['id']}')")
-    page.wait_for_function("() => document.querySelector('#job-head .badge').textContent === 'PENDING'")
+    page.wait_for_function("() => (document.querySelector('#job-head .badge') || {}).textContent === 'PENDING'")
     assert page.locator("#job-project").inner_text().startswith("research")
 
     # Schedules: listed with the next run, paused from the page.
     page.click('a[data-nav="schedules"]')
     page.wait_for_selector(f'tr[data-schedule="{sch["id"]}"]')
     page.click(f'tr[data-schedule="{sch["id"]}"] button')
-    page.wait_for_function(f"""() => document.querySelector('tr[data-schedule="{sch["id"]}"]').textContent.includes('paused')""")
+    page.wait_for_function(f"""() => (document.querySelector('tr[data-schedule="{sch["id"]}"]') || {{textContent: ''}}).textContent.includes('paused')""")
 
     # A viewer sees the same buttons; the server refuses, and the page says why.
     page.goto(f"{srv.url}/ui/?token={viewer}#/jobs/{pipe[0]}")
     page.click("#cancel")
-    page.wait_for_function("() => document.querySelector('#action-msg').textContent.includes('refused')")
+    page.wait_for_function("() => (document.querySelector('#action-msg') || {textContent: ''}).textContent.includes('refused')")
     assert "viewer may only read" in page.locator("#action-msg").inner_text()
 
     # A phone: 400 px wide, nothing scrolls sideways on the list or a job.

@@ -461,7 +461,8 @@ function jobView(view, id) {
       h("div", {}, e.from_status && e.from_status !== e.to_status ? [badge(e.from_status), " \u2192 "] : null, badge(e.to_status),
         e.attempt ? h("span", { class: "muted" }, ` attempt ${e.attempt}`) : null),
       h("div", {}, e.reason || ""), h("div", { class: "when" }, `${when(e.at)} \u00b7 ${e.actor}`)))));
-    const key = job.status + ":" + job.updated_at;
+    // A running sweep's trials arrive as they finish: read them each poll until it ends.
+    const key = TERMINAL.has(job.status) ? job.status + ":" + job.updated_at : Date.now();
     if (job.spec.sweep && trialsShownFor !== key) {  // trials come from the spec's sweep section
       trialsShownFor = key;
       await loadTrials(job);

@@ -1,0 +1,58 @@
+"""The web page follows a running job's log from the real cluster (#18.5): a
+command job prints a line a second; the page's Follow shows them as they come
+and says when the job has ended; Cancel on another running job stops it."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, free_port
+from tests.helpers import wait_for
+from tests.ray.conftest import wait_status
+from tests.test_ui_browser import browser, page  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def live_server(ray_settings):
+    """The API with its loops on the shared cluster, served by a real uvicorn in this process."""
+    import uvicorn
+
+    from raylane.api.app import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(ray_settings), host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: httpx.get(url + "/healthz", timeout=2).status_code == 200, timeout=60, what="server up")
+    yield url
+    server.should_exit = True
+    t.join(30)
+
+
+def test_follow_a_running_jobs_log_and_cancel_another(live_server, page):  # noqa: F811
+    c = httpx.Client(base_url=live_server, headers=ADMIN_HEADERS, timeout=30)
+    slow = c.post("/v1/jobs", json={"name": "ticker", "kind": "command", "resources": {"cpus_per_worker": 0.1},
+                                    "entrypoint": "for i in 1 2 3 4 5 6; do echo tick-$i; sleep 1; done"}).json()
+    forever = c.post("/v1/jobs", json={"name": "forever", "kind": "command", "resources": {"cpus_per_worker": 0.1},
+                                       "entrypoint": "sleep 600"}).json()
+    page.goto(f"{live_server}/ui/?token={ADMIN_TOKEN}#/jobs/{slow['id']}")
+    page.wait_for_selector("#log-follow")
+    page.click("#log-follow")
+    page.wait_for_function("() => document.querySelector('#log').textContent.includes('tick-2')", timeout=120_000)
+    assert "tick-6" not in page.locator("#log").inner_text()  # live: the job is still printing
+    page.wait_for_function("() => document.querySelector('#log').textContent.includes('tick-6')", timeout=60_000)
+    page.wait_for_function("() => document.querySelector('#log-state').textContent.includes('ended')", timeout=60_000)
+    assert wait_status(c, slow["id"], {"SUCCEEDED"})["status"] == "SUCCEEDED"
+
+    wait_status(c, forever["id"], {"RUNNING"})
+    page.goto(f"{live_server}/ui/#/jobs/{forever['id']}")
+    page.click("#cancel")
+    page.wait_for_function("() => ['CANCELLING', 'CANCELLED'].includes((document.querySelector('#job-head .badge') || {}).textContent)")
+    assert wait_status(c, forever["id"], {"CANCELLED"}, timeout=60)["status"] == "CANCELLED"
+    c.close()
