@@ -143,11 +143,50 @@ def trial_callback():
 
             if (m := metrics.current()) is not None:
                 m.trial_done()
+            metrics.trial_finished(trial, error=False)
 
         def on_trial_error(self, iteration, trials, trial, **info):
             from raylane.jobs import metrics
 
             if (m := metrics.current()) is not None:
                 m.trial_done()
+            metrics.trial_finished(trial, error=True)
 
     return TrialProgress()
+
+
+# Trials as they finish ------------------------------------------------------------
+
+_finished: dict[str, dict] = {}
+MAX_LIVE_TRIALS_BYTES = 512 * 1024  # past this, the live list keeps the newest trials; the final result has all
+
+
+def trial_finished(trial, *, error: bool) -> None:
+    """Leave the finished trials in Ray's store (``protocol.trials_key``) for the
+    reconciler, which shows them while the sweep runs. Never fails the sweep."""
+    import json
+    import os
+
+    from raylane.orchestrator.domain import ids, protocol
+
+    try:
+        res = dict(getattr(trial, "last_result", None) or {})
+        _finished[str(trial.trial_id)[:64]] = {
+            "trial_id": str(trial.trial_id)[:64], "config": json.loads(json.dumps(trial.config, default=str)),
+            "status": "ERROR" if error else "TERMINATED", "node_id": res.get("node_id"),
+            "node_group": res.get("node_group"),
+            "metrics": {k: v for k, v in res.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)},
+            "error": str(getattr(trial, "error_file", "") or "")[:500] or None if error else None}
+        items = list(_finished.values())
+        value = json.dumps(items).encode()
+        while len(value) > MAX_LIVE_TRIALS_BYTES and len(items) > 1:
+            items = items[len(items) // 4:]
+            value = json.dumps(items).encode()
+        from ray.experimental import internal_kv
+
+        if not internal_kv._internal_kv_initialized():
+            return
+        sid = ids.submission_id(os.environ[protocol.Env.JOB_ID], int(os.environ[protocol.Env.ATTEMPT]))
+        internal_kv._internal_kv_put(protocol.trials_key(sid), value, overwrite=True, namespace=protocol.KV_NAMESPACE)
+    except Exception as e:  # pragma: no cover - live progress is a nicety, never a failure
+        log.warning("raylane: could not report a finished trial: %s", e)

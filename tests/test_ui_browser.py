@@ -244,3 +244,90 @@ def test_without_ray_and_without_token(server_factory, tmp_path, page):
     page.wait_for_selector("#no-ray")
     assert "no Ray cluster is attached" in page.locator("#no-ray").inner_text()
     shot(page, "ui-nodes-no-ray.png")
+
+
+def test_the_page_acts_pages_and_keeps_its_state_in_the_url(server_factory, tmp_path, page, browser):
+    """#18.5 without Ray: paging, filters in the URL, a project column, cancel and
+    resubmit with the caller's rights, arrays and pipelines shown as groups,
+    schedules with pause, and a 400 px wide page that never scrolls sideways."""
+    srv, _ = _server(server_factory, tmp_path)
+    post = lambda path, body: httpx.post(srv.url + path, json=body, headers=srv.headers, timeout=30)  # noqa: E731
+    for p in ("ml", "research"):
+        assert post("/v1/projects", {"name": p}).status_code in (201, 409)
+    assert post("/v1/jobs/batch", {"jobs": [{**HELLO, "name": f"bulk-{i}"} for i in range(55)]}).status_code == 201
+    research = post("/v1/jobs", {**HELLO, "name": "lonely", "project": "research"}).json()
+    arr = post("/v1/arrays", {**HELLO, "name": "shard", "array": {"size": 3, "max_parallel": 1}}).json()
+    pipe = post("/v1/jobs/batch", {"jobs": [{**HELLO, "name": "train"},
+                                            {**HELLO, "name": "evaluate", "depends_on": ["train"]}]}).json()["ids"]
+    sch = post("/v1/schedules", {"name": "nightly", "cron": "0 2 * * *", "spec": HELLO}).json()
+    viewer = post("/v1/tokens", {"name": "vic", "project": "ml", "role": "viewer"}).json()["token"]
+
+    # Paging: 50 a page, the cursor in the URL.
+    page.goto(f"{srv.url}/ui/?token={srv.token}#/jobs")
+    page.wait_for_selector("#jobs tr[data-job]")
+    assert page.locator("#jobs tr[data-job]").count() == 50
+    page.click("#page-next")
+    page.wait_for_function("() => location.hash.includes('cursor=')")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 11, timeout=10, what="the older page")  # 61 jobs
+    older = page.url
+    page.click("#page-first")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 50, timeout=10, what="the newest page")
+    page.goto(older)  # a page is a link
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 11, timeout=10, what="the older page by its URL")
+
+    # Filters are the URL too, and the project shows in its column.
+    page.goto(f"{srv.url}/ui/#/jobs?project=research&status=PENDING")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 1, timeout=10, what="research's job")
+    assert page.locator("#f-project").input_value() == "research"
+    assert page.locator("#f-status").input_value() == "PENDING"
+    assert "research" in page.locator(f'#jobs tr[data-job="{research["id"]}"]').inner_text()
+
+    # Arrays and pipelines as groups.
+    page.goto(f"{srv.url}/ui/#/jobs?label=raylane.array%3D{arr['id']}")
+    wait_for(lambda: page.locator("#jobs tr[data-job]").count() == 3, timeout=10, what="the array's members")
+    assert page.locator("#jobs .tag").all_inner_texts() == ["array #2", "array #1", "array #0"]
+    page.locator("#jobs tr[data-job] a.mono").first.click()
+    page.wait_for_selector("#array-counts")
+    assert "PENDING 3" in page.locator("#array-counts").inner_text() and "held" in page.locator("#array-counts").inner_text()
+    page.goto(f"{srv.url}/ui/#/jobs/{pipe[1]}")
+    page.wait_for_selector("#parents li")
+    parent = page.locator("#parents li").inner_text()
+    assert "train" in parent and "PENDING" in parent and "needs it to succeed" in parent
+
+    # Cancel, then resubmit, as the admin.
+    page.goto(f"{srv.url}/ui/#/jobs/{research['id']}")
+    page.click("#cancel")
+    page.wait_for_function("() => (document.querySelector('#job-head .badge') || {}).textContent === 'CANCELLED'")
+    assert page.locator("#cancel").count() == 0  # nothing left to cancel
+    page.click("#resubmit")
+    page.wait_for_function(f"() => location.hash.startsWith('#/jobs/') && !location.hash.endsWith('{research['id']}')")
+    page.wait_for_function("() => (document.querySelector('#job-head .badge') || {}).textContent === 'PENDING'")
+    assert page.locator("#job-project").inner_text().startswith("research")
+
+    # Schedules: listed with the next run, paused from the page.
+    page.click('a[data-nav="schedules"]')
+    page.wait_for_selector(f'tr[data-schedule="{sch["id"]}"]')
+    page.click(f'tr[data-schedule="{sch["id"]}"] button')
+    page.wait_for_function(f"""() => (document.querySelector('tr[data-schedule="{sch["id"]}"]') || {{textContent: ''}}).textContent.includes('paused')""")
+
+    # A viewer sees the same buttons; the server refuses, and the page says why.
+    page.goto(f"{srv.url}/ui/?token={viewer}#/jobs/{pipe[0]}")
+    page.click("#cancel")
+    page.wait_for_function("() => (document.querySelector('#action-msg') || {textContent: ''}).textContent.includes('refused')")
+    assert "viewer may only read" in page.locator("#action-msg").inner_text()
+
+    # A phone: 400 px wide, nothing scrolls sideways on the list or a job.
+    phone = browser.new_context(viewport={"width": 400, "height": 800})
+    try:
+        pg = phone.new_page()
+        pg.goto(f"{srv.url}/ui/?token={srv.token}#/jobs")
+        pg.wait_for_selector("#jobs tr[data-job]")
+        assert pg.evaluate("document.documentElement.scrollWidth") <= 400
+        ARTIFACTS.mkdir(exist_ok=True)
+        pg.screenshot(path=str(ARTIFACTS / "ui-jobs-400px.png"), full_page=True)
+        pg.goto(f"{srv.url}/ui/#/jobs/{pipe[1]}")
+        pg.wait_for_selector("#parents li")
+        assert pg.evaluate("document.documentElement.scrollWidth") <= 400
+        pg.screenshot(path=str(ARTIFACTS / "ui-job-400px.png"), full_page=True)
+    finally:
+        phone.close()

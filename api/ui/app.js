@@ -3,7 +3,9 @@
  * Every number comes from the same API the SDK and CLI use (fetch /v1/...). The
  * token comes from ?token= (then kept in localStorage and removed from the URL)
  * or the token box, and goes out as "Authorization: Bearer <token>".
- * Views (hash routes): #/jobs, #/jobs/<id>, #/nodes, #/costs.
+ * Views (hash routes): #/jobs (its filters and page in the hash: #/jobs?status=RUNNING&cursor=...),
+ * #/jobs/<id> (with cancel, resubmit, the log and its follow), #/schedules, #/nodes, #/costs.
+ * Actions go to the same API with the page's token: the server decides what the caller may do.
  * Beside any view, a banner says when the server cannot reach Ray (GET /readyz,
  * public: it shows before a token is given too).
  */
@@ -57,10 +59,12 @@ class ApiError extends Error {
   }
 }
 
-async function api(path) {
+async function api(path, opts = {}) {
   const headers = { "Accept": "application/json" };
   if (token()) headers["Authorization"] = "Bearer " + token();
-  const r = await fetch(path, { headers });
+  const init = { headers, method: opts.method || "GET" };
+  if (opts.body !== undefined) { headers["Content-Type"] = "application/json"; init.body = JSON.stringify(opts.body); }
+  const r = await fetch(path, init);
   let body = null;
   try { body = await r.json(); } catch (e) { body = null; }
   if (!r.ok) {
@@ -136,68 +140,99 @@ function poll(fn) {
 
 // Router --------------------------------------------------------------------
 
+let viewAbort = new AbortController();  // streams of the shown view (a followed log) end with it
+
 function route() {
   viewSeq += 1;
   clearTimeout(pollTimer);
+  viewAbort.abort();
+  viewAbort = new AbortController();
   const view = document.getElementById("view");
   view.replaceChildren();
   const hash = window.location.hash || "#/jobs";
-  const parts = hash.replace(/^#\/?/, "").split("?")[0].split("/");
+  const [path, query] = hash.replace(/^#\/?/, "").split("?");
+  const parts = path.split("/");
   document.querySelectorAll("[data-nav]").forEach(a => a.classList.toggle("active", a.dataset.nav === parts[0]));
   if (parts[0] === "jobs" && parts[1]) return jobView(view, decodeURIComponent(parts[1]));
+  if (parts[0] === "schedules") return schedulesView(view);
   if (parts[0] === "nodes") return nodesView(view);
   if (parts[0] === "costs") return costsView(view);
-  return jobsView(view);
+  return jobsView(view, new URLSearchParams(query || ""));
 }
 
 window.addEventListener("hashchange", route);
 
 // Jobs list -----------------------------------------------------------------
 
-const filters = { status: "", kind: "", name_prefix: "", node_group: "" };
+// The list's state lives in the hash, so a filtered page is a link (and Back works).
+const FILTER_KEYS = ["status", "kind", "name_prefix", "node_group", "project", "label"];
 
-function jobsView(view) {
+function groupTag(j) {
+  const arr = j.labels && j.labels["raylane.array"];
+  if (arr) return h("a", { href: `#/jobs?label=${encodeURIComponent("raylane.array=" + arr)}`, class: "tag", title: "array " + arr },
+    `array #${j.labels["raylane.array.index"]}`);
+  const deps = (j.spec && j.spec.depends_on) || [];
+  if (deps.length) return h("span", { class: "tag", title: deps.map(d => d.job).join(", ") }, `after ${deps.length}`);
+  const sch = j.labels && j.labels["raylane.schedule"];
+  if (sch) return h("span", { class: "tag", title: "schedule " + sch }, "scheduled");
+  return "";
+}
+
+function jobsView(view, params) {
+  const filters = Object.fromEntries(FILTER_KEYS.map(k => [k, params.get(k) || ""]));
+  const cursor = params.get("cursor") || "";
   const statusSel = h("select", { id: "f-status", "aria-label": "status" }, h("option", { value: "" }, "any status"),
     STATUSES.map(x => h("option", { value: x, selected: filters.status === x }, x)));
   const kindSel = h("select", { id: "f-kind", "aria-label": "kind" }, h("option", { value: "" }, "any kind"));
   kinds().then(ks => kindSel.append(...ks.map(k =>
     h("option", { value: k.name, title: k.summary, selected: filters.kind === k.name }, k.name)))).catch(() => {});
-  const nameIn = h("input", { id: "f-name", placeholder: "name starts with", value: filters.name_prefix });
-  const groupIn = h("input", { id: "f-group", placeholder: "node group", value: filters.node_group, size: 12 });
-  const count = h("span", { class: "muted" });
+  const nameIn = h("input", { id: "f-name", placeholder: "name starts with", value: filters.name_prefix, size: 14 });
+  const groupIn = h("input", { id: "f-group", placeholder: "node group", value: filters.node_group, size: 10 });
+  const projectIn = h("input", { id: "f-project", placeholder: "project", value: filters.project, size: 10 });
+  const labelIn = h("input", { id: "f-label", placeholder: "label k=v", value: filters.label, size: 14 });
+  const count = h("span", { class: "muted", id: "count" });
   const body = h("tbody");
+  const pager = h("div", { class: "pager" });
   const table = h("table", { id: "jobs" },
-    h("thead", {}, h("tr", {}, ["ID", "Name", "Kind", "Status", "Group", "Created", "Reason"].map(c => h("th", {}, c)))), body);
+    h("thead", {}, h("tr", {}, ["ID", "Name", "Project", "Kind", "Status", "Group", "Created", "Reason"].map(c => h("th", {}, c)))), body);
 
-  const apply = () => {
-    filters.status = statusSel.value; filters.kind = kindSel.value;
-    filters.name_prefix = nameIn.value.trim(); filters.node_group = groupIn.value.trim();
-    load();
+  const go = (over) => {
+    const q = new URLSearchParams();
+    const next = { ...filters, ...over };
+    for (const k of [...FILTER_KEYS, "cursor"]) if (next[k]) q.set(k, next[k]);
+    const target = "#/jobs" + (q.toString() ? "?" + q : "");
+    if (target === window.location.hash) route(); else window.location.hash = target;
   };
+  const apply = () => go({ status: statusSel.value, kind: kindSel.value, name_prefix: nameIn.value.trim(),
+    node_group: groupIn.value.trim(), project: projectIn.value.trim(), label: labelIn.value.trim(), cursor: "" });
   [statusSel, kindSel].forEach(el => el.addEventListener("change", apply));
-  [nameIn, groupIn].forEach(el => el.addEventListener("keydown", ev => { if (ev.key === "Enter") apply(); }));
+  [nameIn, groupIn, projectIn, labelIn].forEach(el => el.addEventListener("keydown", ev => { if (ev.key === "Enter") apply(); }));
 
   view.append(h("h1", {}, "Jobs"),
-    h("div", { class: "filters" }, statusSel, kindSel, nameIn, groupIn, h("button", { onclick: apply }, "Filter"), count,
-      h("span", { class: "muted" }, `live: refreshes every ${POLL_MS / 1000}s`)),
-    panel(null, table));
+    h("div", { class: "filters" }, statusSel, kindSel, nameIn, groupIn, projectIn, labelIn,
+      h("button", { onclick: apply }, "Filter"), count, h("span", { class: "muted" }, `live: every ${POLL_MS / 1000}s`)),
+    panel(null, h("div", { class: "scroll" }, table), pager));
 
   const seq = viewSeq;
   async function load() {
-    const q = new URLSearchParams({ limit: "100" });
+    const q = new URLSearchParams({ limit: "50" });
     for (const [k, v] of Object.entries(filters)) if (v) q.set(k, v);
+    if (cursor) q.set("cursor", cursor);
     let page;
     try { page = await api("/v1/jobs?" + q); } catch (e) {
-      if (seq === viewSeq) body.replaceChildren(h("tr", {}, h("td", { colspan: 7, class: "error" }, e.message)));
+      if (seq === viewSeq) body.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "error" }, e.message)));
       throw e;
     }
     if (seq !== viewSeq) return;
-    count.textContent = `${page.items.length}${page.next_cursor ? "+" : ""} jobs`;
-    if (!page.items.length) { body.replaceChildren(h("tr", {}, h("td", { colspan: 7, class: "empty" }, "No jobs match."))); return; }
-    body.replaceChildren(...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: () => { window.location.hash = "#/jobs/" + j.id; } },
-      h("td", {}, h("a", { href: "#/jobs/" + j.id, class: "mono" }, j.id)),
-      h("td", {}, j.name), h("td", {}, j.kind), h("td", {}, badge(j.status)),
-      h("td", {}, j.placement ? j.placement.node_group : "-"), h("td", { title: when(j.created_at) }, ago(j.created_at)),
+    count.textContent = `${page.items.length}${page.next_cursor ? "+" : ""} jobs${cursor ? " (older page)" : ""}`;
+    pager.replaceChildren(
+      cursor ? h("button", { class: "secondary", id: "page-first", onclick: () => go({ cursor: "" }) }, "\u2190 newest") : null,
+      page.next_cursor ? h("button", { class: "secondary", id: "page-next", onclick: () => go({ cursor: page.next_cursor }) }, "older \u2192") : null);
+    if (!page.items.length) { body.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No jobs match."))); return; }
+    body.replaceChildren(...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: (ev) => { if (!ev.target.closest("a")) window.location.hash = "#/jobs/" + j.id; } },
+      h("td", {}, h("a", { href: "#/jobs/" + j.id, class: "mono" }, j.id.slice(0, 12) + "\u2026")),
+      h("td", {}, j.name), h("td", {}, j.project), h("td", {}, j.kind), h("td", {}, badge(j.status)),
+      h("td", {}, j.placement ? j.placement.node_group : "-", " ", groupTag(j)), h("td", { title: when(j.created_at) }, ago(j.created_at)),
       h("td", { class: "reason", title: j.status_reason || "" }, j.status_reason || ""))));
   }
   load().catch(() => {});
@@ -251,18 +286,128 @@ function trialsChart(trials, metric, mode) {
   return svg;
 }
 
+function headers(accept) {
+  const hd = { "Accept": accept };
+  if (token()) hd["Authorization"] = "Bearer " + token();
+  return hd;
+}
+
+// The log panel: the last lines on demand, or followed live (NDJSON from
+// /v1/jobs/<id>/logs?follow=true; the server sends heartbeats and ends the stream
+// once the job has ended and its log is read out).
+function logPanel(id) {
+  const pre = h("pre", { class: "log", id: "log" });
+  const state = h("span", { class: "muted", id: "log-state" });
+  let ctrl = null;
+  const followBtn = h("button", { id: "log-follow" }, "Follow");
+  const show = (text) => { pre.textContent = text; pre.scrollTop = pre.scrollHeight; };
+  async function tail() {
+    state.textContent = "reading\u2026";
+    try {
+      const r = await fetch(`/v1/jobs/${encodeURIComponent(id)}/logs`, { headers: headers("text/plain"), signal: viewAbort.signal });
+      const text = await r.text();
+      if (!r.ok) { state.textContent = `HTTP ${r.status}: ${text.slice(0, 200)}`; return; }
+      const lines = text.split("\n");
+      show(lines.slice(-200).join("\n"));
+      state.textContent = text ? `last ${Math.min(200, lines.length)} lines` : "no log yet";
+    } catch (e) { if (e.name !== "AbortError") state.textContent = e.message; }
+  }
+  async function follow() {
+    if (ctrl) { ctrl.abort(); return; }
+    ctrl = new AbortController();
+    viewAbort.signal.addEventListener("abort", () => ctrl && ctrl.abort());
+    followBtn.textContent = "Stop";
+    pre.textContent = "";
+    state.textContent = "following\u2026";
+    try {
+      const r = await fetch(`/v1/jobs/${encodeURIComponent(id)}/logs?follow=true`,
+        { headers: headers("application/x-ndjson"), signal: ctrl.signal });
+      if (!r.ok) { state.textContent = `HTTP ${r.status}: ${(await r.text()).slice(0, 200)}`; return; }
+      const reader = r.body.getReader(), dec = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, { stream: true });
+        let i;
+        while ((i = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, i); buf = buf.slice(i + 1);
+          if (!line) continue;  // a heartbeat
+          const msg = JSON.parse(line);
+          if (msg.text) { pre.append(msg.text); pre.scrollTop = pre.scrollHeight; }
+        }
+      }
+      state.textContent = "the job has ended: end of log";
+    } catch (e) {
+      state.textContent = e.name === "AbortError" ? "stopped following" : e.message;
+    } finally {
+      ctrl = null;
+      followBtn.textContent = "Follow";
+    }
+  }
+  followBtn.addEventListener("click", follow);
+  return panel("Log", h("div", { class: "filters" },
+    h("button", { class: "secondary", id: "log-tail", onclick: tail }, "Last 200 lines"), followBtn, state), pre);
+}
+
 function jobView(view, id) {
   const seq = viewSeq;
   const head = h("div", { id: "job-head" });
+  const actions = h("div", { class: "filters", id: "actions" });
   const facts = panel("Job");
   const placement = panel("Placement");
   const cost = panel("Cost");
+  const related = h("div", { id: "related" });
   const attemptsP = panel("Attempts");
   const trialsP = h("div");
   const eventsP = panel("Events");
-  view.append(h("p", {}, h("a", { href: "#/jobs" }, "\u2190 all jobs")), head,
-    h("div", { class: "grid2" }, facts, h("div", {}, placement, cost)), attemptsP, trialsP, eventsP);
+  view.append(h("p", {}, h("a", { href: "#/jobs" }, "\u2190 all jobs")), head, actions,
+    h("div", { class: "grid2" }, facts, h("div", {}, placement, cost)), related, attemptsP, trialsP, logPanel(id), eventsP);
   let trialsShownFor = null;
+  let relatedShownFor = null;
+  const actionMsg = h("span", { class: "muted", id: "action-msg" });
+
+  async function act(what, fn) {
+    actionMsg.textContent = what + "\u2026";
+    try { actionMsg.textContent = await fn(); } catch (e) { actionMsg.textContent = `${what} refused: ${e.message}`; actionMsg.className = "error"; return; }
+    actionMsg.className = "muted";
+    load().catch(() => {});
+  }
+
+  function drawActions(job) {
+    actions.replaceChildren(
+      TERMINAL.has(job.status) ? null : h("button", { id: "cancel", onclick: () => act("cancel", async () => {
+        const r = await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
+        return r.message;
+      }) }, "Cancel"),
+      h("button", { class: "secondary", id: "resubmit", onclick: () => act("resubmit", async () => {
+        const spec = { ...job.spec, project: job.project };
+        const created = await api("/v1/jobs", { method: "POST", body: spec });
+        window.location.hash = "#/jobs/" + created.id;
+        return "resubmitted as " + created.id;
+      }) }, "Resubmit"),
+      actionMsg);
+  }
+
+  async function drawRelated(job) {
+    const parts = [];
+    const arr = job.labels && job.labels["raylane.array"];
+    if (arr) {
+      const a = await api(`/v1/arrays/${encodeURIComponent(arr)}`).catch(() => null);
+      if (a) parts.push(panel(`Array ${a.name}: member ${job.labels["raylane.array.index"]} of ${a.size}`,
+        h("p", { id: "array-counts" }, Object.entries(a.counts).flatMap(([st, n]) => [badge(st), ` ${n} `]),
+          a.held ? h("span", { class: "muted" }, ` \u00b7 ${a.held} held (at most ${a.max_parallel} at once)`) : null),
+        h("a", { href: `#/jobs?label=${encodeURIComponent("raylane.array=" + arr)}` }, "all members \u2192")));
+    }
+    const deps = job.spec.depends_on || [];
+    if (deps.length) {
+      const parents = await Promise.all(deps.map(d => api(`/v1/jobs/${encodeURIComponent(d.job)}`).catch(() => null)));
+      parts.push(panel("Pipeline: runs after", h("ul", { id: "parents" }, deps.map((d, i) => h("li", {},
+        parents[i] ? [h("a", { href: "#/jobs/" + d.job }, parents[i].name), " ", badge(parents[i].status)] : h("span", { class: "mono" }, d.job),
+        h("span", { class: "muted" }, ` \u00b7 needs it to ${d.on === "finished" ? "finish" : d.on === "failed" ? "fail" : "succeed"}`))))));
+    }
+    if (seq === viewSeq) related.replaceChildren(...parts);
+  }
 
   async function load() {
     let job;
@@ -273,12 +418,14 @@ function jobView(view, id) {
     const [events, attempts, costs] = await Promise.all([
       api(`/v1/jobs/${id}/events`), api(`/v1/jobs/${id}/attempts`), api(`/v1/jobs/${id}/cost`).catch(() => null)]);
     if (seq !== viewSeq) return;
+    drawActions(job);
+    if (relatedShownFor !== job.status) { relatedShownFor = job.status; drawRelated(job).catch(() => {}); }
     head.replaceChildren(h("h1", {}, job.name, " ", badge(job.status)),
       h("p", { class: "muted", id: "status-reason" }, job.status_reason || ""));
     facts.replaceChildren(h("h2", {}, "Job"), h("dl", { class: "facts" },
       h("dt", {}, "ID"), h("dd", { class: "mono" }, job.id),
       h("dt", {}, "Kind"), h("dd", {}, job.kind),
-      h("dt", {}, "Project"), h("dd", {}, `${job.project} \u00b7 priority ${job.priority}`),
+      h("dt", {}, "Project"), h("dd", { id: "job-project" }, `${job.project} \u00b7 priority ${job.priority}`),
       h("dt", {}, "Entrypoint"), h("dd", { class: "mono" }, job.spec.entrypoint),
       h("dt", {}, "Resources"), h("dd", {}, `${job.spec.resources.num_workers} worker(s) x ${num(job.spec.resources.cpus_per_worker)} CPU` +
         (job.spec.resources.gpus_per_worker ? ` + ${num(job.spec.resources.gpus_per_worker)} GPU` : "")),
@@ -314,7 +461,8 @@ function jobView(view, id) {
       h("div", {}, e.from_status && e.from_status !== e.to_status ? [badge(e.from_status), " \u2192 "] : null, badge(e.to_status),
         e.attempt ? h("span", { class: "muted" }, ` attempt ${e.attempt}`) : null),
       h("div", {}, e.reason || ""), h("div", { class: "when" }, `${when(e.at)} \u00b7 ${e.actor}`)))));
-    const key = job.status + ":" + job.updated_at;
+    // A running sweep's trials arrive as they finish: read them each poll until it ends.
+    const key = TERMINAL.has(job.status) ? job.status + ":" + job.updated_at : Date.now();
     if (job.spec.sweep && trialsShownFor !== key) {  // trials come from the spec's sweep section
       trialsShownFor = key;
       await loadTrials(job);
@@ -343,6 +491,36 @@ function jobView(view, id) {
         : h("p", { class: "muted" }, "No trials reported yet.")));
   }
 
+  load().catch(() => {});
+  poll(load);
+}
+
+// Schedules -----------------------------------------------------------------
+
+function schedulesView(view) {
+  const body = h("div", { id: "schedules" });
+  const msg = h("span", { class: "muted", id: "schedule-msg" });
+  view.append(h("h1", {}, "Schedules"), h("p", { class: "muted" }, "Specs submitted at the ticks of a cron expression (POST /v1/schedules)."), msg, body);
+  const seq = viewSeq;
+  async function toggle(sch) {
+    try { await api(`/v1/schedules/${sch.id}/${sch.paused ? "resume" : "pause"}`, { method: "POST" }); msg.textContent = ""; }
+    catch (e) { msg.textContent = e.message; msg.className = "error"; }
+    load().catch(() => {});
+  }
+  async function load() {
+    let list;
+    try { list = await api("/v1/schedules"); } catch (e) { if (seq === viewSeq) body.replaceChildren(errorBox(e)); throw e; }
+    if (seq !== viewSeq) return;
+    body.replaceChildren(panel(null, list.length ? h("div", { class: "scroll" }, h("table", { id: "schedule-table" },
+      h("thead", {}, h("tr", {}, ["Name", "Project", "Cron", "Next run", "Policies", "", ""].map(c => h("th", {}, c)))),
+      h("tbody", {}, list.map(x => h("tr", { "data-schedule": x.id },
+        h("td", {}, h("b", {}, x.name)), h("td", {}, x.project), h("td", { class: "mono" }, `${x.cron} (${x.timezone})`),
+        h("td", {}, x.paused ? h("span", { class: "muted" }, "paused") : when(x.next_runs[0])),
+        h("td", { class: "muted" }, `overlap ${x.overlap}, missed ${x.missed}`),
+        h("td", {}, h("a", { href: `#/jobs?label=${encodeURIComponent("raylane.schedule=" + x.id)}` }, "its jobs")),
+        h("td", {}, h("button", { class: "secondary", onclick: () => toggle(x) }, x.paused ? "Resume" : "Pause")))))))
+      : h("p", { class: "empty" }, "No schedules.")));
+  }
   load().catch(() => {});
   poll(load);
 }

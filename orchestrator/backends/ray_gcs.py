@@ -121,6 +121,15 @@ class RayGcs:
         value = self._get(result_key(submission_id))
         return protocol.decode_result(value) if value else None
 
+    def trials(self, submission_id: str) -> list[dict] | None:
+        """A running sweep's finished trials (``raylane.jobs.metrics.trial_finished``); None if none yet."""
+        value = self._get(protocol.trials_key(submission_id).encode())
+        return json.loads(value) if value else None
+
+    def forget_trials(self, submission_id: str) -> None:
+        self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
+            key=protocol.trials_key(submission_id).encode(), namespace=KV_NAMESPACE))
+
     def inputs(self, submission_id: str) -> dict[str, str] | None:
         """The inputs the dispatcher left for the attempt's runner; None once forgotten."""
         value = self._get(inputs_key(submission_id))

@@ -321,6 +321,21 @@ class RayJobsBackend:
             self._result_failing.pop(submission_id, None)
         self._forget(submission_id, "result")
 
+    def live_trials(self, submission_id: str) -> list[dict] | None:
+        """A running sweep's finished trials so far; None if none, or while the GCS cannot be asked."""
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
+
+        gcs = self._find_gcs()
+        if gcs is None:
+            return None
+        try:
+            return gcs.trials(submission_id)
+        except GcsUnavailable:
+            return None
+
+    def forget_trials(self, submission_id: str) -> None:
+        self._forget(submission_id, "trials")
+
     def forget_inputs(self, submission_id: str) -> None:
         """The attempt ended: the inputs it was started with leave Ray's store."""
         self._forget(submission_id, "inputs")

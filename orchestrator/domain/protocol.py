@@ -168,6 +168,12 @@ def inputs_key(submission_id: str) -> str:
     return f"inputs/{submission_id}"
 
 
+def trials_key(submission_id: str) -> str:
+    """Where a sweep's runner leaves its finished trials while it runs (the reconciler
+    stores them, so a sweep's trials show as they finish, not at its end)."""
+    return f"trials/{submission_id}"
+
+
 def result_key(submission_id: str) -> str:
     """Where an attempt's runner leaves its result for the reconciler."""
     return f"result/{submission_id}"

@@ -41,7 +41,7 @@ from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.store import db, lifecycle
-from raylane.orchestrator.store.jobs import set_result
+from raylane.orchestrator.store.jobs import save_trials, set_result
 from raylane.orchestrator.store.transitions import record_event, utcnow
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 # While attempts are live, Ray is polled this often: completion shows within
 # ~25 ms on average. One GET per live attempt (or one list above LIST_THRESHOLD).
 FAST_POLL_S = 0.05
+LIVE_TRIALS_EVERY_S = 1.0  # a running sweep's finished trials are read from Ray's store at most this often
 LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
 
@@ -70,6 +71,7 @@ class Reconciler(LoopService):
         self._live = 0
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
+        self._trials_seen: dict[str, tuple[float, int]] = {}  # running sweep -> (last read, trials stored)
 
     def next_wait(self) -> float:
         # Poll Ray quickly while attempts are young or live: completion is noticed
@@ -206,6 +208,8 @@ class Reconciler(LoopService):
     def _running(self, r, rj: RayJob) -> None:
         if traits(r["spec"]["kind"]).serves:
             self._service_route(r)
+        if traits(r["spec"]["kind"]).section == "sweep":
+            self._live_trials(r)
         if r["status"] == AttemptStatus.RUNNING.value and r["job_status"] == JobStatus.RUNNING.value:
             return
         with db.transaction(self.sessions) as s:
@@ -225,12 +229,30 @@ class Reconciler(LoopService):
                 set_result(s, r["job_id"], result, attempt=r["number"])
             self.backend.forget_result(r["submission_id"])
 
+    def _live_trials(self, r) -> None:
+        """A running sweep's trials as they finish (the runner leaves them in Ray's
+        store); stored when their number changed, replaced by the final list at the end."""
+        sid, now = r["submission_id"], time.monotonic()
+        read_at, stored = self._trials_seen.get(sid, (0.0, 0))
+        if now - read_at < LIVE_TRIALS_EVERY_S:
+            return
+        items = self.backend.live_trials(sid) or []
+        self._trials_seen[sid] = (now, stored)
+        if len(items) == stored:
+            return
+        with db.transaction(self.sessions) as s:
+            save_trials(s, r["job_id"], items, attempt=r["number"])
+        self._trials_seen[sid] = (now, len(items))
+
     def _forget(self, r) -> None:
         """The attempt's outcome is stored: what it and the dispatcher left in Ray's
         store goes (its result, its inputs; a command job has neither)."""
         if reports_result(r):
             self.backend.forget_result(r["submission_id"])
             self.backend.forget_inputs(r["submission_id"])
+        if traits(r["spec"]["kind"]).section == "sweep":
+            self.backend.forget_trials(r["submission_id"])
+            self._trials_seen.pop(r["submission_id"], None)
 
     def _succeeded(self, r, rj: RayJob) -> None:
         result = self.backend.result(r["submission_id"]) if reports_result(r) else None

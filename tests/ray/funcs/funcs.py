@@ -27,3 +27,11 @@ class BrokenPredictor:
 
     def __call__(self, batch):  # pragma: no cover - never constructed
         return batch
+
+
+def slow_trial(config):
+    """A trial that takes a moment, so a sweep is seen half done."""
+    import time
+
+    time.sleep(1.5)
+    return {"score": config["x"]}
