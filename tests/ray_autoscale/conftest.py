@@ -14,9 +14,10 @@ from __future__ import annotations
 import yaml
 import pytest
 
-from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, WORKING_DIR_ROOTS
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, WORKING_DIR_ROOTS, free_port
 
 SCALE_AHEAD = 2  # RAYLANE_AUTOSCALE_AHEAD_JOBS of the control plane here
+SERVE_PORT = free_port()  # where the profile tells Serve's proxies to listen
 TEST_GROUPS = [
     {"name": "burst", "market": "ON_DEMAND", "cpus": 2, "memory_gb": 1, "min_nodes": 0, "max_nodes": 2,
      "price_per_hour": 0.08},
@@ -34,6 +35,8 @@ def autoscale_profile(tmp_path_factory):
     doc = yaml.safe_load(AUTOSCALE_PROFILE.read_text())
     doc["name"] = "test-autoscale"
     doc["groups"] += TEST_GROUPS
+    # Services bind every interface, as a cluster that serves others does (test_serve_off_host).
+    doc["serve"] = {"host": "0.0.0.0", "port": SERVE_PORT}
     path = tmp_path_factory.mktemp("profile") / "autoscale.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
