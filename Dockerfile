@@ -45,8 +45,8 @@ COPY examples/ /opt/raylane-examples/examples/
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it.
 RUN groupadd --gid 1000 raylane \
     && useradd --uid 1000 --gid 1000 --create-home --shell /bin/bash raylane \
-    && mkdir -p /var/lib/raylane \
-    && chown raylane:raylane /var/lib/raylane \
+    && mkdir -p /var/lib/raylane /srv/raylane-storage \
+    && chown raylane:raylane /var/lib/raylane /srv/raylane-storage \
     && raylane --help >/dev/null
 USER 1000:1000
 WORKDIR /home/raylane

@@ -785,3 +785,17 @@ def test_deploy_guide_covers_every_target():
                  "pg_dump", "cloud.google.com/gke-spot", "eks.amazonaws.com/capacityType",
                  "raylane-server profile render"):
         assert must in text, f"docs/deploy.md does not mention {must!r}"
+
+
+def test_compose_job_storage_is_one_volume_every_node_and_the_control_plane_mount(compose, compose_cpu):
+    """Checkpoints written on one node must be found on another (issue #13, point 3):
+    the storage URI is a path that every Ray node and the control plane mount from
+    the same volume, never the control plane's data_dir."""
+    for doc in (compose, compose_cpu):
+        s = doc["services"]
+        uri = s["raylane"]["environment"]["RAYLANE_STORAGE_URI"]
+        path = uri.split(":-", 1)[1].rstrip("}") if uri.startswith("${") else uri
+        assert path.startswith("/") and not path.startswith("/var/lib/raylane")
+        for name in ("raylane", "ray-head", "ray-gpu", "ray-spot", "ray-cpu"):
+            assert f"jobstorage:{path}" in s[name].get("volumes", []), name
+        assert "jobstorage" in doc["volumes"]
