@@ -149,3 +149,16 @@ def test_a_sweep_for_spot_cpu_at_zero_nodes_runs_on_its_fallback_cpu_with_room()
     # Its driver still needs room on its own (on-demand) group, scale-up or not.
     no_driver = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
     assert summary(no_driver) == [("Wait", "s", "waiting for 0.1 CPUs in group cpu: 0 free (for the driver)")]
+
+
+def test_routing_never_prefers_a_group_that_can_never_have_a_node():
+    """Found on the autoscaling cluster: a cheaper, same-size GPU group with
+    max_nodes 0 won the 'smallest, then cheapest' ranking, and the job failed there
+    instead of scaling the group that can grow."""
+    gpu = next(g for g in PROFILE.groups if g.name == "gpu")
+    dead = gpu.model_copy(update={"name": "a100", "max_nodes": 0, "min_nodes": 0,
+                                  "price_per_hour": gpu.price_per_hour / 10})
+    profile = PROFILE.model_copy(update={"groups": [*PROFILE.groups, dead]})
+    spec = JobSpec.model_validate({"name": "t", "kind": "training", "entrypoint": "m:f",
+                                   "resources": {"num_workers": 1, "gpus_per_worker": 1}})
+    assert route(spec, profile).node_group == "gpu"

@@ -164,8 +164,9 @@ def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, r
             raise Unroutable(f"no {market} group can run this job after spot fallback", field="placement.market")
         reasons.append(f"no {market} group fits; using {others[0].market}")
         preferred, others = others, []
-    # Smallest fitting node first: leave big nodes for big jobs.
-    preferred.sort(key=lambda g: (g.gpus, g.cpus, g.price_per_hour))
+    # Smallest fitting node first: leave big nodes for big jobs. A group whose
+    # max_nodes is 0 can never get a node: last, whatever its price.
+    preferred.sort(key=lambda g: (g.max_nodes == 0, g.gpus, g.cpus, g.price_per_hour))
     chosen = preferred[0]
     fallbacks = [g for g in preferred[1:] + others]
     kind = traits(spec.kind)
