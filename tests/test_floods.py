@@ -84,7 +84,10 @@ def test_two_replicas_enforce_one_tokens_submit_rate_together(settings, cp):
         a, b = (stack.enter_context(TestClient(create_app(shared, cp=p))) for p in planes)
         codes = [c.post("/v1/jobs", json=HELLO, headers=member) for _ in range(4) for c in (a, b)]
     assert [r.status_code for r in codes] == [201] * 4 + [429] * 4, [r.text for r in codes]
-    assert all(0 < int(r.headers["retry-after"]) <= 240 for r in codes[4:])  # the window: 4 / (1/60) s
+    # The window is 4 / (1/60) = 240 s; the database's sliding-window counter weighs the
+    # previous window too, so the wait reaches past this window's end: up to two windows
+    # when the burst is spent just after a window starts (the 240 bound here failed then).
+    assert all(0 < int(r.headers["retry-after"]) <= 2 * 240 for r in codes[4:])
     # Another token has its own window.
     with TestClient(create_app(shared, cp=cp)) as c:
         assert c.post("/v1/jobs", json=HELLO, headers=bearer(ADMIN_TOKEN)).status_code == 201
