@@ -183,6 +183,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("PUT", "/v1/projects/{project}/quota"): Rule(ADMIN, request=lambda w, t: Req(
         "PUT", f"/v1/projects/{w.project(t)}/quota", json={"node_groups": {"gpu": {"max_gpus": 2}}})),
     ("GET", "/v1/audit"): Rule(ADMIN),
+    # A browser's session cookie for Ray's dashboard under /ray (any role signs in)
+    ("POST", "/v1/session"): Rule(AUTHENTICATED, 204),
+    ("DELETE", "/v1/session"): Rule(AUTHENTICATED, 204),
 }
 # Whole subtrees, whatever serves them (a mounted app, static files): a GET of the
 # path itself (with a trailing slash for a mount) must answer as the rule says.
@@ -191,6 +194,9 @@ PREFIX_RULES: dict[str, Rule] = {
     "/ui/docs-assets": Rule(PUBLIC, request=get("/ui/docs-assets/swagger-ui.css")),
     "/ui": Rule(PUBLIC),
     "/metrics": Rule(ADMIN),
+    # Ray's dashboard through Raylane: its reads need a token (here no Ray is attached:
+    # 503); the role x endpoint matrix against a real cluster is tests/ray/test_ray_dashboard_proxy.py.
+    "/ray": Rule(AUTHENTICATED, 503, request=get("/ray/api/version")),
 }
 
 
