@@ -128,12 +128,8 @@ class RayProxy:
             return
         if scope["type"] != "http":
             return
-        path = scope["path"][len(PREFIX):]
-        if path == "":
-            qs = scope.get("query_string", b"").decode("latin-1")
-            await _reply(send, 307, b"", {"location": PREFIX + "/" + (f"?{qs}" if qs else "")})
-            return
-        rel = path[1:]
+        # Starlette's mount sends /ray to /ray/ before this: the app's relative URLs need the slash.
+        rel = scope["path"][len(PREFIX) + 1:]
         method = scope["method"]
         caller: Caller | None = (scope.get("state") or {}).get("caller")
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
