@@ -54,8 +54,8 @@ PAGE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"
 
 
 class Redactor:
-    """Replaces a secret in a byte stream, also when it straddles two chunks: the
-    last ``len(secret) - 1`` bytes wait for the next chunk."""
+    """Replaces a secret in a byte stream, also when it straddles two chunks: an
+    end of a chunk that could be the secret's beginning waits for the next chunk."""
 
     MASK = b"[redacted]"
 
@@ -67,11 +67,12 @@ class Redactor:
         if not self.secret:
             return chunk
         data = (self._held + chunk).replace(self.secret, self.MASK)
-        keep = len(self.secret) - 1
-        if keep == 0:
-            return data
-        self._held = data[-keep:]
-        return data[:-keep]
+        # Hold back only an end that could begin the secret: a followed log whose
+        # last line ends in a newline is sent whole at once.
+        keep = next((k for k in range(min(len(self.secret) - 1, len(data)), 0, -1)
+                     if data.endswith(self.secret[:k])), 0)
+        self._held = data[len(data) - keep:] if keep else b""
+        return data[:len(data) - keep]
 
     def flush(self) -> bytes:
         out, self._held = self._held, b""
@@ -133,7 +134,9 @@ class RayProxy:
         method = scope["method"]
         caller: Caller | None = (scope.get("state") or {}).get("caller")
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-        if caller is None:  # only the app's shell is public (api.auth)
+        if caller is None:  # only the app's shell is public (api.auth); never trust that it was checked
+            if not rayscope.is_shell(method, rel):
+                return await _reply_json(send, 401, {"detail": "sign in through /ui, or send a Raylane token"})
             decision = rayscope.Decision(Kind.AUTH_MODE) if rel == "api/authentication_mode" else rayscope.PASS
         else:
             decision = rayscope.decide(method, rel, query, caller)

@@ -97,7 +97,8 @@ NOT_FOUND = "no such job in your projects"
 
 def is_shell(method: str, path: str) -> bool:
     """The app's own files: public, like Ray's own."""
-    return method in READ_METHODS and (path in SHELL_EXACT or path.startswith(SHELL_PREFIXES))
+    return (method in READ_METHODS and ".." not in path
+            and (path in SHELL_EXACT or path.startswith(SHELL_PREFIXES)))
 
 
 def decide(method: str, path: str, query: dict[str, list[str]], caller: Caller) -> Decision:
