@@ -231,6 +231,58 @@ def test_direct_access_to_rays_dashboard_still_needs_rays_token(world):
                      timeout=10).status_code == 200
 
 
+def test_session_cookie_only_opens_ray_and_dies_with_its_token(world):
+    api = httpx.Client(base_url=world.srv.url, headers=world.srv.headers, timeout=10)
+    token = api.post("/v1/tokens", json={"name": "short-lived", "project": OWN, "role": "viewer"}).json()
+    signed = httpx.post(f"{world.srv.url}/v1/session", headers={"Authorization": f"Bearer {token['token']}"},
+                        timeout=10)
+    assert signed.status_code == 204
+    header = signed.headers["set-cookie"]
+    assert "HttpOnly" in header and "SameSite=Strict" in header and "Path=/ray" in header and "Max-Age=3600" in header
+    cookie = signed.cookies["raylane_session"]
+    assert token["token"] not in header  # the cookie holds no secret
+    jar = {"raylane_session": cookie}
+    assert httpx.get(f"{world.srv.url}/ray/api/jobs/", cookies=jar, timeout=10).status_code == 200
+    assert httpx.get(f"{world.srv.url}/v1/jobs", cookies=jar, timeout=10).status_code == 401  # never /v1
+    forged = cookie[:-2] + ("AA" if not cookie.endswith("AA") else "BB")
+    assert httpx.get(f"{world.srv.url}/ray/api/jobs/", cookies={"raylane_session": forged},
+                     timeout=10).status_code == 401
+    assert api.post(f"/v1/tokens/{token['id']}/revoke").status_code == 200
+    assert httpx.get(f"{world.srv.url}/ray/api/jobs/", cookies=jar, timeout=10).status_code == 401
+
+
+def test_proxy_is_bounded_per_token_and_frees_a_slot_when_the_client_goes(world, tmp_path):
+    # A second replica on the same database (tokens shared), with tight bounds.
+    st = world.srv.env
+    srv = ServerProcess({k: st[k] for k in ("RAYLANE_DATABASE_URL", "RAYLANE_DASHBOARD_URL", "RAYLANE_RAY_AUTH_TOKEN",
+                                            "RAYLANE_RAY_ADDRESS", "RAYLANE_AUTH_ENABLED")}
+                        | {"RAYLANE_DATA_DIR": str(tmp_path / "data"), "RAYLANE_LOOPS_ENABLED": "false",
+                           "RAYLANE_AUTO_MIGRATE": "false", "RAYLANE_RAY_PROXY_PER_TOKEN": "1",
+                           "RAYLANE_RAY_PROXY_STREAM_MAX_S": "12"}, tmp_path / "server.log").start(timeout=120)
+    try:
+        member = {"Authorization": f"Bearer {world.tokens['member']}"}
+        stream = f"{srv.url}/ray/{driver_log(world, OWN, 'stream')}&interval=0.5"
+        with httpx.stream("GET", stream, headers=member, timeout=30) as r:
+            assert r.status_code == 200
+            chunks = r.iter_raw()  # held: a dropped iterator closes the response
+            next(chunks)
+            # The member's one slot is taken: refused before Ray is asked; another token is not.
+            second = httpx.get(f"{srv.url}/ray/api/jobs/", headers=member, timeout=10)
+            assert second.status_code == 429 and int(second.headers["retry-after"]) > 0, second.text
+            assert "RAYLANE_RAY_PROXY_PER_TOKEN" in second.json()["detail"]
+            viewer = {"Authorization": f"Bearer {world.tokens['viewer']}"}
+            assert httpx.get(f"{srv.url}/ray/api/jobs/", headers=viewer, timeout=10).status_code == 200
+        # The client left: its slot frees (the server saw the disconnect, not the stream's end).
+        wait_for(lambda: httpx.get(f"{srv.url}/ray/api/jobs/", headers=member, timeout=10).status_code == 200,
+                 timeout=8, what="the member's slot freed after the client went (before the 12 s stream cap)")
+        # A stream nobody closes ends at RAYLANE_RAY_PROXY_STREAM_MAX_S, with what it had.
+        with httpx.stream("GET", stream, headers=member, timeout=60) as r:
+            body = r.read()
+        assert b"proxy-marker-alpha" in body
+    finally:
+        srv.kill()
+
+
 # Chromium -------------------------------------------------------------------------
 
 
