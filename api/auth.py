@@ -118,15 +118,16 @@ class AuthMiddleware:
                 else:
                     gate.forget(digest)
         if caller is None:
-            await _reply(send, 401, "missing, unknown, expired or revoked API token: send 'Authorization: Bearer <token>'",
-                         {"www-authenticate": "Bearer"})
+            hint = " (a browser: sign in through /ui first)" if _under(scope["path"], (RAY_PREFIX,)) else ""
+            await _reply(send, 401, "missing, unknown, expired or revoked API token: send "
+                                    f"'Authorization: Bearer <token>'{hint}", {"www-authenticate": "Bearer"})
             if mutating:
                 await app.state.refusals.refused(_entry(scope, None, 401))
             return
         if is_admin_only(scope["path"]) and caller.role != Role.ADMIN.value:
             await _reply(send, 403, "this needs an admin token")
             if mutating:
-                await _audit(cp, scope, caller, 403)
+                await audit(cp, scope, caller, 403)
             return
         scope.setdefault("state", {})["caller"] = caller
         if not mutating:
@@ -139,14 +140,14 @@ class AuthMiddleware:
             if message["type"] == "http.response.start" and not audited:
                 audited = True
                 # Before the response leaves: whoever sees the answer finds the row.
-                await _audit(cp, scope, caller, message["status"])
+                await audit(cp, scope, caller, message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_audit)
         except Exception:
             if not audited:
-                await _audit(cp, scope, caller, 500)
+                await audit(cp, scope, caller, 500)
             raise
 
 
@@ -196,7 +197,8 @@ def _entry(scope, caller: Caller | None, status: int) -> dict:
     }
 
 
-async def _audit(cp, scope, caller: Caller | None, status: int) -> None:
+async def audit(cp, scope, caller: Caller | None, status: int) -> None:
+    """Write the audit row of a request (also ``api.rayproxy``'s sampled reads)."""
     entry = _entry(scope, caller, status)
     try:
         await anyio.to_thread.run_sync(cp.access.record, entry)

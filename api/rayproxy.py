@@ -35,7 +35,7 @@ import anyio
 import httpx
 
 from raylane.api import rayscope
-from raylane.api.auth import _audit
+from raylane.api.auth import audit
 from raylane.api.rayscope import Kind
 from raylane.orchestrator.services.access import Caller
 
@@ -136,7 +136,8 @@ class RayProxy:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         if caller is None:  # only the app's shell is public (api.auth); never trust that it was checked
             if not rayscope.is_shell(method, rel):
-                return await _reply_json(send, 401, {"detail": "sign in through /ui, or send a Raylane token"})
+                return await _reply_json(send, 401, {"detail": "sign in through /ui (a session cookie for /ray), "
+                                                               "or send 'Authorization: Bearer <Raylane token>'"})
             decision = rayscope.Decision(Kind.AUTH_MODE) if rel == "api/authentication_mode" else rayscope.PASS
         else:
             decision = rayscope.decide(method, rel, query, caller)
@@ -158,7 +159,7 @@ class RayProxy:
             self._release(owner)
         if caller is not None and method in rayscope.READ_METHODS and (
                 status >= 400 or next(self._reads) % self.audit_every == 0):
-            await _audit(scope["app"].state.cp, _audited(scope), caller, status)
+            await audit(scope["app"].state.cp, _audited(scope), caller, status)
 
     def _reserve(self, owner: str) -> str | None:
         if self.inflight >= self.max_inflight:
@@ -179,7 +180,7 @@ class RayProxy:
         await _reply_json(send, status, {"detail": reason}, headers)
         # Mutating requests are audited by api.auth already, refusals included.
         if caller is not None and scope["method"] in rayscope.READ_METHODS:
-            await _audit(scope["app"].state.cp, _audited(scope), caller, status)
+            await audit(scope["app"].state.cp, _audited(scope), caller, status)
 
     # Serving -----------------------------------------------------------------
 
