@@ -149,7 +149,8 @@ class RayProxy:
         if self._url is None:
             return await self._refuse(scope, send, caller, 503, "no Ray cluster is attached to this server",
                                       {"retry-after": "30"})
-        owner = (caller.token_id or caller.name) if caller else "anonymous"
+        # The public shell (no caller) counts per client address, not in one shared bucket.
+        owner = (caller.token_id or caller.name) if caller else f"address:{(scope.get('client') or ('-',))[0]}"
         full = self._reserve(owner)
         if full:
             return await self._refuse(scope, send, caller, 429, full, {"retry-after": str(CAP_RETRY_AFTER_S)})
@@ -238,10 +239,13 @@ class RayProxy:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
                 with anyio.move_on_after(self.stream_max_s):
-                    async for chunk in _chunks(resp):
-                        out = redactor.feed(chunk)
-                        if out:
-                            await send({"type": "http.response.body", "body": out, "more_body": True})
+                    try:
+                        async for chunk in _chunks(resp):
+                            out = redactor.feed(chunk)
+                            if out:
+                                await send({"type": "http.response.body", "body": out, "more_body": True})
+                    except httpx.TransportError as e:  # timeouts too; the answer has begun: end it short
+                        log.warning("Ray's dashboard stopped mid-answer for %s: %s", rel[:120], type(e).__name__)
                 tg.cancel_scope.cancel()
             await send({"type": "http.response.body", "body": redactor.flush(), "more_body": False})
             return resp.status_code
