@@ -20,7 +20,9 @@ from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
 from raylane.api.refusals import RefusalTally
-from raylane.api.routers import access, arrays, cluster, costs, health, jobs, packages, schedules, webhooks
+from raylane.api.rayproxy import PREFIX as RAY_PREFIX, RayProxy
+from raylane.api.routers import access, arrays, cluster, costs, health, jobs, packages, schedules, session, webhooks
+from raylane.api.session import Sessions
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
 from raylane.orchestrator.services.ratelimits import DatabaseWindows
@@ -69,8 +71,12 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             from raylane.orchestrator.backends.ray_jobs import read_token
             from raylane.orchestrator.domain.profile import Profile
 
-            plane.attach_ray(settings.dashboard_url, read_token(settings.ray_auth_token), Profile.load(settings.profile),
+            ray_token = read_token(settings.ray_auth_token)
+            plane.attach_ray(settings.dashboard_url, ray_token, Profile.load(settings.profile),
                              ray_address=settings.ray_address)
+            # Links to a job's page in Ray's dashboard go through Raylane (api.rayproxy).
+            plane.dashboard_link = public_base(settings) + RAY_PREFIX
+            app.state.ray_proxy.bind(settings.dashboard_url, ray_token)
             if settings.loops_enabled:
                 plane.start_loops()
         if settings.loops_enabled:
@@ -85,6 +91,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             flusher.cancel()
             await app.state.refusals.flush()
             await app.state.log_followers.close()
+            await app.state.ray_proxy.close()
             for hook in getattr(app.state, "shutdown_hooks", []):
                 hook(plane)
             plane.stop_loops()
@@ -109,6 +116,11 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
                                            max_s=settings.log_follow_max_s,
                                            per_token=settings.log_streams_per_token,
                                            max_streams=settings.log_streams_max)
+    app.state.sessions = Sessions(settings.session_secret.get_secret_value() if settings.session_secret else None,
+                                  settings.session_ttl_s)
+    app.state.ray_proxy = RayProxy(timeout_s=settings.ray_proxy_timeout_s, stream_max_s=settings.ray_proxy_stream_max_s,
+                                   per_token=settings.ray_proxy_per_token, max_inflight=settings.ray_proxy_max,
+                                   audit_every=settings.ray_proxy_audit_every)
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
                        per_prefix={packages.PREFIX: settings.package_max_bytes})
@@ -124,11 +136,18 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(webhooks.router, responses=ERROR_RESPONSES)
     app.include_router(schedules.router, responses=ERROR_RESPONSES)
     app.include_router(arrays.router, responses=ERROR_RESPONSES)
+    app.include_router(session.router, responses=ERROR_RESPONSES)
     app.add_middleware(UIHeaders)
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.state.metrics_registry.register(LogFollowersCollector(app.state.log_followers))
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
+    app.mount(RAY_PREFIX, app.state.ray_proxy, name="ray_dashboard")
     return app
+
+
+def public_base(settings: Settings) -> str:
+    """Where clients reach this server: RAYLANE_PUBLIC_URL, or the address it binds."""
+    return (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
 
 
 def _bootstrap_access(plane: ControlPlane, settings: Settings) -> None:

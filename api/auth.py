@@ -6,6 +6,10 @@ in ``PUBLIC_PATHS`` / ``PUBLIC_PREFIXES``; under ``ADMIN_PREFIXES`` it needs an
 admin token; everywhere else it needs a valid token, and the routers' role
 dependencies (``raylane.api.deps``) decide the rest.
 
+Under ``/ray`` (Ray's dashboard, ``api.rayproxy``) a signed session cookie
+(``api.session``) stands for the token it was made from; nowhere else does.
+The dashboard app's own files there are public, as Ray has them.
+
 It resolves ``Authorization: Bearer <token>`` to a ``Caller`` (one indexed read by
 the token's sha256: a revoked token is refused on its next request) and leaves
 it in the request state. Every mutating request (POST, PUT, PATCH, DELETE) with
@@ -27,6 +31,7 @@ import math
 
 import anyio
 
+from raylane.api.session import cookie_from
 from raylane.orchestrator.services.access import LOCAL_ADMIN, MAX_TOKEN_LEN, Caller, Role, hash_token
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,8 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect
 PUBLIC_PREFIXES = ("/ui",)
 # Admin only, whatever serves them: cluster-wide numbers of every project.
 ADMIN_PREFIXES = ("/metrics",)
+# Ray's dashboard through Raylane (api/rayproxy.py): the only place a session cookie counts.
+RAY_PREFIX = "/ray"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 ANONYMOUS = "anonymous"
 
@@ -47,6 +54,14 @@ def _under(path: str, prefixes: tuple[str, ...]) -> bool:
 
 def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or _under(path, PUBLIC_PREFIXES)
+
+
+def is_public_read(scope) -> bool:
+    """Ray's dashboard app itself (its page and static files): public, as Ray has them."""
+    from raylane.api.rayscope import is_shell
+
+    path = scope["path"]
+    return _under(path, (RAY_PREFIX,)) and is_shell(scope["method"], path[len(RAY_PREFIX) + 1:])
 
 
 def is_admin_only(path: str) -> bool:
@@ -68,7 +83,7 @@ class AuthMiddleware:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or is_public(scope["path"]):
+        if scope["type"] != "http" or is_public(scope["path"]) or is_public_read(scope):
             return await self.app(scope, receive, send)
         app = scope["app"]
         cp = app.state.cp
@@ -79,7 +94,13 @@ class AuthMiddleware:
             token = _bearer(scope)
             digest = hash_token(token) if token and len(token) <= MAX_TOKEN_LEN else None
             gate = app.state.address_gate
-            if not gate.knows(digest):
+            # A browser on /ray signs in once (api.session); a Bearer token still wins.
+            session = (app.state.sessions.token_id(cookie_from(scope))
+                       if token is None and _under(scope["path"], (RAY_PREFIX,)) else None)
+            if session is not None:
+                # A valid signature cannot be guessed: no address gate to pass.
+                digest = None
+            elif not gate.knows(digest):
                 wait = gate.take(_address(scope))
                 if wait > 0:
                     await _reply(send, 429, f"too many requests without a valid API token from this address: at most "
@@ -88,21 +109,25 @@ class AuthMiddleware:
                     if mutating:
                         await app.state.refusals.refused(_entry(scope, None, 429))
                     return
-            caller = await anyio.to_thread.run_sync(cp.access.authenticate, token) if digest else None
-            if caller is not None:
-                gate.vouch(digest)
+            if session is not None:
+                caller = await anyio.to_thread.run_sync(cp.access.caller_by_token_id, session)
             else:
-                gate.forget(digest)
+                caller = await anyio.to_thread.run_sync(cp.access.authenticate, token) if digest else None
+                if caller is not None:
+                    gate.vouch(digest)
+                else:
+                    gate.forget(digest)
         if caller is None:
-            await _reply(send, 401, "missing, unknown, expired or revoked API token: send 'Authorization: Bearer <token>'",
-                         {"www-authenticate": "Bearer"})
+            hint = " (a browser: sign in through /ui first)" if _under(scope["path"], (RAY_PREFIX,)) else ""
+            await _reply(send, 401, "missing, unknown, expired or revoked API token: send "
+                                    f"'Authorization: Bearer <token>'{hint}", {"www-authenticate": "Bearer"})
             if mutating:
                 await app.state.refusals.refused(_entry(scope, None, 401))
             return
         if is_admin_only(scope["path"]) and caller.role != Role.ADMIN.value:
             await _reply(send, 403, "this needs an admin token")
             if mutating:
-                await _audit(cp, scope, caller, 403)
+                await audit(cp, scope, caller, 403)
             return
         scope.setdefault("state", {})["caller"] = caller
         if not mutating:
@@ -115,14 +140,14 @@ class AuthMiddleware:
             if message["type"] == "http.response.start" and not audited:
                 audited = True
                 # Before the response leaves: whoever sees the answer finds the row.
-                await _audit(cp, scope, caller, message["status"])
+                await audit(cp, scope, caller, message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_audit)
         except Exception:
             if not audited:
-                await _audit(cp, scope, caller, 500)
+                await audit(cp, scope, caller, 500)
             raise
 
 
@@ -172,7 +197,8 @@ def _entry(scope, caller: Caller | None, status: int) -> dict:
     }
 
 
-async def _audit(cp, scope, caller: Caller | None, status: int) -> None:
+async def audit(cp, scope, caller: Caller | None, status: int) -> None:
+    """Write the audit row of a request (also ``api.rayproxy``'s sampled reads)."""
     entry = _entry(scope, caller, status)
     try:
         await anyio.to_thread.run_sync(cp.access.record, entry)

@@ -57,5 +57,6 @@ def _announce(base: str, cp) -> None:
     lines = [f"Raylane API:        {base}", f"API docs:           {base}/docs",
              f"Database:           {cp.engine.url.render_as_string(hide_password=True)}"]
     if cp.dashboard_url:
-        lines.append(f"Ray dashboard:      {cp.dashboard_url}  (token auth on)")
+        lines.append(f"Ray dashboard:      {base}/ray/  (read-only, per project; sign in at {base}/ui)")
+        lines.append(f"Ray's own:          {cp.dashboard_url}  (Ray's token: operators only)")
     print("\n".join(lines), flush=True)

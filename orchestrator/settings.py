@@ -73,6 +73,16 @@ class Settings(BaseSettings):
     ray_auth_token: str | None = Field(None, description="Ray token-auth token; unset: read ~/.ray/auth_token when present.")
     profile: Path | None = Field(None, description="Cluster profile YAML. Unset: the shipped local profile.")
 
+    # Ray's dashboard through Raylane (api/rayproxy.py, docs/auth.md)
+    session_secret: SecretStr | None = Field(
+        None, description="Key that signs the /ray session cookie of a browser signed in through /ui (16+ characters); the same on every replica. Unset: a random key per process (a browser signs in again after a restart, or on another replica).")
+    session_ttl_s: float = Field(3600.0, gt=0, le=7 * 24 * 3600, description="A /ray session cookie expires after this long; the token it was made from is checked again on every request (revoked: refused at once).")
+    ray_proxy_timeout_s: float = Field(30.0, gt=0, le=600, description="Ray's dashboard must start answering a proxied request within this long (then 504).")
+    ray_proxy_stream_max_s: float = Field(600.0, gt=0, description="A proxied response (a streamed log) is cut after this long.")
+    ray_proxy_per_token: int = Field(16, ge=1, description="Proxied requests one token may have in flight at once (then 429 + Retry-After).")
+    ray_proxy_max: int = Field(256, ge=1, description="Proxied requests this server process has in flight at once (then 429 + Retry-After).")
+    ray_proxy_audit_every: int = Field(20, ge=1, description="One allowed read through /ray in this many is written to the audit trail; refusals and every mutating request always are.")
+
     # Loops
     dispatch_interval_s: float = Field(1.0, gt=0, description="Dispatcher's polling fallback when not woken.")
     reconcile_interval_s: float = Field(1.0, gt=0, description="How often Ray's view is folded into the DB.")
@@ -146,6 +156,15 @@ class Settings(BaseSettings):
         # A short or placeholder secret is worse than a generated one: refuse it.
         if v is not None and len(v.get_secret_value().strip()) < MIN_ADMIN_TOKEN_LEN:
             raise ValueError(f"RAYLANE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_LEN} characters")
+        return v
+
+    @field_validator("session_secret")
+    @classmethod
+    def _session_secret(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            return None
+        if v is not None and len(v.get_secret_value().strip()) < MIN_ADMIN_TOKEN_LEN:
+            raise ValueError(f"RAYLANE_SESSION_SECRET must be at least {MIN_ADMIN_TOKEN_LEN} characters")
         return v
 
     @field_validator("storage_uri")

@@ -233,6 +233,9 @@ RULES: dict[tuple[str, str], Rule] = {
         "POST", f"/v1/arrays/{w.array(t)}/cancel")),
     ("POST", "/v1/arrays/{array_id}/retry"): Rule(WRITE_PROJECT, request=lambda w, t: Req(
         "POST", f"/v1/arrays/{w.array(t)}/retry")),
+    # A browser's session cookie for Ray's dashboard under /ray (any role signs in)
+    ("POST", "/v1/session"): Rule(AUTHENTICATED, 204),
+    ("DELETE", "/v1/session"): Rule(AUTHENTICATED, 204),
 }
 # Whole subtrees, whatever serves them (a mounted app, static files): a GET of the
 # path itself (with a trailing slash for a mount) must answer as the rule says.
@@ -241,6 +244,9 @@ PREFIX_RULES: dict[str, Rule] = {
     "/ui/docs-assets": Rule(PUBLIC, request=get("/ui/docs-assets/swagger-ui.css")),
     "/ui": Rule(PUBLIC),
     "/metrics": Rule(ADMIN),
+    # Ray's dashboard through Raylane: its reads need a token (here no Ray is attached:
+    # 503); the role x endpoint matrix against a real cluster is tests/ray/test_ray_dashboard_proxy.py.
+    "/ray": Rule(AUTHENTICATED, 503, request=get("/ray/api/version")),
 }
 
 

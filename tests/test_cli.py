@@ -503,7 +503,9 @@ def test_local_cluster_up_then_jobs_run_then_down(server_factory, tmp_path):
                 assert "squaring 7" in c.logs(job.id)
                 info = c.cluster()
                 assert {(n.node_group, n.state) for n in info.nodes} == {("head", "ALIVE"), ("cpu", "ALIVE")}
-                assert info.dashboard_url == state["dashboard_url"]
+                # Ray's dashboard through this server (/ray); Ray's own address stays the operator's.
+                assert info.dashboard_url == f"{srv.url}/ray"
+                assert done.dashboard_url == f"{srv.url}/ray/#/jobs/{done.ray_submission_id}"
         finally:
             sys.path.remove(str(mod_dir))
             sys.modules.pop("sdk_e2e_fn", None)

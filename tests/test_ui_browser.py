@@ -142,7 +142,7 @@ def _running(cp, job_id: str) -> None:
 
 def test_jobs_list_job_page_trials_chart_and_costs(server_factory, tmp_path, page):
     # A Ray dashboard address where nothing listens: the server routes jobs with the
-    # profile (no live view) and links attempts into that dashboard.
+    # profile (no live view) and links attempts into that dashboard, through /ray.
     dash = f"http://127.0.0.1:{free_port()}"
     srv, url = _server(server_factory, tmp_path, RAYLANE_DASHBOARD_URL=dash)
     ids = {}
@@ -209,8 +209,9 @@ def test_jobs_list_job_page_trials_chart_and_costs(server_factory, tmp_path, pag
     assert page.locator("#trials tbody tr").count() == N_TRIALS
     reasons = page.locator("#reasons li").all_inner_texts()
     assert any("independent trials" in r for r in reasons), reasons
+    # The link opens Ray's dashboard through this server (/ray), never Ray's own address.
     href = page.locator("#ray-link").get_attribute("href")
-    assert href.startswith(dash) and f"raylane-{ids['lr-sweep']}" in href
+    assert href == f"{srv.url}/ray/#/jobs/raylane-{ids['lr-sweep']}-1", href
     assert page.locator("#events li").count() >= 4
     assert page.locator("#job-cost").inner_text().startswith("$")
     assert page.locator("#attempts tbody tr").count() == 1

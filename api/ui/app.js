@@ -35,6 +35,18 @@ let viewSeq = 0;  // a view's async work stops drawing once another view is show
 
 function token() { return localStorage.getItem(TOKEN_KEY) || ""; }
 
+// Ray's dashboard under /ray takes an HttpOnly session cookie instead of a header
+// (a link must open it): signing in trades the token for one, on every page load
+// (the cookie is short-lived) and whenever the token changes.
+function refreshSession(previous) {
+  const t = token() || previous;
+  if (!t) return Promise.resolve(null);
+  return fetch("/v1/session", { method: token() ? "POST" : "DELETE", headers: { "Authorization": "Bearer " + t } })
+    .catch(() => null);
+}
+
+refreshSession();
+
 function showTokenState() {
   document.getElementById("token-state").textContent = token() ? "token set" : "no token";
 }
@@ -42,9 +54,11 @@ function showTokenState() {
 document.getElementById("token-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const input = document.getElementById("token-input");
+  const previous = token();
   if (input.value.trim()) localStorage.setItem(TOKEN_KEY, input.value.trim());
   else localStorage.removeItem(TOKEN_KEY);
   input.value = "";
+  refreshSession(previous);
   showTokenState();
   hideBanner();
   route();

@@ -126,9 +126,13 @@ class Access:
         if store.needs_mark(row, now):
             with db.transaction(self.sessions) as s:
                 store.mark(s, row["id"], now)
-        admin = row["role"] == Role.ADMIN.value
-        return Caller(name=row["name"], project=None if admin else row["project"], role=row["role"],
-                      token_id=row["id"], home_project=row["project"])
+        return _caller(row)
+
+    def caller_by_token_id(self, token_id: str) -> Caller | None:
+        """The caller of a live token by its public id (a signed session cookie
+        names it), or None (unknown, revoked or expired)."""
+        with db.read(self.sessions) as s:
+            return _caller(store.token_by_id(s, token_id, now=utcnow()))
 
     def bootstrap(self) -> str | None:
         """Make sure an admin can get in. Returns a newly generated admin secret,
@@ -259,6 +263,14 @@ class Access:
               since=None) -> tuple[list[AuditEntry], str | None]:
         with db.transaction(self.sessions) as s:
             return store.list_audit(s, limit=limit, cursor=cursor, actor=actor, action=action, since=since)
+
+
+def _caller(row) -> Caller | None:
+    if row is None:
+        return None
+    admin = row["role"] == Role.ADMIN.value
+    return Caller(name=row["name"], project=None if admin else row["project"], role=row["role"],
+                  token_id=row["id"], home_project=row["project"])
 
 
 def check_project_visible(caller: Caller, project: str) -> None:

@@ -59,6 +59,9 @@ class ControlPlane:
         # Routing hook: (spec) -> Placement | None; None until Ray/profile are wired.
         self.router: Callable[[JobSpec], Placement | None] | None = None
         self.dashboard_url: str | None = settings.dashboard_url
+        # Where a person opens Ray's dashboard: Raylane's /ray (set by the API,
+        # api/rayproxy.py), so a job's link works with a Raylane token. Unset: Ray's own URL.
+        self.dashboard_link: str | None = None
         self.backend = None
         self.profile = None
         self._view_cache = None
@@ -146,7 +149,7 @@ class ControlPlane:
         placement = self._route(spec)
         job, created = self._write(lambda s: store_jobs.submit_view(
             s, spec, project=project, actor=actor, idempotency_key=idempotency_key, placement=placement,
-            dashboard_url=self.dashboard_url))
+            dashboard_url=self.link))
         if created:
             self.new_work.set()
         return job, created
@@ -240,11 +243,11 @@ class ControlPlane:
 
     def get(self, job_id: str, *, project: str | None) -> Job:
         with db.transaction(self.sessions) as s:
-            return store_jobs.get_job(s, job_id, project=project, dashboard_url=self.dashboard_url)
+            return store_jobs.get_job(s, job_id, project=project, dashboard_url=self.link)
 
     def list(self, flt: store_jobs.JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
         with db.transaction(self.sessions) as s:
-            return store_jobs.list_jobs(s, flt, limit=limit, cursor=cursor, dashboard_url=self.dashboard_url)
+            return store_jobs.list_jobs(s, flt, limit=limit, cursor=cursor, dashboard_url=self.link)
 
     def events(self, job_id: str, *, project: str | None, after_id: int = 0) -> list[JobEvent]:
         with db.transaction(self.sessions) as s:
@@ -252,7 +255,7 @@ class ControlPlane:
 
     def attempts(self, job_id: str, *, project: str | None) -> list[Attempt]:
         with db.transaction(self.sessions) as s:
-            return store_jobs.list_attempts(s, job_id, project=project, dashboard_url=self.dashboard_url)
+            return store_jobs.list_attempts(s, job_id, project=project, dashboard_url=self.link)
 
     def trials(self, job_id: str, *, project: str | None, sort_by: str | None = None, mode: str = "min"):
         with db.transaction(self.sessions) as s:
@@ -261,7 +264,7 @@ class ControlPlane:
     def cancel(self, job_id: str, *, project: str | None, actor: str) -> tuple[Job, str]:
         with db.transaction(self.sessions) as s:
             message = store_jobs.cancel(s, job_id, project=project, actor=actor)
-            job = store_jobs.get_job(s, job_id, project=project, dashboard_url=self.dashboard_url)
+            job = store_jobs.get_job(s, job_id, project=project, dashboard_url=self.link)
         if getattr(self, "reconciler", None) is not None:
             self.reconciler.wake.set()  # it stops the Ray job
         return job, message
@@ -277,6 +280,11 @@ class ControlPlane:
         return {"database": self.engine.dialect.name}
 
     # Ray ---------------------------------------------------------------------
+
+    @property
+    def link(self) -> str | None:
+        """The dashboard URL users are given (``dashboard_link``, else Ray's own)."""
+        return self.dashboard_link or self.dashboard_url
 
     def attach_ray(self, dashboard_url: str, token: str | None, profile, *, ray_address: str | None = None) -> None:
         """Wire routing, the dispatcher and the reconciler to a Ray cluster.
@@ -346,7 +354,7 @@ class ControlPlane:
     def cluster(self) -> dict[str, Any]:
         self._require_ray()
         nodes = self.backend.nodes()
-        return {"dashboard_url": self.dashboard_url, "profile": self.profile.name,
+        return {"dashboard_url": self.link, "profile": self.profile.name,
                 "nodes": [{"node_id": n.node_id, "state": n.state, "node_group": n.group, "market": n.market,
                            "is_head": n.is_head, "resources": n.resources_total, "draining": n.draining,
                            "death_reason": n.death_reason} for n in nodes]}

@@ -92,6 +92,17 @@ def mark(session: Session, token_id: str, now: datetime) -> None:
     session.execute(update(api_tokens).where(api_tokens.c.id == token_id).values(last_used_at=now))
 
 
+def token_by_id(session: Session, token_id: str, *, now: datetime) -> dict[str, Any] | None:
+    """The live token with this id (not revoked, not expired): a session cookie's
+    token, checked again on every request."""
+    row = session.execute(select(api_tokens).where(
+        api_tokens.c.id == token_id, api_tokens.c.revoked_at.is_(None),
+    )).mappings().first()
+    if row is None or (row["expires_at"] is not None and row["expires_at"] <= now):
+        return None
+    return dict(row)
+
+
 def list_tokens(session: Session, *, project: str | None = None, include_revoked: bool = False) -> list[Token]:
     q = select(api_tokens).order_by(api_tokens.c.created_at, api_tokens.c.id)
     if project is not None:
