@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
@@ -84,17 +85,40 @@ def test_batch_inference_survives_spot_node_loss(rapi, ray_cluster, tmp_path):
     job = rapi.post("/v1/jobs", json=spec).json()
     wait_status(rapi, job["id"], {"RUNNING"}, timeout=120)
     sid = rapi.get(f"/v1/jobs/{job['id']}/attempts").json()[-1]["submission_id"]
-    # Kill a spot node once the job's map actors live on it (Ray's state API).
+    # Kill a spot node once the job's map actors live on it: one state-API query for
+    # the job's alive actors (not one per node), their nodes matched to the cluster's
+    # spot nodes by id, and Ray's node list read again if a replaced node's id is new.
     ray = RayJobsBackend(ray_cluster.state.dashboard_url, ray_cluster.state.token)
+    seen: dict[str, set[str]] = {}
     try:
         def node_with_actors():
             rj = ray.get(sid)
+            ended = str(getattr(rj.status, "value", rj.status)) if rj is not None else None
+            assert ended not in ("SUCCEEDED", "FAILED", "STOPPED"), f"the job ended ({ended}) before a kill; {seen}"
             if rj is None or not rj.ray_job_id:
                 return None
-            return next((n for n in spot_nodes(ray_cluster)
-                         if rj.ray_job_id in ray.actor_jobs_on(n.ports["node_id"])), None)
+            r = httpx.get(ray_cluster.state.dashboard_url + "/api/v0/actors", headers=ray_cluster.auth_headers(),
+                          params=[("filter_keys", "job_id"), ("filter_predicates", "="),
+                                  ("filter_values", rj.ray_job_id), ("filter_keys", "state"),
+                                  ("filter_predicates", "="), ("filter_values", "ALIVE"), ("detail", "false")],
+                          timeout=30)
+            if r.status_code != 200:
+                return None
+            nodes = {a["node_id"] for a in r.json()["data"]["result"]["result"] if a.get("node_id")}
+            seen["actor_nodes"] = nodes
+            seen["spot_nodes"] = {n.ports.get("node_id") for n in spot_nodes(ray_cluster)}
+            spot = spot_nodes(ray_cluster)
+            found = next((n for n in spot if n.ports.get("node_id") in nodes), None)
+            if found is None:  # an id recorded for a replaced node may be stale: match by its raylet's port
+                ports = {int(x["raylet"].get("nodeManagerPort") or 0) for x in ray_cluster.nodes()
+                         if x["raylet"].get("nodeId") in nodes}
+                found = next((n for n in spot if int(n.ports.get("node-manager-port") or -1) in ports), None)
+            return found
 
-        victim = wait_for(node_with_actors, timeout=120, what="the job's map actors on a spot node")
+        try:
+            victim = wait_for(node_with_actors, timeout=120, what="the job's map actors on a spot node")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: actors on {seen.get('actor_nodes')}, spot nodes {seen.get('spot_nodes')}")
     finally:
         ray.close()
     killed_at = time.time()
