@@ -120,11 +120,15 @@ def test_a_queue_for_a_group_capped_at_two_nodes_never_puts_more_than_the_bound_
     assert len(final) == QUEUE_JOBS
     capacity = 2 * 2  # two nodes of 2 CPUs, one CPU a job
     assert max(u for _, _, u in seen) <= capacity, seen
-    # Until the first node is up, the ahead bound alone. Only until then: in one of
-    # six runs here a look listed no burst node while 4 jobs ran in Ray (all ended
-    # SUCCEEDED); not explained yet, and not seen again with every look logged.
+    # Until the first node is listed, the ahead bound holds for the jobs *waiting* in
+    # Ray (PENDING): those are the ones admitted ahead of the scale-up. Not for every
+    # unfinished job: Ray's node summary (the dispatcher's view and this watcher's)
+    # lists a new node only seconds after its raylet registers, and a job whose
+    # driver already RUNS there no longer waits for the autoscaler, so the dispatcher
+    # may admit another ahead (CI once saw 3 unfinished jobs in Ray before
+    # the summary listed the node). The capacity bound above holds for all of them.
     first = next(i for i, (n, _, _) in enumerate(seen) if n > 0)
-    assert max(u for _, _, u in seen[:first]) <= SCALE_AHEAD, seen[:first]
+    assert max(p for _, p, _ in seen[:first]) <= SCALE_AHEAD, seen[:first]
     assert any(u > 0 for _, _, u in seen[:first]), "the watcher never saw Ray hold a job before a node came"
     assert max(n for n, _, _ in seen) <= 2
 
