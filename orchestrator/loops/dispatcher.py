@@ -156,6 +156,7 @@ class Dispatcher(LoopService):
             # The runner's inputs go to the driver alone, not into runtime_env (see
             # protocol's docstring: workers keep one runtime env), through Ray's KV
             # store, written below once Ray is known to be reachable.
+            job_env = {**job_env, **protocol.worker_env(env)}  # user code reads these in its trials and actors
             runtime_env = {"env_vars": job_env} if job_env else {}
             entrypoint = None
         if spec.runtime_env.working_dir:
