@@ -144,9 +144,11 @@ def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: da
             if ok:
                 session.execute(update(jobs).where(jobs.c.id == child_id)
                                 .values(deps_waiting=jobs.c.deps_waiting - 1, updated_at=now))
-                left = session.execute(select(jobs.c.deps_waiting, jobs.c.status).where(jobs.c.id == child_id)).first()
+                left = session.execute(select(jobs.c.deps_waiting, jobs.c.status, jobs.c.array_held)
+                                       .where(jobs.c.id == child_id)).first()
                 if left is not None and left[0] == 0 and not JobStatus(left[1]).is_terminal():
-                    reason = f"parents done (the last: {pid} {st.value}); queued"
+                    reason = f"parents done (the last: {pid} {st.value}); " + (
+                        "held by its array's max_parallel" if left[2] else "queued")
                     session.execute(update(jobs).where(jobs.c.id == child_id).values(status_reason=reason))
                     session.execute(insert(events).values(job_id=child_id, at=now, from_status=left[1],
                                                           to_status=left[1], reason=reason, actor="scheduler"))
