@@ -20,7 +20,7 @@ from raylane.orchestrator.domain.specs import JobSpec, RetryPolicy
 from raylane.orchestrator.domain.states import (ATTEMPT_ALLOWED, CAUSES, MAX_INFRA_RETRIES, AttemptStatus,
                                                 FailureCause, JobStatus, cause_table_markdown, decide)
 from raylane.orchestrator.loops.reconciler import Reconciler
-from raylane.orchestrator.store import db, jobs as store, lifecycle
+from raylane.orchestrator.store import db, jobs as store, lifecycle, tallies
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
 
@@ -354,9 +354,10 @@ def test_a_burst_of_completions_is_one_commit_and_one_bad_write_undoes_no_other(
     real = lifecycle.attempt_succeeded
 
     def attempt_succeeded(s, job_id, *a, **kw):
-        if job_id == bad:
+        out = real(s, job_id, *a, **kw)
+        if job_id == bad:  # after its rows (and tallies) were written: the savepoint must undo them
             raise RuntimeError("disk full")
-        return real(s, job_id, *a, **kw)
+        return out
 
     monkeypatch.setattr(lifecycle, "attempt_succeeded", attempt_succeeded)
     commits = []
@@ -375,6 +376,10 @@ def test_a_burst_of_completions_is_one_commit_and_one_bad_write_undoes_no_other(
     assert {j: _row(cp, jobs, j)["status"] for j in ids} == {j: "DISPATCHING" if j == bad else "SUCCEEDED"
                                                              for j in ids}
     assert sorted(ray.forgotten) == sorted(sid for j, sid in sids.items() if j != bad)
+    assert _row(cp, attempts, bad)["status"] == "RUNNING"
+    with db.transaction(cp.sessions) as s:
+        kept, counted = tallies.read(s), tallies.recount(s)
+    assert {k: v for k, v in kept.items() if k[0] == "jobs"} == {k: v for k, v in counted.items() if k[0] == "jobs"}
     monkeypatch.setattr(lifecycle, "attempt_succeeded", real)
     Reconciler(settings, cp.sessions, ray).run_once()  # the next pass writes it
     assert _row(cp, jobs, bad)["status"] == "SUCCEEDED" and sids[bad] in ray.forgotten

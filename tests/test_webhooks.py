@@ -343,3 +343,24 @@ def test_a_hook_must_follow_something(api):
     assert r.status_code == 422 and "statuses" in str(r.json()["detail"])
     r = api.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/x", "events": ["schedule.exploded"]})
     assert r.status_code == 422 and "events" in str(r.json()["detail"])
+
+
+def test_a_hook_hears_only_its_own_projects_schedules(api, cp, settings, receiver):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from raylane.orchestrator.store import schedules as store_schedules
+    from raylane.orchestrator.store.tables import schedules
+
+    assert api.post("/v1/projects", json={"name": "other"}).status_code == 201
+    mine = _hook(api, receiver.url, statuses=[], events=["schedule.created"])
+    theirs = api.post("/v1/schedules", json={"name": "theirs", "cron": "* * * * *",
+                                             "spec": {**HELLO, "project": "other"}})
+    assert theirs.status_code == 201 and theirs.json()["project"] == "other", theirs.text
+    sid = theirs.json()["id"]
+    with db.transaction(cp.sessions) as s:
+        first = store_schedules.get(s, sid, project=None)["next_at"] - timedelta(minutes=10)
+        s.execute(update(schedules).where(schedules.c.id == sid).values(next_at=first))
+    assert cp.schedules.run_due(owner="a", now=first + timedelta(seconds=1)) == 1
+    assert api.get(f"/v1/webhooks/{mine['id']}/deliveries").json() == []

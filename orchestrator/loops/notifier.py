@@ -168,4 +168,9 @@ class Notifier(LoopService):
             log.info("webhook %s delivery %s (try %d): %s%s", d["hook_id"], d["id"], tries, error,
                      "" if retry_in is not None else "; gave up")
         if not kept:
-            log.warning("webhook delivery %s: lease lost while sending; another replica may send it again", d["id"])
+            with db.transaction(self.sessions) as s:
+                gone = not store.exists(s, d["id"])
+            if gone:  # its hook or schedule was deleted meanwhile
+                log.info("webhook delivery %s was deleted while it was being sent", d["id"])
+            else:
+                log.warning("webhook delivery %s: lease lost while sending; another replica may send it again", d["id"])

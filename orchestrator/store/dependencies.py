@@ -127,15 +127,19 @@ def order_batch(specs: Sequence[JobSpec]) -> None:
 def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: datetime) -> None:
     """The parent ended as ``status``: its waiting children count it, or are cancelled,
     and so on down the chain, as a worklist (no recursion, however long the chain).
-    Children in id order, so two parents ending together lock rows in one order."""
+    Children in one order (two parents ending together lock rows in one order):
+    held array members first, then by id, so cancelling a whole array never has
+    its ``arrays.release`` unhold members about to be cancelled (linear, not
+    quadratic, in the array's size)."""
     from raylane.orchestrator.store.transitions import transition  # it calls this module
 
     work = deque([(parent_id, status)])
     while work:
         pid, st = work.popleft()
-        rows = session.execute(select(job_dependencies.c.child_id, job_dependencies.c.condition).where(
-            job_dependencies.c.parent_id == pid, job_dependencies.c.state == WAITING)
-            .order_by(job_dependencies.c.child_id)).all()
+        rows = session.execute(select(job_dependencies.c.child_id, job_dependencies.c.condition)
+                               .select_from(job_dependencies.join(jobs, jobs.c.id == job_dependencies.c.child_id))
+                               .where(job_dependencies.c.parent_id == pid, job_dependencies.c.state == WAITING)
+                               .order_by(jobs.c.array_held.desc(), job_dependencies.c.child_id)).all()
         for child_id, condition in rows:
             ok = meets(condition, st)
             session.execute(update(job_dependencies).where(job_dependencies.c.child_id == child_id,

@@ -166,8 +166,10 @@ def retry_array(session: Session, array: dict[str, Any], *, statuses: set[str], 
                 placement: Placement | None) -> list[str]:
     now = utcnow()
     spec = JobSpec.from_stored(array["spec"])
-    # Its parents have ended by now (its members ran): met, or the retry is refused naming them.
-    deps = dependencies.resolve(session, spec, project=array["project"]) if spec.depends_on else []
+    # The new members wait for parents still running (members cancelled early); a
+    # parent that ended the wrong way refuses the retry, naming it.
+    deps = dependencies.resolve(session, spec, project=array["project"], field="array.depends_on") \
+        if spec.depends_on else []
 
     def row(mspec: JobSpec, index: int) -> dict[str, Any]:
         r = _job_row(mspec, project=array["project"], job_id=new_job_id(), now=now, placement=placement,

@@ -147,6 +147,11 @@ def sent(session: Session, delivery_id: int, *, owner: str, now: datetime, statu
     return r.rowcount == 1
 
 
+def exists(session: Session, delivery_id: int) -> bool:
+    return session.execute(select(webhook_deliveries.c.id).where(webhook_deliveries.c.id == delivery_id)
+                           ).first() is not None
+
+
 def deliveries(session: Session, hook_id: str, *, limit: int) -> list[dict[str, Any]]:
     d, e, r = webhook_deliveries, events, schedule_runs
     rows = session.execute(
