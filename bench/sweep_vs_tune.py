@@ -51,6 +51,7 @@ def main() -> None:
 
     from raylane.orchestrator.tooling.localcluster import LocalCluster
     from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.domain.specs import JobSpec
 
     work = Path(tempfile.mkdtemp(prefix="raylane-sweep-bench-"))
@@ -96,7 +97,9 @@ def main() -> None:
             assert j["status"] == "SUCCEEDED", j["status_reason"]
             logs = httpx.get(url + f"/v1/jobs/{job['id']}/logs").text
             # Submit to the driver's start: Raylane's admission and Ray's job supervisor.
+            ray_job = ray.get_job_info(submission_id(job["id"], 1))  # its Ray job: what Ray was given
             return {"wall_s": wall, "trials": j["result"]["num_trials"],
+                    "concurrency": j["placement"]["num_workers"], "runtime_env": ray_job.runtime_env,
                     "best_loss": j["result"]["best"]["metrics"]["loss"],
                     "phases": {**phases_of(logs, "raylane: timing "), **phases_of(logs, "raylane: sweep timing ")}}
 
