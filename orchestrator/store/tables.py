@@ -211,6 +211,18 @@ api_tokens = Table(
 # GET /v1/tokens?project=
 Index("ix_api_tokens_project", api_tokens.c.project)
 
+# One row (id 1): a number that triggers on api_tokens raise with every change to
+# a token's identity or liveness (migration 0012). A replica keeps verified tokens
+# in memory tagged with the number it read before verifying; a request reads the
+# number (one primary-key read) and uses a kept token only while it is unchanged
+# (store.tokens, services.access).
+auth_epoch = Table(
+    "auth_epoch",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("n", BigInteger, nullable=False),
+)
+
 quotas = Table(
     "quotas",
     metadata,
