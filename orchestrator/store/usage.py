@@ -26,6 +26,7 @@ from raylane.orchestrator.store.usage_rows import micros
 
 u = attempt_usage.c
 NONE = "none"  # the key of attempts without a node group (costs._key's)
+REVIEWS = (costs.REVIEW_GPU_COMMAND, costs.REVIEW_GPU, costs.REVIEW_SPOT)
 
 
 def load_usage(session: Session, *, start: datetime, end: datetime, project: str | None = None,
@@ -114,6 +115,7 @@ def reviewed(session: Session, *, start: datetime, end: datetime, now: datetime,
     """The window's attempts that ``costs.cheaper_placements`` could list (``costs.review``:
     a GPU attempt of a job with a result is one), in (job id, number) order."""
     _, where = _overlap(start, end, now)
+    has = results.alias("has_result")
     q = (
         select(attempts.c.job_id, attempts.c.number, attempts.c.node_group, attempts.c.market,
                attempts.c.resources, attempts.c.status, attempts.c.cause, attempts.c.created_at,
@@ -123,8 +125,14 @@ def reviewed(session: Session, *, start: datetime, end: datetime, now: datetime,
         .join(attempts, and_(attempts.c.job_id == u.job_id, attempts.c.number == u.number))
         .join(jobs, jobs.c.id == u.job_id)
         .outerjoin(results, results.c.job_id == u.job_id)
-        .where(where, u.review.in_([costs.REVIEW_GPU_COMMAND, costs.REVIEW_SPOT, costs.REVIEW_GPU]),
-               or_(u.review != costs.REVIEW_GPU, results.c.job_id.is_not(None)))
+        # EXISTS on attempt_usage alone: tested before the joins, row by row.
+        .where(where, or_(u.review != costs.REVIEW_GPU,
+                          select(has.c.job_id).where(has.c.job_id == u.job_id).exists()),
+               # Spelled per review and held_to branch, so each reads a range of
+               # ix_attempt_usage_review_held_to (an IN over reviews read every GPU
+               # attempt ever stored: SQLite ranged on review alone).
+               or_(*(and_(u.review == r, branch) for r in REVIEWS
+                     for branch in (u.held_to.is_(None), u.held_to > literal(micros(start), BigInteger)))))
     )
     if project is not None:
         q = q.where(u.project == project)
