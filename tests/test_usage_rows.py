@@ -165,6 +165,18 @@ def test_a_random_walk_keeps_the_rows_and_the_sums_match_pricing_each_attempt(cp
     assert_rows_match(cp)
     t0, t1 = clock.t - timedelta(days=3), clock.t + timedelta(hours=1)
     everything = assert_sums_match_pricing_each_attempt(cp, t0, t1, t1)
+    # And through the service the endpoints call (its profile, its job totals).
+    from raylane.orchestrator.services import accounting
+
+    monkeypatch.setattr(accounting, "utcnow", lambda: t1)
+    prof = accounting.profile(cp)
+    for project in (None, "research"):
+        with db.transaction(cp.sessions) as s:
+            each = costs.costs(usage.load_usage(s, start=t0, end=t1, project=project), prof, start=t0, end=t1, now=t1)
+        for group_by in costs.GROUP_BY:
+            got = accounting.cost_breakdown(cp, group_by=group_by, start=t0, end=t1, project=project)
+            _close(costs.breakdown(each, group_by), {k: got[k] for k in ("group_by", "rows", "total",
+                                                                          "unpriced_attempts")})
     assert len({c.usage.job_id for c in everything}) > 3, "the walk made too little to compare"
     rnd = random.Random(seed)
     span = (t1 - t0).total_seconds()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from raylane.orchestrator.services.controlplane import ControlPlane
 
 DEFAULT_WINDOW = timedelta(days=7)
+JOB_KEYS = ("project", "kind")  # group_by keys that are a job's own (one value per job)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a job's cost covers its whole life
 # A window is read attempt by attempt; a bound keeps one request from reading years of them.
 MAX_WINDOW = timedelta(days=400)
@@ -72,7 +73,9 @@ def cost_breakdown(cp: "ControlPlane", *, group_by: str, start: datetime | None,
     with db.transaction(cp.sessions) as s:
         items = _priced_sums(s, profile(cp), start, end, now, project)
         by_key = usage.jobs_by(s, group_by, **kw)
-        total = usage.jobs_by(s, None, **kw).get("", 0)
+        # A job has one project and one kind: its jobs per key add up to the total
+        # (not so per node group: a retry may run on another group).
+        total = sum(by_key.values()) if group_by in JOB_KEYS else usage.jobs_by(s, None, **kw).get("", 0)
     out = costs.breakdown(items, group_by, by_key, total)
     return {"start": start, "end": end, "project": project, **out}
 
