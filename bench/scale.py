@@ -4,9 +4,10 @@ Stores N jobs directly through the store's tables (bulk inserts, not the API:
 a million submits would take longer than the measurement), spread over a year:
 half finished (SUCCEEDED or FAILED, one attempt each, four events), the newest
 ``--pending`` waiting for admission (PENDING, one event), the rest cancelled
-before dispatch (two events). The tallies /metrics reads are then rebuilt from
-the tables once (``tallies.rebuild``: what migration 0006 does on an existing
-database). A real `raylane-server serve` (auth on, loops off) then answers, one
+before dispatch (two events). The tallies /metrics reads and the attempt_usage
+rows costs and the report sum are then rebuilt from the tables once
+(``tallies.rebuild``, ``usage_rows.rebuild``: what migrations 0010 and 0011 do
+on an existing database). A real `raylane-server serve` (auth on, loops off) then answers, one
 request at a time, round-robin so the machine's noise falls on all alike:
 
 - list: ``GET /v1/jobs?limit=50`` (the newest page) and ``?status=PENDING``;
@@ -15,8 +16,9 @@ request at a time, round-robin so the machine's noise falls on all alike:
 
 and, in this process, admission passes (``Dispatcher.claim``) over the pending
 queue. Also timed in this process: the full-scan counts the scrape ran before
-the tallies (``tallies.recount``: the same GROUP BYs). Server RSS is read from
-/proc before and after.
+the tallies (``tallies.recount``: the same GROUP BYs), and a week's costs priced
+attempt by attempt as the endpoint did before attempt_usage (``load_usage`` +
+``costs.costs``). Server RSS is read from /proc before and after.
 
     python bench/scale.py --jobs 1000000 --pending 100000 [--samples 200] [--db sqlite|postgresql]
 """
@@ -133,9 +135,9 @@ def generate(url: str, n: int, pending: int) -> float:
     return time.perf_counter() - t0
 
 
-def recount_and_rebuild(url: str) -> tuple[float, float]:
-    """(seconds of the old full-scan counts, seconds of rebuilding the tallies)."""
-    from raylane.orchestrator.store import db, tallies
+def recount_and_rebuild(url: str) -> tuple[float, float, float]:
+    """(seconds of the old full-scan counts, of rebuilding the tallies, of rebuilding attempt_usage)."""
+    from raylane.orchestrator.store import db, tallies, usage_rows
 
     engine = db.make_engine(url)
     sessions = db.make_sessionmaker(engine)
@@ -147,13 +149,40 @@ def recount_and_rebuild(url: str) -> tuple[float, float]:
     with db.transaction(sessions) as s:
         tallies.rebuild(s)
     rebuild = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with db.transaction(sessions) as s:
+        usage_rows.rebuild(s)
+    usage_s = time.perf_counter() - t0
     if url.startswith("postgresql"):
         from sqlalchemy import text
 
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE"))
     engine.dispose()
-    return scan, rebuild
+    return scan, rebuild, usage_s
+
+
+def old_costs_ms(url: str, runs: int = 5) -> float:
+    """Median ms of a week's costs priced attempt by attempt (the endpoint before attempt_usage)."""
+    from raylane.orchestrator.domain import costs
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.usage import load_usage
+
+    engine = db.make_engine(url)
+    sessions = db.make_sessionmaker(engine)
+    profile = default_profile()
+    times = []
+    for _ in range(runs):
+        end = datetime.now(timezone.utc)
+        start = end - timedelta(days=7)
+        t = time.perf_counter()
+        with db.transaction(sessions) as s:
+            usages = load_usage(s, start=start, end=end, with_spec=False)
+        costs.breakdown(costs.costs(usages, profile, start=start, end=end, now=end), "project")
+        times.append((time.perf_counter() - t) * 1000)
+    engine.dispose()
+    return statistics.median(times)
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -272,7 +301,8 @@ def main() -> None:
         if args.db == "postgresql" or not reuse:
             migrate.upgrade(url)
             gen_s = generate(url, args.jobs, args.pending)
-        scan_s, rebuild_s = recount_and_rebuild(url)
+        scan_s, rebuild_s, usage_s = recount_and_rebuild(url)
+        old_costs = old_costs_ms(url)
         ids, finished = sample_ids(url, 1000)
         work = Path(tempfile.mkdtemp(prefix="raylane-scale-srv-"))
         proc, base = _server.start_server(work, {
@@ -291,6 +321,7 @@ def main() -> None:
     rows = {**http, "admission pass": adm}
     print(f"\n{args.db}: {args.jobs:,} jobs ({args.pending:,} pending); generated in {gen_s:.0f} s; "
           f"old full-scan counts {scan_s * 1000:.0f} ms; tallies rebuilt in {rebuild_s:.1f} s; "
+          f"attempt_usage rebuilt in {usage_s:.1f} s; old per-attempt costs {old_costs:.0f} ms; "
           f"admitted {admitted} jobs in {args.passes} passes")
     print("| what | n | p50 ms | p99 ms | max ms |")
     print("|---|---:|---:|---:|---:|")
@@ -298,7 +329,8 @@ def main() -> None:
         print(f"| {name} | {len(xs)} | {statistics.median(xs):.1f} | {pct(xs, 0.99):.1f} | {max(xs):.1f} |")
     print(f"server RSS: {rss0[0]:.0f} MB after start, {rss1[0]:.0f} MB after the reads (peak {rss1[1]:.0f} MB)")
     print(json.dumps({"db": args.db, "jobs": args.jobs, "pending": args.pending, "generate_s": gen_s,
-                      "old_scan_ms": scan_s * 1000, "rebuild_s": rebuild_s, "rss_mb": [rss0, rss1],
+                      "old_scan_ms": scan_s * 1000, "rebuild_s": rebuild_s,
+                      "usage_rebuild_s": usage_s, "old_costs_ms": old_costs, "rss_mb": [rss0, rss1],
                       "p50_ms": {k: statistics.median(v) for k, v in rows.items()},
                       "p99_ms": {k: pct(v, 0.99) for k, v in rows.items()}}))
 

@@ -683,3 +683,47 @@ def test_real_server_with_auth_on_generates_its_admin_token(server_factory, db_u
     assert httpx.post(srv.url + "/v1/jobs", json=HELLO, headers=h).status_code == 201
     assert httpx.get(srv.url + "/v1/me", headers=h).json()["role"] == "admin"
     assert httpx.get(srv.url + "/healthz").status_code == 200
+
+
+def test_a_token_revoked_through_one_replica_is_refused_by_another_on_its_next_request(api, settings):
+    """Two app instances on one database, each keeping verified tokens in memory: the
+    second serves a token from memory (no read of api_tokens), yet refuses it on the
+    first request after the first instance revoked it; an expiry written by hand too."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import event, update
+
+    from raylane.api.app import create_app
+    from raylane.orchestrator.services.controlplane import ControlPlane
+
+    api.post("/v1/projects", json={"name": OWN})
+    tok = api.post("/v1/tokens", json={"name": "bob", "project": OWN, "role": "member"}).json()
+    tok2 = api.post("/v1/tokens", json={"name": "eve", "project": OWN, "role": "viewer"}).json()
+    other_cp = ControlPlane(settings)
+    token_reads = []
+
+    @event.listens_for(other_cp.engine, "before_cursor_execute")
+    def _seen(conn, cursor, statement, *args):
+        if "FROM api_tokens" in statement:
+            token_reads.append(statement)
+
+    try:
+        with TestClient(create_app(settings, cp=other_cp)) as other:
+            for t in (tok, tok2):
+                assert other.get("/v1/me", headers=bearer(t["token"])).status_code == 200
+            token_reads.clear()
+            assert other.get("/v1/me", headers=bearer(tok["token"])).json()["name"] == "bob"
+            assert token_reads == [], "a verified token was read from the database again"
+
+            assert api.post(f"/v1/tokens/{tok['id']}/revoke").status_code == 200
+            assert other.get("/v1/me", headers=bearer(tok["token"])).status_code == 401
+            assert other.post("/v1/jobs", json=HELLO, headers=bearer(tok["token"])).status_code == 401
+            assert other.get("/v1/me", headers=bearer(tok2["token"])).status_code == 200  # read again, still live
+
+            with db.transaction(api.app.state.cp.sessions) as s:  # an operator's UPDATE, around the store
+                from datetime import datetime, timezone
+
+                s.execute(update(api_tokens).where(api_tokens.c.id == tok2["id"])
+                          .values(expires_at=datetime(2000, 1, 1, tzinfo=timezone.utc)))
+            assert other.get("/v1/me", headers=bearer(tok2["token"])).status_code == 401
+    finally:
+        other_cp.close()

@@ -29,7 +29,7 @@ def test_report_shows_the_gpu_decision_and_cheaper_placements(server_factory, tm
     from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.services.controlplane import ControlPlane
     from raylane.orchestrator.settings import Settings
-    from raylane.orchestrator.store import db, migrate
+    from raylane.orchestrator.store import db, migrate, usage_rows
     from raylane.orchestrator.store.tables import attempts
     from raylane.orchestrator.store.transitions import utcnow
 
@@ -49,6 +49,7 @@ def test_report_shows_the_gpu_decision_and_cheaper_placements(server_factory, tm
                 job_id=job_id, number=1, submission_id=submission_id(job_id, 1), node_group="gpu", market="ON_DEMAND",
                 status="SUCCEEDED", resources={"CPU": 1, "GPU": 1}, created_at=now - timedelta(hours=3),
                 started_at=now - timedelta(hours=3), ended_at=now - timedelta(hours=1)))
+            usage_rows.track(s, job_id, 1)  # written around the store's writers
     finally:
         cp.close()
 

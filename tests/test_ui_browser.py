@@ -87,7 +87,7 @@ def _ran_sweep(cp, job_id: str) -> None:
     attempt on spot that ran 20 minutes, its trials and result."""
     from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.domain.states import JobStatus
-    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store import db, usage_rows
     from raylane.orchestrator.store.jobs import get_row, save_trials, set_result
     from raylane.orchestrator.store.tables import attempts
     from raylane.orchestrator.store.transitions import transition, utcnow
@@ -102,6 +102,7 @@ def _ran_sweep(cp, job_id: str) -> None:
             job_id=job_id, number=1, submission_id=submission_id(job_id, 1), node_group=pl["node_group"],
             market=pl["market"], status="SUCCEEDED", resources=pl["total"], created_at=now - timedelta(minutes=21),
             started_at=now - timedelta(minutes=20), ended_at=now - timedelta(seconds=5)))
+        usage_rows.track(s, job_id, 1)  # written around the store's writers
         transition(s, job_id, JobStatus.RUNNING, reason="attempt 1 running on Ray", actor="reconciler", attempt=1,
                    values={"started_at": now - timedelta(minutes=20)})
         trials = []
@@ -122,7 +123,7 @@ def _ran_sweep(cp, job_id: str) -> None:
 def _running(cp, job_id: str) -> None:
     from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.domain.states import JobStatus
-    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store import db, usage_rows
     from raylane.orchestrator.store.jobs import get_row
     from raylane.orchestrator.store.tables import attempts
     from raylane.orchestrator.store.transitions import transition, utcnow
@@ -136,6 +137,7 @@ def _running(cp, job_id: str) -> None:
             job_id=job_id, number=1, submission_id=submission_id(job_id, 1), node_group=pl["node_group"],
             market=pl["market"], status="RUNNING", resources=pl["total"], created_at=now - timedelta(hours=2),
             started_at=now - timedelta(hours=2)))
+        usage_rows.track(s, job_id, 1)
         transition(s, job_id, JobStatus.RUNNING, reason="attempt 1 running on Ray", actor="reconciler", attempt=1,
                    values={"started_at": now - timedelta(hours=2)})
 

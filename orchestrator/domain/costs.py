@@ -38,13 +38,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterable, Literal
 
 from raylane.orchestrator.domain.kinds import KINDS
 from raylane.orchestrator.domain.profile import NodeGroup, Profile
 from raylane.orchestrator.domain.states import AttemptStatus
 
+EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
 GroupBy = Literal["project", "node_group", "kind"]
 GROUP_BY: tuple[str, ...] = ("project", "node_group", "kind")
 
@@ -89,6 +90,7 @@ class AttemptCost:
     cpu_seconds: float
     gpu_seconds: float
     priced: bool  # its group is in the profile
+    n: int = 1  # attempts it stands for (a sum over attempts of one key: ``key_cost``)
 
     @property
     def savings(self) -> float:
@@ -98,17 +100,30 @@ class AttemptCost:
 # Intervals -------------------------------------------------------------------
 
 
+def held_span(*, status: str, cause: str | None, created_at: datetime, started_at: datetime | None,
+              ended_at: datetime | None) -> tuple[datetime, datetime | None] | None:
+    """When an attempt with these values held its resources: (start, end), end None while
+    it runs; None if it held nothing (yet). The clock is not read: see ``held_interval``."""
+    if cause == SUBMIT_ERROR:
+        return None
+    start = started_at
+    if start is None:
+        if ended_at is None or status not in RAN_STATUSES:
+            return None
+        start = created_at
+    if ended_at is not None and ended_at <= start:
+        return None
+    return start, ended_at
+
+
 def held_interval(u: AttemptUsage, now: datetime) -> tuple[datetime, datetime] | None:
     """When the attempt held its resources (see the module docstring), or None."""
-    if u.cause == SUBMIT_ERROR:
+    span = held_span(status=u.status, cause=u.cause, created_at=u.created_at, started_at=u.started_at,
+                     ended_at=u.ended_at)
+    if span is None:
         return None
-    start = u.started_at
-    if start is None:
-        if u.ended_at is None or u.status not in RAN_STATUSES:
-            return None
-        start = u.created_at
-    end = u.ended_at or now
-    return (start, end) if end > start else None
+    end = span[1] or now
+    return (span[0], end) if end > span[0] else None
 
 
 def _overlap_s(interval: tuple[datetime, datetime] | None, start: datetime, end: datetime) -> float:
@@ -155,18 +170,24 @@ def price(resources: dict[str, float], group: NodeGroup, hours: float) -> float:
 def attempt_cost(u: AttemptUsage, profile: Profile, *, start: datetime, end: datetime,
                  now: datetime) -> AttemptCost:
     """What one attempt cost within [start, end], and what it would have cost on demand."""
-    seconds = _overlap_s(held_interval(u, now), start, end)
+    return key_cost(u, _overlap_s(held_interval(u, now), start, end), profile)
+
+
+def key_cost(u: AttemptUsage, seconds: float, profile: Profile, n: int = 1) -> AttemptCost:
+    """What ``seconds`` held by attempts like ``u`` cost (its node group, market and
+    resources; ``n`` of them): cost is linear in the seconds, so the sum of a key's
+    attempts is priced once (``store.usage.sums``)."""
     hours = seconds / 3600.0
     res = u.resources or {}
     group = profile.group(u.node_group) if u.node_group else None
     if group is None:
         return AttemptCost(u, hours, 0.0, 0.0, 0.0, seconds * res.get("CPU", 0.0), seconds * res.get("GPU", 0.0),
-                           priced=False)
+                           priced=False, n=n)
     cost = price(res, group, hours)
     od = twin(group, profile, "ON_DEMAND", res)
     od_cost = price(res, od, hours) if od is not None else cost
     return AttemptCost(u, hours, node_share(res, group), cost, od_cost,
-                       seconds * res.get("CPU", 0.0), seconds * res.get("GPU", 0.0), priced=True)
+                       seconds * res.get("CPU", 0.0), seconds * res.get("GPU", 0.0), priced=True, n=n)
 
 
 def costs(usages: Iterable[AttemptUsage], profile: Profile, *, start: datetime, end: datetime,
@@ -184,8 +205,12 @@ def _key(c: AttemptCost, group_by: str) -> str:
     return {"project": u.project, "node_group": u.node_group or "none", "kind": u.kind}[group_by]
 
 
-def breakdown(items: list[AttemptCost], group_by: str) -> dict[str, Any]:
-    """Cost, on-demand cost and spot savings per ``group_by`` key, most expensive first."""
+def breakdown(items: list[AttemptCost], group_by: str, jobs_by_key: dict[str, int] | None = None,
+              total_jobs: int | None = None) -> dict[str, Any]:
+    """Cost, on-demand cost and spot savings per ``group_by`` key, most expensive first.
+
+    ``items`` are attempts, or sums of attempts (``n``); sums do not know their
+    jobs, so the caller counts them (``jobs_by_key``, ``total_jobs``)."""
     if group_by not in GROUP_BY:
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}")
     rows: dict[str, dict[str, Any]] = {}
@@ -197,19 +222,19 @@ def breakdown(items: list[AttemptCost], group_by: str) -> dict[str, Any]:
         r["cost"] += c.cost
         r["on_demand_cost"] += c.on_demand_cost
         r["spot_savings"] += c.savings
-        r["attempts"] += 1
+        r["attempts"] += c.n
         r["hours"] += c.hours
         r["cpu_hours"] += c.cpu_seconds / 3600
         r["gpu_hours"] += c.gpu_seconds / 3600
         jobs[k].add(c.usage.job_id)
     for k, r in rows.items():
-        r["jobs"] = len(jobs[k])
+        r["jobs"] = len(jobs[k]) if jobs_by_key is None else jobs_by_key.get(k, 0)
     ordered = sorted(rows.values(), key=lambda r: (-r["cost"], r["key"]))
     total = {"cost": sum(c.cost for c in items), "on_demand_cost": sum(c.on_demand_cost for c in items),
-             "spot_savings": sum(c.savings for c in items), "attempts": len(items),
-             "jobs": len({c.usage.job_id for c in items})}
+             "spot_savings": sum(c.savings for c in items), "attempts": sum(c.n for c in items),
+             "jobs": len({c.usage.job_id for c in items}) if total_jobs is None else total_jobs}
     return {"group_by": group_by, "rows": ordered, "total": total,
-            "unpriced_attempts": sum(1 for c in items if not c.priced)}
+            "unpriced_attempts": sum(c.n for c in items if not c.priced)}
 
 
 # Utilisation -----------------------------------------------------------------
@@ -266,6 +291,29 @@ def gpu_unused(u: AttemptUsage) -> str | None:
         entry = str(u.spec.get("entrypoint", "")).lower()
         if not any(h in entry for h in GPU_HINTS):
             return "a command that asked for GPUs names no GPU framework in its entrypoint (heuristic)"
+    return None
+
+
+# Why an attempt may appear in ``cheaper_placements``, decided when it is admitted
+# (``review``), so the report reads these attempts only, not every one in its window.
+REVIEW_GPU_COMMAND = "gpu_cmd"  # a GPU command naming no GPU framework: always looked at
+REVIEW_GPU = "gpu"  # other GPU attempts: looked at when the job has a result (it may report 0 GPU use)
+REVIEW_SPOT = "spot"  # spot-basis CPU work placed on an on-demand group
+
+
+def review(kind: str, entrypoint: str, resources: dict[str, float], market: str | None) -> str | None:
+    """Which of ``cheaper_placements``' findings an attempt could give, or None: none can.
+
+    Every attempt ``cheaper_placements`` lists has one (a finding needs a GPU, or
+    a spot-basis kind without GPUs on an on-demand group: the placement's market
+    is its group's), so reading only these leaves the report's answer as it was."""
+    u = AttemptUsage(job_id="", project="", kind=kind, name="", number=0, node_group=None, market=market,
+                     resources=resources, status="", cause=None, created_at=EPOCH_UTC, started_at=None,
+                     ended_at=None, spec={"entrypoint": entrypoint})
+    if resources.get("GPU", 0) > 0:
+        return REVIEW_GPU_COMMAND if gpu_unused(u) else REVIEW_GPU
+    if _cost_basis(u) == "spot" and market != "SPOT":
+        return REVIEW_SPOT
     return None
 
 
@@ -364,8 +412,17 @@ def gpu_decisions(util: list[dict[str, Any]], items: list[AttemptCost], *, break
 def report(usages: Iterable[AttemptUsage], profile: Profile, *, start: datetime, end: datetime, now: datetime,
            break_even: float) -> dict[str, Any]:
     items = costs(usages, profile, start=start, end=end, now=now)
+    return report_of(items, items, profile, start=start, end=end, break_even=break_even)
+
+
+def report_of(items: list[AttemptCost], reviewed: list[AttemptCost], profile: Profile, *, start: datetime,
+              end: datetime, break_even: float, jobs_by_group: dict[str, int] | None = None,
+              total_jobs: int | None = None) -> dict[str, Any]:
+    """The report from ``items`` (attempts or sums of them, see ``breakdown``) and the
+    attempts that may have had a cheaper placement (``reviewed``: at least those of
+    ``items`` that did, in (job id, number) order)."""
     util = utilisation(items, profile, start=start, end=end)
-    by_group = breakdown(items, "node_group")
+    by_group = breakdown(items, "node_group", jobs_by_group, total_jobs)
     return {
         "window": {"start": start, "end": end, "hours": (end - start).total_seconds() / 3600},
         "break_even_utilisation": break_even,
@@ -373,7 +430,7 @@ def report(usages: Iterable[AttemptUsage], profile: Profile, *, start: datetime,
         "by_node_group": by_group["rows"],
         "gpu_groups": gpu_decisions(util, items, break_even=break_even),
         "utilisation": util,
-        "cheaper_placements": cheaper_placements(items, profile),
+        "cheaper_placements": cheaper_placements(reviewed, profile),
         "notes": [
             "cost = held hours x node share (max of CPU and GPU share of one node) x the group's price_per_hour",
             "utilisation = resource-hours held / (min_nodes, at least 1, x per-node resources x window)",

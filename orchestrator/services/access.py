@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
 
@@ -100,6 +100,19 @@ def hash_token(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+# Tokens kept verified in memory per replica: far more than live tokens in any
+# deployment; reaching it clears them all (each is read again once).
+MAX_VERIFIED_TOKENS = 10_000
+
+
+@dataclass
+class _Verified:
+    epoch: int  # the auth epoch read before the token's row was
+    caller: Caller
+    expires_at: datetime | None
+    marked_at: datetime  # last_used_at as written (or read)
+
+
 class Access:
     """The service functions for identities, projects, quotas and the audit
     trail: what ``api/`` calls. Each opens one unit of work."""
@@ -108,25 +121,53 @@ class Access:
         self.settings = settings
         self.sessions = sessions
         self.writes = None  # the control plane's GroupCommit: audit rows share its commits
+        self._verified: dict[str, _Verified] = {}  # sha256 of a secret -> the token as last verified
 
     # Authentication ----------------------------------------------------------
 
     def authenticate(self, secret: str | None) -> Caller | None:
-        """The caller a Bearer secret belongs to, or None (unknown, revoked or expired)."""
+        """The caller a Bearer secret belongs to, or None (unknown, revoked or expired).
+
+        A verified token is kept in memory (``_verified``) tagged with the auth
+        epoch read *before* its row was; a request reads the epoch (one
+        primary-key read, no ORM) and trusts the kept token only while the
+        epoch is unchanged. A revoke raises the epoch in its transaction
+        (``store.tokens``), so once it commits the next request on every
+        replica reads the token's row again and is refused. Expiry is checked
+        against the clock on every request."""
         if not secret or len(secret) > MAX_TOKEN_LEN:
             return None
         now = utcnow()
-        # Every request's lookup reads the token's row, so a revoke is refused
-        # on its next request, on every replica; only a read (no write lock),
-        # and a write at most once a minute per token (last_used_at).
+        digest = hash_token(secret)
+        with db.read_connection(self.sessions) as conn:
+            epoch = store.epoch(conn)
+        kept = self._verified.get(digest)
+        if kept is not None and kept.epoch == epoch:
+            if kept.expires_at is not None and kept.expires_at <= now:
+                return None
+            if now - kept.marked_at > store.LAST_USED_RESOLUTION:
+                self._mark(kept.caller.token_id, now)
+                kept.marked_at = now
+            return kept.caller
+        # A read (no write lock), and a write at most once a minute per token (last_used_at).
         with db.read(self.sessions) as s:
-            row = store.token_by_hash(s, hash_token(secret), now=now, mark_used=False)
+            row = store.token_by_hash(s, digest, now=now, mark_used=False)
         if row is None:
+            self._verified.pop(digest, None)
             return None
+        marked = row["last_used_at"]
         if store.needs_mark(row, now):
-            with db.transaction(self.sessions) as s:
-                store.mark(s, row["id"], now)
-        return _caller(row)
+            self._mark(row["id"], now)
+            marked = now
+        caller = _caller(row)
+        if len(self._verified) >= MAX_VERIFIED_TOKENS:
+            self._verified.clear()  # bounded: a flood of distinct valid tokens re-reads them
+        self._verified[digest] = _Verified(epoch, caller, row["expires_at"], marked)
+        return caller
+
+    def _mark(self, token_id: str, now) -> None:
+        with db.transaction(self.sessions) as s:
+            store.mark(s, token_id, now)
 
     def caller_by_token_id(self, token_id: str) -> Caller | None:
         """The caller of a live token by its public id (a signed session cookie

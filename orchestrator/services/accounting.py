@@ -1,6 +1,12 @@
-"""The accounting service functions the API calls: read attempts in a window
+"""The accounting service functions the API calls: read a window's attempts
 (``store.usage``), price them (``costs``), and shape the answers of
-``/v1/costs``, ``/v1/report`` and ``/v1/jobs/{id}/cost``."""
+``/v1/costs``, ``/v1/report`` and ``/v1/jobs/{id}/cost``.
+
+A window's costs and report price sums: the seconds held per key (project,
+kind, node group, market, resources) summed in SQL, priced once per key (cost
+is linear in held time), jobs counted distinct in SQL; only the attempts that
+could have had a cheaper placement are read one by one. So a request costs what
+the window's keys and candidates are, not a Python loop over its attempts."""
 
 from __future__ import annotations
 
@@ -14,12 +20,14 @@ from raylane.orchestrator.domain.values import require_timezone
 from raylane.orchestrator.store import db
 from raylane.orchestrator.store.jobs import get_row
 from raylane.orchestrator.store.transitions import utcnow
+from raylane.orchestrator.store import usage
 from raylane.orchestrator.store.usage import load_usage
 
 if TYPE_CHECKING:
     from raylane.orchestrator.services.controlplane import ControlPlane
 
 DEFAULT_WINDOW = timedelta(days=7)
+JOB_KEYS = ("project", "kind")  # group_by keys that are a job's own (one value per job)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a job's cost covers its whole life
 # A window is read attempt by attempt; a bound keeps one request from reading years of them.
 MAX_WINDOW = timedelta(days=400)
@@ -49,28 +57,42 @@ def window(start: datetime | None, end: datetime | None, now: datetime | None = 
     return start, end
 
 
-def _priced(cp: "ControlPlane", start: datetime, end: datetime, now: datetime, *, project: str | None,
-            job_id: str | None = None) -> list[costs.AttemptCost]:
-    with db.transaction(cp.sessions) as s:
-        usages = load_usage(s, start=start, end=end, project=project, job_id=job_id, with_spec=False)
-    return costs.costs(usages, profile(cp), start=start, end=end, now=now)
+def _priced_sums(s, prof: Profile, start: datetime, end: datetime, now: datetime,
+                 project: str | None) -> list[costs.AttemptCost]:
+    return [costs.key_cost(u, seconds, prof, n)
+            for u, seconds, n in usage.sums(s, start=start, end=end, now=now, project=project)]
 
 
 def cost_breakdown(cp: "ControlPlane", *, group_by: str, start: datetime | None, end: datetime | None,
                    project: str | None) -> dict[str, Any]:
+    if group_by not in costs.GROUP_BY:  # before any read
+        raise ValueError(f"group_by must be one of {', '.join(costs.GROUP_BY)}")
     now = utcnow()
     start, end = window(start, end, now)
-    out = costs.breakdown(_priced(cp, start, end, now, project=project), group_by)
+    kw = {"start": start, "end": end, "now": now, "project": project}
+    with db.transaction(cp.sessions) as s:
+        items = _priced_sums(s, profile(cp), start, end, now, project)
+        by_key = usage.jobs_by(s, group_by, **kw)
+        # A job has one project and one kind: its jobs per key add up to the total
+        # (not so per node group: a retry may run on another group).
+        total = sum(by_key.values()) if group_by in JOB_KEYS else usage.jobs_by(s, None, **kw).get("", 0)
+    out = costs.breakdown(items, group_by, by_key, total)
     return {"start": start, "end": end, "project": project, **out}
 
 
 def report(cp: "ControlPlane", *, start: datetime | None, end: datetime | None, project: str | None) -> dict[str, Any]:
     now = utcnow()
     start, end = window(start, end, now)
+    prof = profile(cp)
+    kw = {"start": start, "end": end, "now": now, "project": project}
     with db.transaction(cp.sessions) as s:
-        usages = load_usage(s, start=start, end=end, project=project)
-    out = costs.report(usages, profile(cp), start=start, end=end, now=now,
-                       break_even=cp.settings.break_even_utilisation)
+        items = _priced_sums(s, prof, start, end, now, project)
+        by_group = usage.jobs_by(s, "node_group", **kw)
+        total = usage.jobs_by(s, None, **kw).get("", 0)
+        candidates = usage.reviewed(s, **kw)
+    reviewed = costs.costs(candidates, prof, start=start, end=end, now=now)
+    out = costs.report_of(items, reviewed, prof, start=start, end=end,
+                          break_even=cp.settings.break_even_utilisation, jobs_by_group=by_group, total_jobs=total)
     out["project"] = project
     if project is not None:
         out["notes"].append("utilisation counts this project's attempts only; other projects share the same nodes")

@@ -75,6 +75,21 @@ def read(factory: sessionmaker[Session]) -> Iterator[Session]:
             yield session
 
 
+@contextmanager
+def read_connection(factory: sessionmaker[Session]):
+    """``read`` without a Session, for one statement per request where the ORM's own
+    work would cost more than the query: a Core connection (PostgreSQL: autocommit,
+    no BEGIN and COMMIT round trips around the one SELECT)."""
+    engine = factory.kw["bind"]
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
+        return
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        with conn.begin():
+            yield conn
+
+
 def ping(engine: Engine) -> None:
     """One round trip to the database; raises when it is down or unreachable."""
     with engine.connect() as conn:

@@ -34,7 +34,7 @@ from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.domain.views import Placement
-from raylane.orchestrator.store import tallies
+from raylane.orchestrator.store import tallies, usage_rows
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import record_event, transition
 
@@ -158,6 +158,9 @@ def admit(session: Session, job: Queued, placement: Placement, *, passed_over: l
         job_id=job.id, number=n, submission_id=submission_id(job.id, n), node_group=group,
         market=placement.market, status=AttemptStatus.CLAIMED.value, resources=placement.total, created_at=now,
         message=scale_up))
+    usage_rows.admitted(session, job_id=job.id, number=n, project=job.project, kind=job.spec.kind,
+                        entrypoint=job.spec.entrypoint, node_group=group, market=placement.market,
+                        resources=placement.total)
     created = job.created_at or session.execute(select(jobs.c.created_at).where(jobs.c.id == job.id)).scalar_one()
     tallies.attempt_created(session, node_group=group, market=placement.market, number=n, created_at=now,
                             job_created_at=created)

@@ -6,6 +6,7 @@ from datetime import timezone
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -211,6 +212,18 @@ api_tokens = Table(
 # GET /v1/tokens?project=
 Index("ix_api_tokens_project", api_tokens.c.project)
 
+# One row (id 1): a number that triggers on api_tokens raise with every change to
+# a token's identity or liveness (migration 0012). A replica keeps verified tokens
+# in memory tagged with the number it read before verifying; a request reads the
+# number (one primary-key read) and uses a kept token only while it is unchanged
+# (store.tokens, services.access).
+auth_epoch = Table(
+    "auth_epoch",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("n", BigInteger, nullable=False),
+)
+
 quotas = Table(
     "quotas",
     metadata,
@@ -409,3 +422,30 @@ tallies = Table(
     Column("shard", Integer, primary_key=True),  # PostgreSQL: one of store.tallies.SHARDS; SQLite: 0
     Column("value", Float, nullable=False),
 )
+
+# What accounting reads of each attempt (store.usage): its keys, resources and
+# held span, one row per attempt, written by the attempt's writers (store.queue's
+# admit, store.transitions) in their transactions. /v1/costs and /v1/report sum
+# a window's rows in SQL instead of decoding and pricing each attempt in Python.
+attempt_usage = Table(
+    "attempt_usage",
+    metadata,
+    Column("job_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("number", Integer, primary_key=True),
+    Column("project", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("node_group", String(64), nullable=True),
+    Column("market", String(16), nullable=True),
+    Column("cpu", Float, nullable=False),
+    Column("gpu", Float, nullable=False),
+    # domain.costs.review: which cheaper-placement finding it could give; None: none.
+    Column("review", String(8), nullable=True),
+    # domain.costs.held_span in microseconds since 1970 (integers: sums are exact on
+    # both backends); from NULL: held nothing (yet); to NULL: still holding.
+    Column("held_from", BigInteger, nullable=True),
+    Column("held_to", BigInteger, nullable=True),
+)
+# A window's attempts: those still holding (NULL) or that stopped after its start.
+Index("ix_attempt_usage_held_to", attempt_usage.c.held_to)
+# The report's candidates for a cheaper placement, by window.
+Index("ix_attempt_usage_review_held_to", attempt_usage.c.review, attempt_usage.c.held_to)

@@ -3,6 +3,13 @@ committing to the caller's unit of work, like ``store.jobs``.
 
 A token is stored only as the sha256 of its secret; looking a caller up is one
 indexed read by that hash (``uq_api_tokens_token_hash``).
+
+Invariant: every write that can change who a token is or whether it is live
+(its revoked_at, expires_at, role, project, name or hash; a delete) raises the
+auth epoch in its own transaction, so a replica that cached the token under the
+old epoch drops it on the next request (``services.access``). Triggers on
+``api_tokens`` raise it (migration 0012), so no writer, this module's or a
+hand-written UPDATE, can forget to; ``mark`` (last_used_at) does not raise it.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
 from raylane.orchestrator.domain.views import AuditEntry, Project, Token
 from raylane.orchestrator.store.jobs import decode_cursor, encode_cursor
-from raylane.orchestrator.store.tables import api_tokens, audit_log, projects
+from raylane.orchestrator.store.tables import api_tokens, audit_log, auth_epoch, projects
 from raylane.orchestrator.store.transitions import utcnow
 
 BOOTSTRAP_LOCK_ID = 0x726C5F61646D  # PostgreSQL advisory lock: one replica bootstraps at a time
@@ -110,6 +117,11 @@ def list_tokens(session: Session, *, project: str | None = None, include_revoked
     if not include_revoked:
         q = q.where(api_tokens.c.revoked_at.is_(None))
     return [_token(r) for r in session.execute(q).mappings()]
+
+
+def epoch(conn) -> int:
+    """The auth epoch (one primary-key read; ``conn``: a Session or a Connection)."""
+    return conn.execute(select(auth_epoch.c.n).where(auth_epoch.c.id == 1)).scalar_one()
 
 
 def revoke_token(session: Session, token_id: str, *, actor: str) -> Token:

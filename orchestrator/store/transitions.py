@@ -11,8 +11,9 @@ by job id and attempt number; an attempt's change has no event of its own (the
 job's transition written with it names the attempt).
 
 Both keep ``store.tallies`` in step (a job's (status, node group), an attempt's
-failure cause and start) in the same transaction; so does ``set_attempt_cause``,
-the only other writer of an attempt's cause.
+failure cause and start) in the same transaction, and ``set_attempt`` the
+attempt's held span (``store.usage_rows``); so does ``set_attempt_cause``, the
+only other writer of an attempt's cause.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
-from raylane.orchestrator.store import arrays, dependencies, tallies, webhooks
+from raylane.orchestrator.store import arrays, dependencies, tallies, usage_rows, webhooks
 from raylane.orchestrator.store.tables import attempts, events, jobs
 
 # A status can change only a few times; more lost races than this means a bug
@@ -131,7 +132,7 @@ def set_attempt(
         # even when set_attempt_cause writes the same row meanwhile.
         seen = session.execute(_for_update(session, select(
             attempts.c.status, attempts.c.cause, attempts.c.node_group, attempts.c.created_at,
-            attempts.c.started_at).where(*where))).first()
+            attempts.c.started_at, attempts.c.ended_at).where(*where))).first()
         if seen is None:
             raise NotFound(f"attempt {number} of job {job_id} not found")
         src = AttemptStatus(seen.status)
@@ -146,6 +147,7 @@ def set_attempt(
             if vals.get("started_at") is not None and seen.started_at is None:
                 tallies.observe(session, "dispatch_latency", seen.node_group,
                                 (vals["started_at"] - seen.created_at).total_seconds())
+            usage_rows.moved(session, job_id, number, _span(seen), _span(seen, {**vals, "status": to.value}))
             return src
     raise InvalidTransition(f"attempt {number} of job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
 
@@ -154,7 +156,9 @@ def set_attempt_cause(session: Session, job_id: str, number: int, cause: str, *,
                       message: str | None = None) -> None:
     """Name the cause a live attempt will end with (Raylane is stopping it), and its message if given."""
     where = (attempts.c.job_id == job_id, attempts.c.number == number)
-    seen = session.execute(_for_update(session, select(attempts.c.cause, attempts.c.node_group).where(*where))).first()
+    seen = session.execute(_for_update(session, select(
+        attempts.c.status, attempts.c.cause, attempts.c.node_group, attempts.c.created_at, attempts.c.started_at,
+        attempts.c.ended_at).where(*where))).first()
     if seen is None:
         raise NotFound(f"attempt {number} of job {job_id} not found")
     vals: dict[str, Any] = {"cause": cause}
@@ -162,6 +166,15 @@ def set_attempt_cause(session: Session, job_id: str, number: int, cause: str, *,
         vals["message"] = message
     session.execute(update(attempts).where(*where).values(**vals))
     tallies.cause_changed(session, seen.node_group, seen.cause, cause)
+    usage_rows.moved(session, job_id, number, _span(seen), _span(seen, vals))
+
+
+def _span(seen, changed: dict[str, Any] | None = None) -> tuple[int | None, int | None]:
+    """The held span of the attempt read as ``seen``, with ``changed`` written over it."""
+    v = {"status": seen.status, "cause": seen.cause, "created_at": seen.created_at,
+         "started_at": seen.started_at, "ended_at": seen.ended_at}
+    v.update({k: changed[k] for k in v if changed and k in changed})
+    return usage_rows.span_micros(**v)
 
 
 def _for_update(session: Session, q):

@@ -1,15 +1,32 @@
-"""Read attempts for accounting (``raylane.orchestrator.domain.costs``): every attempt that may
-have held resources within a window, with its job's project, kind, spec and result."""
+"""Read attempts for accounting (``raylane.orchestrator.domain.costs``).
+
+``load_usage``: every attempt that may have held resources within a window, with
+its job's project, kind, spec and result (one job's cost reads its attempts so).
+
+``sums``, ``jobs_by`` and ``reviewed``: a window's attempts summed in SQL over
+``attempt_usage`` (``store.usage_rows``): held seconds and attempts per key,
+distinct jobs per group, and only the attempts that could show in the report's
+cheaper placements, so nothing is decoded or priced per attempt in Python. A
+window's *overlap* with a held span is computed in whole microseconds (exact on
+both backends); a running attempt holds until *now*; an attempt counts when its
+overlap is positive, as ``costs.costs`` counts one with hours above 0.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import literal, or_, select
+from sqlalchemy import BigInteger, and_, case, func, literal, or_, select
 from sqlalchemy.orm import Session
 
+from raylane.orchestrator.domain import costs
 from raylane.orchestrator.domain.costs import AttemptUsage
-from raylane.orchestrator.store.tables import attempts, jobs, results
+from raylane.orchestrator.store.tables import attempt_usage, attempts, jobs, results
+from raylane.orchestrator.store.usage_rows import micros
+
+u = attempt_usage.c
+NONE = "none"  # the key of attempts without a node group (costs._key's)
+REVIEWS = (costs.REVIEW_GPU_COMMAND, costs.REVIEW_GPU, costs.REVIEW_SPOT)
 
 
 def load_usage(session: Session, *, start: datetime, end: datetime, project: str | None = None,
@@ -38,6 +55,87 @@ def load_usage(session: Session, *, start: datetime, end: datetime, project: str
         q = q.where(attempts.c.job_id == job_id)
     # Sorted here, not in SQL: an ORDER BY (job_id, number) leads SQLite to walk
     # that unique index over every attempt instead of the window's.
+    rows = sorted(session.execute(q), key=lambda r: (r.job_id, r.number))
+    return [
+        AttemptUsage(job_id=r.job_id, project=r.project, kind=r.kind, name=r.name, number=r.number,
+                     node_group=r.node_group, market=r.market,
+                     resources={k: float(v) for k, v in (r.resources or {}).items() if isinstance(v, (int, float))},
+                     status=r.status, cause=r.cause, created_at=r.created_at, started_at=r.started_at,
+                     ended_at=r.ended_at, spec=r.spec or {}, result=r.result)
+        for r in rows
+    ]
+
+
+def _overlap(start: datetime, end: datetime, now: datetime):
+    """(overlap in microseconds of the held span with [start, end), the window's WHERE)."""
+    s, e, n = (literal(micros(t), BigInteger) for t in (start, end, now))
+    lo = case((u.held_from > s, u.held_from), else_=s)
+    to = func.coalesce(u.held_to, n)
+    hi = case((to < e, to), else_=e)
+    ov = hi - lo
+    # The index on held_to finds the window's rows; the overlap keeps those with one.
+    where = and_(or_(u.held_to.is_(None), u.held_to > s), u.held_from.is_not(None), u.held_from < e, ov > 0)
+    return ov, where
+
+
+def sums(session: Session, *, start: datetime, end: datetime, now: datetime,
+         project: str | None = None) -> list[tuple[AttemptUsage, float, int]]:
+    """Per key (project, kind, node group, market, CPUs, GPUs): a stand-in attempt of the
+    key, the seconds its attempts held within the window, and how many did."""
+    ov, where = _overlap(start, end, now)
+    keys = (u.project, u.kind, u.node_group, u.market, u.cpu, u.gpu)
+    q = select(*keys, func.sum(ov), func.count()).where(where).group_by(*keys)
+    if project is not None:
+        q = q.where(u.project == project)
+    out = []
+    for p, kind, group, market, cpu, gpu, us, n in session.execute(q):
+        res = {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v}
+        stand_in = AttemptUsage(job_id="", project=p, kind=kind, name="", number=0, node_group=group,
+                                market=market, resources=res, status="", cause=None, created_at=costs.EPOCH_UTC,
+                                started_at=None, ended_at=None)
+        out.append((stand_in, int(us) / 1e6, int(n)))
+    return out
+
+
+def jobs_by(session: Session, by: str | None, *, start: datetime, end: datetime, now: datetime,
+            project: str | None = None) -> dict[str, int]:
+    """Distinct jobs with an attempt in the window, per ``by`` (project, node_group, kind;
+    None: all, under the key "")."""
+    _, where = _overlap(start, end, now)
+    col = {"project": u.project, "node_group": func.coalesce(u.node_group, NONE), "kind": u.kind,
+           None: literal("")}[by]
+    q = select(col, func.count(u.job_id.distinct())).where(where).group_by(col)
+    if project is not None:
+        q = q.where(u.project == project)
+    return {k: int(n) for k, n in session.execute(q)}
+
+
+def reviewed(session: Session, *, start: datetime, end: datetime, now: datetime,
+             project: str | None = None) -> list[AttemptUsage]:
+    """The window's attempts that ``costs.cheaper_placements`` could list (``costs.review``:
+    a GPU attempt of a job with a result is one), in (job id, number) order."""
+    _, where = _overlap(start, end, now)
+    has = results.alias("has_result")
+    q = (
+        select(attempts.c.job_id, attempts.c.number, attempts.c.node_group, attempts.c.market,
+               attempts.c.resources, attempts.c.status, attempts.c.cause, attempts.c.created_at,
+               attempts.c.started_at, attempts.c.ended_at, jobs.c.project, jobs.c.kind, jobs.c.name, jobs.c.spec,
+               results.c.result)
+        .select_from(attempt_usage)
+        .join(attempts, and_(attempts.c.job_id == u.job_id, attempts.c.number == u.number))
+        .join(jobs, jobs.c.id == u.job_id)
+        .outerjoin(results, results.c.job_id == u.job_id)
+        # EXISTS on attempt_usage alone: tested before the joins, row by row.
+        .where(where, or_(u.review != costs.REVIEW_GPU,
+                          select(has.c.job_id).where(has.c.job_id == u.job_id).exists()),
+               # Spelled per review and held_to branch, so each reads a range of
+               # ix_attempt_usage_review_held_to (an IN over reviews read every GPU
+               # attempt ever stored: SQLite ranged on review alone).
+               or_(*(and_(u.review == r, branch) for r in REVIEWS
+                     for branch in (u.held_to.is_(None), u.held_to > literal(micros(start), BigInteger)))))
+    )
+    if project is not None:
+        q = q.where(u.project == project)
     rows = sorted(session.execute(q), key=lambda r: (r.job_id, r.number))
     return [
         AttemptUsage(job_id=r.job_id, project=r.project, kind=r.kind, name=r.name, number=r.number,
