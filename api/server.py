@@ -43,14 +43,45 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     app.state.startup_hooks.append(lambda cp: _announce(base, cp))
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                    access_log=False, log_config=None, timeout_graceful_shutdown=10)
+        if settings.workers > 1:
+            _serve_workers(settings, base)
+        else:
+            uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                        access_log=False, log_config=None, timeout_graceful_shutdown=10)
     finally:
         if cluster is not None:
             # A clean stop (Ctrl-C, SIGTERM) takes the local cluster down here; on a
             # crash or SIGKILL the cluster's watchdog does (localcluster.py).
             print("Stopping the local Ray cluster...", flush=True)
             cluster.down()
+
+
+def _serve_workers(settings: Settings, base: str) -> None:
+    """``settings.workers`` uvicorn processes on one port, each building its app from
+    the environment (``create_app`` as a factory). What this process settled (the local
+    cluster's addresses) goes to them through the environment; the schema is
+    migrated here, once, not by each worker at the same moment."""
+    import os
+
+    from raylane.orchestrator.services.controlplane import ControlPlane
+
+    if settings.auto_migrate:
+        plane = ControlPlane(settings)
+        try:
+            plane.migrate()
+        finally:
+            plane.close()
+    settled = {"RAYLANE_AUTO_MIGRATE": "false", "RAYLANE_DASHBOARD_URL": settings.dashboard_url,
+               "RAYLANE_RAY_ADDRESS": settings.ray_address}
+    token = settings.ray_auth_token
+    if token is not None:
+        settled["RAYLANE_RAY_AUTH_TOKEN"] = token.get_secret_value() if hasattr(token, "get_secret_value") else token
+    os.environ.update({k: str(v) for k, v in settled.items() if v is not None})
+    print(f"Raylane API:        {base}  ({settings.workers} worker processes)\nAPI docs:           {base}/docs",
+          flush=True)
+    uvicorn.run("raylane.api.app:create_app", factory=True, workers=settings.workers, host=settings.host,
+                port=settings.port, log_level=settings.log_level.lower(), access_log=False, log_config=None,
+                timeout_graceful_shutdown=10)
 
 
 def _announce(base: str, cp) -> None:

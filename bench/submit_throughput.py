@@ -108,9 +108,51 @@ def pg_database() -> tuple[str, callable]:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds ``pid`` has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds ``pid`` and its live children (uvicorn's workers) have used (Linux /proc)."""
+    total = 0.0
+    for p in [pid, *children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def compare_workers(args) -> None:
+    """RAYLANE_WORKERS=1 against =N on PostgreSQL, alternated, ``args.pairs`` pairs."""
+    import statistics
+
+    out = []
+    for i in range(args.pairs):
+        order = [1, args.workers] if i % 2 == 0 else [args.workers, 1]
+        pair = {}
+        for w in order:
+            os.environ["RAYLANE_WORKERS"] = str(w)
+            url, drop = pg_database()
+            try:
+                pair[w] = run(f"postgresql workers={w}", url, args)
+            finally:
+                drop()
+        os.environ.pop("RAYLANE_WORKERS", None)
+        load = os.getloadavg()[0]
+        one, many = pair[1], pair[args.workers]
+        out.append({"pair": i + 1, "first": order[0], "load": load, "one": one, "many": many})
+        print(f"pair {i + 1} ({order[0]} first, load {load:.1f}): singles/s {one['single_per_s']:.0f} -> "
+              f"{many['single_per_s']:.0f}, p50 {one['single_p50_ms']:.0f} -> {many['single_p50_ms']:.0f} ms, "
+              f"p99 {one['single_p99_ms']:.0f} -> {many['single_p99_ms']:.0f} ms, batch jobs/s "
+              f"{one['batch_jobs_per_s']:.0f} -> {many['batch_jobs_per_s']:.0f}", flush=True)
+    ratios = [r["many"]["single_per_s"] / r["one"]["single_per_s"] for r in out]
+    print(f"workers={args.workers} / workers=1, single submits/s: median {statistics.median(ratios):.2f} "
+          f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs)")
+    print(json.dumps(out))
 
 
 def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
@@ -193,7 +235,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--before", help="another checkout to compare against (its server, alternated with this one's)")
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=0, help="compare RAYLANE_WORKERS=1 with this many (PostgreSQL)")
     args = ap.parse_args()
+    if args.workers:
+        compare_workers(args)
+        return
     if args.before:
         compare(args)
         return

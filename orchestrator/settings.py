@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # HTTP
     host: str = Field("127.0.0.1", description="Address the API binds.")
     port: int = Field(8000, ge=0, le=65535, description="Port the API binds.")
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes on the one port. Each is a replica "
+                         "with its own loops, as several control planes on one database are; use PostgreSQL for more "
+                         "than one (SQLite takes one writer at a time).")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     max_batch_jobs: int = Field(1000, ge=1, le=100_000, description="Most specs in one POST /v1/jobs/batch.")
     public_url: str | None = Field(None, description="URL clients use to reach the API (for links).")

@@ -44,3 +44,57 @@ def test_chunked_body_over_limit_is_413(server_factory, server_env):
     assert r.status_code == 413 and "larger than 65536" in r.json()["detail"]
     assert httpx.get(srv.url + "/v1/jobs").json()["items"] == []
     assert httpx.get(srv.url + "/docs").status_code == 200
+
+
+
+@pytest.mark.slow
+def test_two_worker_processes_serve_one_port_and_a_killed_one_is_replaced(server_factory, pg_template, tmp_path):
+    """RAYLANE_WORKERS=2 on PostgreSQL: one port, two uvicorn processes (two replicas),
+    the schema migrated once before they start. Submits from 8 clients at once, one
+    worker killed -9 midway (uvicorn starts another): every acknowledged submit is
+    stored once (clients retry with the same Idempotency-Key)."""
+    import os
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from tests.conftest import fresh_pg_database
+    from tests.helpers import wait_for
+
+    url = fresh_pg_database(pg_template)
+    sp = server_factory({"RAYLANE_DATABASE_URL": url, "RAYLANE_WORKERS": "2", "RAYLANE_LOOPS_ENABLED": "false",
+                         "RAYLANE_DATA_DIR": str(tmp_path)}).start()
+
+    def workers() -> list[int]:
+        kids = Path(f"/proc/{sp.proc.pid}/task/{sp.proc.pid}/children").read_text().split()
+        out = []
+        for k in kids:  # uvicorn's workers, not multiprocessing's resource tracker
+            try:
+                if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes():
+                    out.append(int(k))
+            except OSError:
+                pass  # it just ended
+        return out
+
+    first = wait_for(lambda: len(workers()) == 2 and workers(), timeout=60, what="two worker processes")
+
+    def submit(i: int) -> str:
+        for _ in range(100):
+            try:
+                r = httpx.post(sp.url + "/v1/jobs", json={**HELLO, "name": f"w{i}"},
+                               headers={"Idempotency-Key": f"w-{i}"}, timeout=10)
+                if r.status_code in (200, 201):
+                    return r.json()["id"]
+            except httpx.HTTPError:
+                pass  # the killed worker's connection: send again, same key
+        raise AssertionError(f"submit {i} never acknowledged")
+
+    with ThreadPoolExecutor(8) as pool:
+        early = list(pool.map(submit, range(60)))
+        os.kill(first[0], signal.SIGKILL)
+        late = list(pool.map(submit, range(60, 120)))
+    wait_for(lambda: len(workers()) == 2 and first[0] not in workers(), timeout=60, what="a new worker")
+    ids = early + late
+    assert len(set(ids)) == 120
+    listed = httpx.get(sp.url + "/v1/jobs", params={"limit": 500}, timeout=10).json()["items"]
+    assert sorted(j["id"] for j in listed) == sorted(ids)  # each stored once, nothing else
