@@ -59,11 +59,12 @@ class LaneBackend:
     # Hosts -------------------------------------------------------------------
 
     def host(self, host_sid: str) -> RayJob | None:
-        """Ray's view of a host's job, asked at most every ``HOST_CHECK_S``."""
+        """Ray's view of a host's job, asked at most every ``HOST_CHECK_S`` once
+        its driver has started (before that, each time: its node is wanted)."""
         now = time.monotonic()
         with self._lock:
             seen = self._hosts.get(host_sid)
-        if seen is not None and now - seen[0] < HOST_CHECK_S:
+        if seen is not None and now - seen[0] < HOST_CHECK_S and (seen[1] is None or seen[1].driver_node_id):
             return seen[1]
         rj = self.ray.get(host_sid)
         with self._lock:
@@ -92,8 +93,6 @@ class LaneBackend:
                 with self._lock:
                     self._hosts.pop(sid, None)  # another control plane's: look at it afresh
                 continue
-            with self._lock:
-                self._hosts[sid] = (time.monotonic(), RayJob(sid, "PENDING", None, None, None, None, None, None, {}))
             self._kv("kv_put", lanes.host_key(group), sid.encode())
             return sid
         raise RayUnavailable(f"could not start a lane host for group {group} (last tried {sid})")
@@ -126,7 +125,7 @@ class LaneBackend:
             host = claim.decode() if claim and claim.decode().startswith("raylane-lane-") else None
             if host is None:
                 self.ensure_host(st.group)  # a host that went idle and exited is replaced
-        hj = self.host(host) if host and st.status in HOST_LIVE else None
+        hj = self.host(host) if host else None
         if host and st.status in HOST_LIVE and (hj is None or hj.status not in HOST_LIVE):
             # Its host's Ray job ended under it (the host's node died, or the host did).
             why = f"{hj.status}: {hj.message or ''}".strip() if hj else "Ray has no record of it"
