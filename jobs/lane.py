@@ -36,7 +36,7 @@ from raylane.orchestrator.domain.lanes import LaneStatus
 log = logging.getLogger("raylane.lane")
 
 POLL_BUSY_S = 0.01  # between looks at the store while work comes or runs
-POLL_IDLE_S = 0.2  # ... and once nothing came for a second
+POLL_IDLE_S = 0.05  # ... and once nothing came for a second (one KV listing each: cheap for the GCS)
 LOG_EVERY_S = 0.5  # a running item's output tail is refreshed at most this often
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long (Ray's job stop waits 3 s too)
 KV_TIMEOUT_S = 10

@@ -69,6 +69,8 @@ class Reconciler(LoopService):
         self.sessions = sessions
         self.backend = backend
         self.lanes = lanes  # backends.lanes.LaneBackend: where attempts whose placement names a lane live
+        # Called when an attempt ended (its capacity is free): the dispatcher admits the next at once.
+        self.on_ended = None
         self._live = 0
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
@@ -148,6 +150,8 @@ class Reconciler(LoopService):
                     continue
                 if rj is not None and rj.status == AttemptStatus.SUCCEEDED:
                     self._succeeded(r, rj)
+                    if self.on_ended:
+                        self.on_ended()
                     self._forget(r)
                     continue
                 if nodes is None:
@@ -291,6 +295,8 @@ class Reconciler(LoopService):
                 cause=cause, message=msg, headline=_tail(msg), exit_code=rj.driver_exit_code if rj else None,
                 driver_node_id=rj.driver_node_id if rj else None)
         self.wake.set()
+        if self.on_ended:
+            self.on_ended()
 
     def _cancel_unsubmitted(self, job_id: str, n: int) -> None:
         with db.transaction(self.sessions) as s:

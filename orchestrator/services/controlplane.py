@@ -316,6 +316,8 @@ class ControlPlane:
         self.reconciler = Reconciler(self.settings, self.sessions, self.backend, lanes=self.lanes)
         # A submitted attempt wakes the reconciler, which then polls Ray quickly.
         self.dispatcher.on_submitted = self.reconciler.wake.set
+        # ... and an ended attempt wakes the dispatcher: a queue of short jobs does not wait a poll per batch.
+        self.reconciler.on_ended = self.new_work.set
         self._view_cache: tuple[float, Any] | None = None
 
     def cluster_view(self):

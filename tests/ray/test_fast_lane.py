@@ -206,3 +206,24 @@ def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, tmp_path, g
     assert second["status"] == "SUCCEEDED"
     assert lane_status(gcs, f"raylane-{j['id']}-2").host != host_sid  # a new host replaced the lost one
     wait_for(lambda: gone(pid), timeout=10, what="the lost host's command to die with it")
+
+
+def test_a_control_plane_killed_while_lane_jobs_run_leaves_each_succeeded_once(lane_settings, tmp_path):
+    cp1 = _plane(lane_settings)
+    jobs = [cp1.submit(JobSpec(name=f"j{i}", kind="command", entrypoint=f"sleep 1; echo ran >> {tmp_path / str(i)}"),
+                       project="default", actor="t")[0] for i in range(4)]
+    cp1.dispatcher.run_once()  # all four in the lane (4 CPUs in group cpu), recorded as submitted
+    assert {cp1.get(j.id, project=None).status for j in jobs} == {JobStatus.DISPATCHING}
+    cp1.close()  # dies here: no reconciler of its ever sees them run
+
+    cp2 = _plane(lane_settings)
+
+    def all_done():
+        cp2.reconciler.run_once()
+        cp2.dispatcher.run_once()
+        return all(cp2.get(j.id, project=None).status is JobStatus.SUCCEEDED for j in jobs)
+
+    wait_for(all_done, timeout=90, what="every job succeeded")
+    assert [(tmp_path / str(i)).read_text() for i in range(4)] == ["ran\n"] * 4
+    assert all(cp2.get(j.id, project=None).attempts == 1 for j in jobs)
+    cp2.close()
