@@ -11,6 +11,12 @@ a Ray worker (and its runtime env) per command while the shell does the work.
 The process gets SIGKILL if the host dies (``PR_SET_PDEATHSIG``), so a lost host
 leaves no command running that a retry would run again beside it.
 
+A function job (``raylane.jobs.function``) is a call in a fork of the host:
+the interpreter and Raylane are already loaded, so a call costs a fork and
+the import of the user's module. The child leads its own session too, writes
+its result to a file, and the host leaves it in the store under
+``protocol.result_key``, where the reconciler reads any runner's result.
+
 It writes each item's status and a bounded tail of its output back to the
 store, honours stop requests, and exits after ``--idle-s`` without work; the
 control plane starts another when work comes (``backends.lanes``).
@@ -30,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raylane.jobs.function import call  # loaded once here, so a forked call does not load it again
 from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.lanes import LaneStatus
 
@@ -75,10 +82,52 @@ class Store:
         return [k.decode() for k in self._c.internal_kv_keys(prefix.encode(), self._ns, timeout=KV_TIMEOUT_S)]
 
 
+class ForkedCall:
+    """A function job: ``entrypoint(**args)`` in a fork of the host. Quacks like
+    ``Popen`` where the host needs it (``pid``, ``poll``)."""
+
+    def __init__(self, entrypoint: str, args: dict, env: dict[str, str], log_path: Path, result_path: Path,
+                 cwd: Path):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the host's handler
+                _die_with_parent()
+                fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                # print() and tracebacks go to the job's log, whatever sys.stdout was in the host
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                os.environ.update(env)
+                os.chdir(cwd)
+                result_path.write_bytes(protocol.encode_result(call(entrypoint, args)))
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
 @dataclass
 class Running:
     sid: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedCall
     log_path: Path
     status: LaneStatus
     log_sent: int = -1  # bytes of output when the tail was last written
@@ -131,6 +180,14 @@ class Host:
         log_path = self.workdir / f"{sid}.log"
         out = open(log_path, "wb")
         st = LaneStatus("RUNNING", group=self.group, host=self.host_id, start_time=int(time.time() * 1000))
+        if "call" in item:
+            out.close()
+            proc = ForkedCall(item["command"], item["call"], item["env"], log_path, self._result_path(sid),
+                              self.workdir)
+            st.pid = proc.pid
+            self.store.put(lanes.status_key(sid), st.encode())
+            self.running[sid] = Running(sid, proc, log_path, st)
+            return
         try:
             proc = subprocess.Popen(item["command"], shell=True, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env={**os.environ, **item["env"]},
@@ -146,6 +203,9 @@ class Host:
         self.store.put(lanes.status_key(sid), st.encode())
         self.running[sid] = Running(sid, proc, log_path, st)
         log.info("%s: started pid %d", sid, proc.pid)
+
+    def _result_path(self, sid: str) -> Path:
+        return self.workdir / f"{sid}.result"
 
     def _watch(self) -> None:
         if not self.running:
@@ -188,6 +248,10 @@ class Host:
         if r.stop_at is not None:
             st.status, st.message = "STOPPED", "stopped on request"
         elif rc == 0:
+            result = self._result_path(r.sid)
+            if result.exists():  # a function's: where the reconciler reads any runner's result
+                self.store.put(protocol.result_key(r.sid), result.read_bytes())
+                result.unlink()
             st.status = "SUCCEEDED"
         else:
             tail = r.log_path.read_bytes()[-FAILED_TAIL_CHARS:].decode(errors="replace")

@@ -20,6 +20,8 @@ def test_a_small_command_takes_the_lane_with_its_reason():
     assert ok and why == "fast lane: a 1-CPU command runs in the group's warm lane, no Ray job of its own"
     assert lanes.decide(spec(resources={"cpus_per_worker": 0.5}), enabled=True)[0]
     assert lanes.decide(spec(runtime_env={"env_vars": {"A": "1"}}), enabled=True)[0]
+    ok, why = lanes.decide(spec(kind="function", entrypoint="json:dumps", args={"obj": 1}), enabled=True)
+    assert ok and why.startswith("fast lane: a 1-CPU function")
 
 
 @pytest.mark.parametrize("kw, reason", [
@@ -29,7 +31,7 @@ def test_a_small_command_takes_the_lane_with_its_reason():
     ({"resources": {"gpus_per_worker": 1}}, "Ray job: asks for GPUs (the fast lane takes CPU-only jobs)"),
     ({"runtime_env": {"pip": ["x"]}}, "Ray job: its runtime_env needs pip (a warm lane runs in the node's own environment)"),
     ({"runtime_env": {"working_dir": "s3://b/x.zip"}}, "Ray job: its runtime_env needs working_dir (a warm lane runs in the node's own environment)"),
-    ({"kind": "training", "entrypoint": "m:f"}, "Ray job: kind training needs a driver of its own (the fast lane takes command)"),
+    ({"kind": "training", "entrypoint": "m:f"}, "Ray job: kind training needs a driver of its own (the fast lane takes command, function)"),
 ])
 def test_ineligible_jobs_say_why(kw, reason):
     assert lanes.decide(spec(**kw), enabled=True) == (False, reason)

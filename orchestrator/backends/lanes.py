@@ -99,8 +99,10 @@ class LaneBackend:
 
     # Attempts ------------------------------------------------------------------
 
-    def submit(self, *, submission_id: str, group: str, command: str, env: dict[str, str]) -> None:
-        """Queue the attempt in the group's lane (and make sure a host runs).
+    def submit(self, *, submission_id: str, group: str, command: str, env: dict[str, str],
+               args: dict | None = None) -> None:
+        """Queue the attempt in the group's lane (and make sure a host runs):
+        ``command`` a shell command, or with ``args`` a function's import path.
 
         Raises:
             AlreadySubmitted: the attempt was queued before (a retried dispatch); it is adopted.
@@ -108,7 +110,7 @@ class LaneBackend:
         """
         # The item first: a dispatcher that dies between the two writes leaves an
         # item and no status, and the same attempt dispatched again writes both.
-        self._kv("kv_put", lanes.todo_key(group, submission_id), lanes.encode_item(submission_id, command, env))
+        self._kv("kv_put", lanes.todo_key(group, submission_id), lanes.encode_item(submission_id, command, env, args=args))
         added = self._kv("kv_put", lanes.status_key(submission_id), LaneStatus("PENDING", group=group).encode(),
                          overwrite=False)
         self.ensure_host(group)

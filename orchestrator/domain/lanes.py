@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 HOST_MODULE = "raylane.jobs.lane"
 MAX_LANE_CPUS = 1.0  # more than one core is a job worth its own Ray job (and its own cgroup of resources)
 MAX_LOG_BYTES = 64 * 1024  # of one job's output kept in Ray's KV store: a tail, not an archive
-# Lane kinds: those that need no runner of their own (a shell command is its own driver).
-LANE_KINDS = frozenset({"command"})
+# Lane kinds: a shell command (a process of the host's) and a function (a call in a
+# fork of the host). Other kinds place actors and trials: they need a Ray driver.
+LANE_KINDS = frozenset({"command", "function"})
 # What a lane's status says when its host's Ray job ended under a running item:
 # ``loops.classify`` reads it as node loss (the node died) or LOST (the host did).
 HOST_LOST = "RAYLANE_LANE_HOST_LOST"
@@ -133,9 +134,13 @@ class LaneStatus:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
 
 
-def encode_item(sid: str, command: str, env: dict[str, str]) -> bytes:
-    """What a host needs to run an attempt."""
-    return json.dumps({"sid": sid, "command": command, "env": env}).encode()
+def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, Any] | None = None) -> bytes:
+    """What a host needs to run an attempt: a shell command, or (``args`` given)
+    a function's import path to call with ``args``."""
+    item: dict[str, Any] = {"sid": sid, "command": command, "env": env}
+    if args is not None:
+        item["call"] = args
+    return json.dumps(item).encode()
 
 
 def decode_item(value: bytes) -> dict[str, Any]:

@@ -129,6 +129,7 @@ def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *
         # A lane runs where its host runs: no fallback group, no driver of its own.
         placement.lane = placement.node_group
         placement.fallback_node_groups = []
+        placement.total = dict(placement.worker_resources)  # one worker, no driver besides
         placement.reasons = [r for r in placement.reasons if not r.startswith("falls back to ")]
     placement.reasons.append(why)
     return placement

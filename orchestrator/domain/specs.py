@@ -69,6 +69,7 @@ class JobKind(str, Enum):
     BATCH_INFERENCE = "batch_inference"
     SERVICE = "service"
     COMMAND = "command"
+    FUNCTION = "function"
 
 
 class _Model(InputRule):

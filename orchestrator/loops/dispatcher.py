@@ -171,8 +171,9 @@ class Dispatcher(LoopService):
             runtime_env["excludes"] = excludes  # never ship the control plane's own state
         try:
             if pl.lane and self.lanes is not None:
-                # A warm lane's host runs the command: no Ray job, the same inputs (domain.lanes).
-                self.lanes.submit(submission_id=sid, group=pl.lane, command=spec.entrypoint, env={**job_env, **env})
+                # A warm lane's host runs it: no Ray job, the same inputs (domain.lanes).
+                self.lanes.submit(submission_id=sid, group=pl.lane, command=spec.entrypoint, env={**job_env, **env},
+                                  args=spec.args if traits(spec.kind).runner else None)
                 note = f"queued in the warm lane of group {pl.lane}"
             else:
                 note = self._submit_ray_job(c, sid, env, entrypoint, runtime_env, metadata)

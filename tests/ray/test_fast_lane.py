@@ -97,6 +97,23 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert att["exit_code"] == 3 and "oh-no" in att["message"]
 
 
+def test_a_function_job_is_a_call_in_the_lane_or_a_ray_job_with_the_same_result(lapi, ray_cluster):
+    spec = {"name": "fn", "kind": "function", "entrypoint": "json:dumps", "args": {"obj": [1, 2]}}
+    lane = lapi.post("/v1/jobs", json=spec).json()
+    iso = lapi.post("/v1/jobs", json={**spec, "lane": "isolated"}).json()
+    boom = lapi.post("/v1/jobs", json={**spec, "entrypoint": "json:loads", "args": {"s": "not json"}}).json()
+    assert lane["placement"]["lane"] == "cpu" and iso["placement"]["lane"] is None
+    for j in (lane, iso):
+        done = wait_status(lapi, j["id"], TERMINAL, timeout=120)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        assert done["result"] == {"value": "[1, 2]"}
+    assert ray_job(ray_cluster, f"raylane-{lane['id']}-1") is None
+    assert ray_job(ray_cluster, f"raylane-{iso['id']}-1")["status"] == "SUCCEEDED"
+    failed = wait_status(lapi, boom["id"], TERMINAL, timeout=60)
+    assert failed["status"] == "FAILED" and failed["failure_cause"] == "APP_ERROR"
+    assert "JSONDecodeError" in lapi.get(f"/v1/jobs/{boom['id']}/logs").text
+
+
 def test_cancel_stops_the_running_process(lapi, tmp_path, gcs):
     pidfile = tmp_path / "pid"
     j = lapi.post("/v1/jobs", json={"name": "long", "kind": "command",
