@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from raylane.jobs.function import call  # loaded once here, so a forked call does not load it again
 from raylane.orchestrator.domain import lanes, protocol
@@ -45,6 +47,7 @@ log = logging.getLogger("raylane.lane")
 POLL_BUSY_S = 0.01  # between looks at the store while work comes or runs
 POLL_IDLE_S = 0.05  # ... and once nothing came for a second (one KV listing each: cheap for the GCS)
 LOG_EVERY_S = 0.5  # a running item's output tail is refreshed at most this often
+SELF_CHECK_S = 1.0  # how often the host asks whether Ray still counts it alive
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long (Ray's job stop waits 3 s too)
 KV_TIMEOUT_S = 10
 PR_SET_PDEATHSIG = 1
@@ -80,6 +83,34 @@ class Store:
 
     def keys(self, prefix: str) -> list[str]:
         return [k.decode() for k in self._c.internal_kv_keys(prefix.encode(), self._ns, timeout=KV_TIMEOUT_S)]
+
+    def ray_job_status(self, submission_id: str) -> str | None:
+        """Ray's status of a Ray job (its job manager's record in the same store)."""
+        from ray._private import ray_constants
+        from ray.dashboard.modules.job.common import JobInfoStorageClient
+
+        value = self._c.internal_kv_get(JobInfoStorageClient.JOB_DATA_KEY.format(job_id=submission_id).encode(),
+                                        ray_constants.KV_NAMESPACE_JOB, timeout=KV_TIMEOUT_S)
+        return json.loads(value).get("status") if value else None
+
+
+def still_wanted(store: Store, host_id: str) -> Callable[[], str | None]:
+    """Why this host must stop now, or None. Ray's job supervisor kills its
+    driver when it dies itself, but only from a watcher polling every second, and
+    a node Ray declared dead may run on for a while (the local cluster's killed
+    node, a partition): a host Ray no longer counts as running must take no more
+    work, or the control plane would see its items lost twice."""
+    parent = os.getppid()
+
+    def check() -> str | None:
+        if os.getppid() != parent:
+            return "lost its Ray job supervisor"
+        status = store.ray_job_status(host_id)
+        if status not in (None, "PENDING", "RUNNING"):
+            return f"is {status} in Ray"
+        return None
+
+    return check
 
 
 class ForkedCall:
@@ -145,12 +176,20 @@ class Host:
     idle_s: float
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="raylane-lane-")))
     running: dict[str, Running] = field(default_factory=dict)
+    wanted: Callable[[], str | None] | None = None  # still_wanted, where Ray runs the host
 
     def run(self) -> int:
         log.info("lane host %s for group %s: %d slots, exits after %.0f s idle", self.host_id, self.group,
                  self.slots, self.idle_s)
-        last_work = time.monotonic()
+        last_work = checked = time.monotonic()
         while True:
+            if self.wanted is not None and time.monotonic() - checked > SELF_CHECK_S:
+                checked = time.monotonic()
+                why = self.wanted()
+                if why:
+                    log.warning("this host %s: exiting, its items are lost with it", why)
+                    self.abandon(why)
+                    return 1
             took = self._take() if len(self.running) < self.slots else 0
             self._watch()
             now = time.monotonic()
@@ -290,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-s", type=float, default=60.0)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    host = Host(Store(os.environ["RAY_ADDRESS"]), a.group, a.host, a.slots, a.idle_s)
+    store = Store(os.environ["RAY_ADDRESS"])
+    host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host))
 
     def on_term(signum, _frame):
         host.abandon("was stopped")

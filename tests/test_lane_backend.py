@@ -118,3 +118,31 @@ def test_logs_are_the_tail_or_empty_while_pending_or_none_when_unknown(lb, ray):
     assert lb.logs("a-1") == ""
     ray.gcs.kv_put(lanes.logs_key("a-1"), b"hello\n")
     assert lb.logs("a-1") == "hello\n"
+
+
+def test_a_host_gone_with_its_node_says_so_in_rays_words(lb, ray):
+    from raylane.orchestrator.loops.classify import classify
+    from raylane.orchestrator.domain.states import FailureCause
+
+    lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
+    ray.end("raylane-lane-cpu-1", message="Job supervisor actor died")
+    ray.jobs["raylane-lane-cpu-1"].error_type = "JOB_SUPERVISOR_ACTOR_DIED"
+    rj = lb.get("a-1")
+    assert rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED" and "raylane-lane-cpu-1" in rj.message
+    # The node is not declared dead yet: the group's market decides (spot: a preemption).
+    assert classify(rj, {}, driver_market="SPOT")[0] is FailureCause.PREEMPTED
+    assert classify(rj, {}, driver_market="ON_DEMAND")[0] is FailureCause.NODE_LOST
+
+
+def test_items_a_host_gave_up_wait_for_rays_word_on_the_host(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus(
+        "FAILED", group="cpu", host="raylane-lane-cpu-1", error_type=lanes.HOST_LOST,
+        message="lane host raylane-lane-cpu-1 lost its Ray job supervisor").encode())
+    assert lb.get("a-1").status == "RUNNING"  # Ray still counts the host running
+    ray.end("raylane-lane-cpu-1")
+    rj = lb.get("a-1")
+    assert rj.status == "FAILED" and rj.error_type == lanes.HOST_LOST

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 HOST_CHECK_S = 1.0  # one answer from Ray about a host's job serves this long
 HOST_LIVE = ("PENDING", "RUNNING")
+# Ray's words for a job whose supervisor went with its node (``loops.classify`` reads them as node loss)
+SUPERVISOR_GONE = ("JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_START_FAILURE")
 MAX_HOST_STARTS = 5  # host ids tried in one ensure_host before giving up until the next call
 
 
@@ -133,6 +135,15 @@ class LaneBackend:
             why = f"{hj.status}: {hj.message or ''}".strip() if hj else "Ray has no record of it"
             st.status, st.error_type = "FAILED", lanes.HOST_LOST
             st.message = f"lane host {host} ended ({why})"
+        if st.error_type == lanes.HOST_LOST and hj is not None and hj.status in HOST_LIVE:
+            # The host gave its items up (its supervisor died, or it was stopped) and
+            # Ray has not yet said what became of it: wait for that, it names the cause.
+            st.status, st.error_type = "RUNNING", None
+        if st.error_type == lanes.HOST_LOST and hj is not None and hj.error_type in SUPERVISOR_GONE:
+            # The host went with its node, which Ray may not have declared dead yet:
+            # its own words say so, and classify makes that node loss (spot: preemption).
+            st.error_type = hj.error_type
+            st.message = f"{st.message}; Ray: {hj.message or hj.error_type}"
         return RayJob(submission_id=submission_id, status=st.status, message=st.message, error_type=st.error_type,
                       start_time=st.start_time, end_time=st.end_time,
                       driver_node_id=hj.driver_node_id if hj else None, driver_exit_code=st.exit_code,

@@ -244,3 +244,24 @@ def test_a_control_plane_killed_while_lane_jobs_run_leaves_each_succeeded_once(l
     assert [(tmp_path / str(i)).read_text() for i in range(4)] == ["ran\n"] * 4
     assert all(cp2.get(j.id, project=None).attempts == 1 for j in jobs)
     cp2.close()
+
+
+def test_a_lane_whose_spot_node_is_killed_mid_job_is_preempted_retried_and_succeeds_once(
+        lapi, ray_cluster, tmp_path, gcs):
+    marker, out = tmp_path / "first-try", tmp_path / "runs"
+    cmd = f"if [ -e {marker} ]; then echo ran >> {out}; else echo $$ > {marker}; sleep 600; fi"
+    j = lapi.post("/v1/jobs", json={"name": "spot-lane", "kind": "command", "entrypoint": cmd,
+                                    "placement": {"node_group": "spot-cpu"}, "retry": {"backoff_s": 0}}).json()
+    assert j["placement"]["lane"] == "spot-cpu"
+    wait_for(lambda: marker.exists() and marker.read_text().strip(), timeout=90, what="the first attempt running")
+    host = ray_job(ray_cluster, lane_status(gcs, f"raylane-{j['id']}-1").host)
+    victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == host["driver_node_id"])
+    assert victim.group == "spot-cpu"
+    ray_cluster.kill_node(victim.name)  # a spot reclaim: the node and everything on it
+    # The group's other spot node takes the retry (a new host there).
+    done = wait_status(lapi, j["id"], TERMINAL, timeout=180)
+    attempts = lapi.get(f"/v1/jobs/{j['id']}/attempts").json()
+    assert done["status"] == "SUCCEEDED", (done["status_reason"], attempts)
+    assert out.read_text() == "ran\n"
+    assert [a["cause"] for a in attempts] == ["PREEMPTED", None], [(a["cause"], a["message"]) for a in attempts]
+    assert done["preemptions"] == 1
