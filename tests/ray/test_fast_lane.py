@@ -86,6 +86,11 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
     att = lapi.get(f"/v1/jobs/{job['id']}/attempts").json()[0]
     assert att["driver_node_id"] == host["driver_node_id"]
+    # The host reads its own Ray job's status where Ray's job manager keeps it (its self-check).
+    probe = lapi.post("/v1/jobs", json={"name": "probe", "kind": "command", "entrypoint":
+                                        f"python -c 'from raylane.jobs.lane import _probe; print(_probe(\"{st.host}\"))'"}).json()
+    assert wait_status(lapi, probe["id"], TERMINAL, timeout=60)["status"] == "SUCCEEDED"
+    assert lapi.get(f"/v1/jobs/{probe['id']}/logs").text.strip() == "RUNNING"
     evs = lapi.get(f"/v1/jobs/{job['id']}/events").json()
     assert [e["to_status"] for e in evs][-3:] == ["DISPATCHING", "RUNNING", "SUCCEEDED"]
     # A failing command fails as an application error, with its output.
