@@ -4,13 +4,16 @@ multi-node cluster, in one run.
 
 - single: one lane job at a time on a warm lane, submit -> SUCCEEDED as a user
   sees it (POST /v1/jobs, then GET every 10 ms); p50 and p90.
-- throughput: --lane jobs through the lane (one POST /v1/jobs/batch, then the
+- throughput: --lane command jobs and --functions function jobs
+  (``json:dumps``) through the lane (one POST /v1/jobs/batch, then the
   queue watched until every job is SUCCEEDED), and --direct jobs straight to
   Ray (submitted one after another, then polled); jobs/s each and the ratio.
 - the head node's peak RSS during each burst and at idle before.
 
 Both paths ask for the same CPU share on the same node group (cpu). The
-server runs with RAYLANE_FAST_LANE=true.
+server runs with RAYLANE_FAST_LANE=true. The direct baseline is the `true`
+command for both ratios: a function as a Ray job of its own costs at least that
+(a Python start besides), so the function ratio is not flattered.
 
     python bench/small_jobs.py [--lane 1000] [--direct 100] [--single 30]
 """
@@ -45,6 +48,7 @@ UNFINISHED = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING"]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lane", type=int, default=1000)
+    ap.add_argument("--functions", type=int, default=1000)
     ap.add_argument("--direct", type=int, default=100)
     ap.add_argument("--single", type=int, default=30)
     ap.add_argument("--slots", type=int, default=16)
@@ -73,6 +77,7 @@ def main() -> None:
     run = uuid.uuid4().hex[:8]
     spec = {"name": "bench", "kind": "command", "entrypoint": ENTRYPOINT, "resources": {"cpus_per_worker": CPUS},
             "labels": {"bench": run}}
+    fn_spec = {**spec, "name": "bench-fn", "kind": "function", "entrypoint": "json:dumps", "args": {"obj": [1]}}
 
     def lane_one() -> float:
         t = time.perf_counter()
@@ -89,10 +94,10 @@ def main() -> None:
                         + [("status", s) for s in UNFINISHED]).json()["items"]
         return len(page)
 
-    def lane_burst(n: int) -> float:
+    def lane_burst(n: int, one: dict | None = None) -> float:
         t = time.perf_counter()
         for i in range(0, n, 1000):
-            r = http.post("/v1/jobs/batch", json={"jobs": [spec] * min(1000, n - i)})
+            r = http.post("/v1/jobs/batch", json={"jobs": [one or spec] * min(1000, n - i)})
             assert r.status_code == 201, r.text
         while unfinished():
             time.sleep(0.05)
@@ -127,18 +132,21 @@ def main() -> None:
         idle_rss = rss_of_group(head_pgid)
         single = [lane_one() for _ in range(args.single)]
         lane_s, lane_mon = measured(lane_burst, args.lane)
+        fn_s, fn_mon = measured(lambda n: lane_burst(n, fn_spec), args.functions)
         failed = http.get("/v1/jobs", params=[("label", f"bench={run}"), ("status", "FAILED"), ("limit", 500)]).json()
         assert not failed["items"], failed["items"][:3]
         direct_s, direct_mon = measured(direct_burst, args.direct)
         load = os.getloadavg()
         out = {
             "lane_jobs": args.lane, "lane_s": lane_s, "lane_jobs_per_s": args.lane / lane_s,
+            "function_jobs": args.functions, "function_s": fn_s, "function_jobs_per_s": args.functions / fn_s,
             "direct_jobs": args.direct, "direct_s": direct_s, "direct_jobs_per_s": args.direct / direct_s,
             "throughput_ratio": (args.lane / lane_s) / (args.direct / direct_s),
+            "function_ratio": (args.functions / fn_s) / (args.direct / direct_s),
             "single_n": args.single, "lane_p50_ms": statistics.median(single) * 1000,
             "lane_p90_ms": sorted(single)[int(0.9 * len(single))] * 1000,
             "head_idle_rss_mb": idle_rss / 2**20, "head_peak_rss_lane_mb": lane_mon.peak / 2**20,
-            "head_peak_rss_direct_mb": direct_mon.peak / 2**20, "slots": args.slots,
+            "head_peak_rss_function_mb": fn_mon.peak / 2**20, "head_peak_rss_direct_mb": direct_mon.peak / 2**20, "slots": args.slots,
             "loadavg_after": load, "cpus": os.cpu_count(),
         }
         print(json.dumps(out, indent=2))
