@@ -4,15 +4,20 @@ Tune used directly, on the same local cluster, in the same run:
   - Tune as a Ray expert would set it for short trials (reuse_actors, a concurrency
     cap, trials placed on the spot group),
   - Raylane with the spec of examples/lr-sweep.yaml at 200 samples (no tuning knobs).
-Each is submitted as a Ray job and timed from submit to SUCCEEDED.
+Each is submitted as a Ray job and timed from submit to SUCCEEDED. The expert and
+Raylane run in alternated pairs (the machine's load moves; one pair proves little);
+the median ratio and its spread are reported, with each driver's phases (Python's
+start, imports, ray.init, set-up, Tune's fit, collecting results) from its log.
 
-    python bench/sweep_vs_tune.py [--samples 200]
+    python bench/sweep_vs_tune.py [--samples 200] [--pairs 3] [--with-defaults]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -27,14 +32,26 @@ sys.path.insert(0, str(ROOT))
 from bench import _server  # noqa: E402
 
 
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def phases_of(logs: str, prefix: str) -> dict:
+    line = [x for x in logs.splitlines() if prefix in x]
+    return json.loads(line[-1].split(prefix, 1)[1]) if line else {}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--pairs", type=int, default=3, help="alternated (expert, Raylane) pairs")
+    ap.add_argument("--with-defaults", action="store_true", help="also one run of Tune's defaults (slow)")
     args = ap.parse_args()
     from ray.job_submission import JobSubmissionClient
 
     from raylane.orchestrator.tooling.localcluster import LocalCluster
     from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.domain.specs import JobSpec
 
     work = Path(tempfile.mkdtemp(prefix="raylane-sweep-bench-"))
@@ -76,16 +93,36 @@ def main() -> None:
                 if j["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
                     break
                 time.sleep(0.2)
+            wall = time.perf_counter() - t
             assert j["status"] == "SUCCEEDED", j["status_reason"]
-            return {"wall_s": time.perf_counter() - t, "trials": j["result"]["num_trials"],
-                    "best_loss": j["result"]["best"]["metrics"]["loss"]}
+            logs = httpx.get(url + f"/v1/jobs/{job['id']}/logs").text
+            # Submit to the driver's start: Raylane's admission and Ray's job supervisor.
+            ray_job = ray.get_job_info(submission_id(job["id"], 1))  # its Ray job: what Ray was given
+            return {"wall_s": wall, "trials": j["result"]["num_trials"],
+                    "concurrency": j["placement"]["num_workers"], "runtime_env": ray_job.runtime_env,
+                    "best_loss": j["result"]["best"]["metrics"]["loss"],
+                    "phases": {**phases_of(logs, "raylane: timing "), **phases_of(logs, "raylane: sweep timing ")}}
 
-        expert = direct("expert")
-        ours = raylane()
-        default = direct("default")
-        out = {"samples": args.samples, "tune_default_s": default["wall_s"], "tune_expert_s": expert["wall_s"],
-               "raylane_s": ours["wall_s"], "ratio_vs_default": ours["wall_s"] / default["wall_s"],
-               "ratio_vs_expert": ours["wall_s"] / expert["wall_s"], "detail": [default, expert, ours]}
+        pairs = []
+        for i in range(args.pairs):
+            before = load()
+            # Alternate which runs first: a machine that gets busier or quieter favours neither.
+            if i % 2 == 0:
+                expert, ours = direct("expert"), raylane()
+            else:
+                ours, expert = raylane(), direct("expert")
+            pairs.append({"pair": i + 1, "first": "expert" if i % 2 == 0 else "raylane", "load": [before, load()],
+                          "expert_s": expert["wall_s"], "raylane_s": ours["wall_s"],
+                          "ratio": ours["wall_s"] / expert["wall_s"], "expert": expert, "raylane": ours})
+            print(f"pair {i + 1}: expert {expert['wall_s']:.1f} s, Raylane {ours['wall_s']:.1f} s, "
+                  f"ratio {ours['wall_s'] / expert['wall_s']:.2f}, load {before:.1f} -> {load():.1f}", flush=True)
+        ratios = sorted(p["ratio"] for p in pairs)
+        out = {"samples": args.samples, "pairs": pairs, "median_ratio": statistics.median(ratios),
+               "spread": [ratios[0], ratios[-1]]}
+        if args.with_defaults:
+            default = direct("default")
+            out["tune_default_s"] = default["wall_s"]
+            out["ratio_vs_default"] = statistics.median(p["raylane_s"] for p in pairs) / default["wall_s"]
         print(json.dumps(out, indent=2))
     finally:
         _server.stop_server(server)

@@ -741,9 +741,9 @@ class _Api:
 
     @staticmethod
     def create_webhook(url: str, statuses: Sequence[str] | None, project: str | None,
-                       description: str | None) -> _Call[NewWebhook]:
+                       description: str | None, events: Sequence[str] | None = None) -> _Call[NewWebhook]:
         body = {"url": url, "statuses": list(statuses) if statuses is not None else None, "project": project,
-                "description": description}
+                "description": description, "events": list(events) if events is not None else None}
         # Not resendable: a second arrival would make a second hook with its own secret.
         return _Call("POST", "/v1/webhooks", _model(NewWebhook), json={k: v for k, v in body.items() if v is not None},
                      resendable=False)
@@ -1594,10 +1594,11 @@ class Client:
     # Webhooks -------------------------------------------------------------------------
 
     def create_webhook(self, url: str, *, statuses: Sequence[str] | None = None, project: str | None = None,
-                       description: str | None = None) -> NewWebhook:
+                       description: str | None = None, events: Sequence[str] | None = None) -> NewWebhook:
         """A webhook: a signed POST to ``url`` each time a job of the project changes to one
-        of ``statuses`` (default: SUCCEEDED, FAILED, CANCELLED). Its signing secret is in
-        ``secret``, returned this once only (docs/webhooks.md).
+        of ``statuses`` (default: SUCCEEDED, FAILED, CANCELLED), and for each of its
+        schedules' ticks named by ``events`` (``schedule.created``, ``schedule.skipped``).
+        Its signing secret is in ``secret``, returned this once only (docs/webhooks.md).
 
         Raises:
             ValidationFailed: a URL that is not http(s), a host the server does not allow.
@@ -1606,7 +1607,7 @@ class Client:
 
             hook = client.create_webhook("https://ci.example.com/raylane", statuses=["FAILED"])
         """
-        return self._call(_Api.create_webhook(url, statuses, project, description))
+        return self._call(_Api.create_webhook(url, statuses, project, description, events))
 
     def list_webhooks(self) -> list[Webhook]:
         """The webhooks of the caller's projects, never their secrets."""
@@ -2096,8 +2097,8 @@ class AsyncClient:
         return await self._call(_Api.retry_array(array_id, failed_only))
 
     async def create_webhook(self, url: str, *, statuses: Sequence[str] | None = None, project: str | None = None,
-                             description: str | None = None) -> NewWebhook:
-        return await self._call(_Api.create_webhook(url, statuses, project, description))
+                             description: str | None = None, events: Sequence[str] | None = None) -> NewWebhook:
+        return await self._call(_Api.create_webhook(url, statuses, project, description, events))
 
     async def list_webhooks(self) -> list[Webhook]:
         return await self._call(_Api.list_webhooks())

@@ -34,18 +34,13 @@ class RunContext:
 
     @property
     def parents(self) -> dict[str, dict]:
-        """This job's parents (``depends_on``) by id: name, status, storage (their
-        checkpoints and outputs, to read) and result (``RAYLANE_PARENTS``); {} without."""
-        import json
-
-        value = os.environ.get(Env.PARENTS)
-        return json.loads(value) if value else {}
+        """``parents()``, for a runner's driver and a training function."""
+        return parents()
 
     @property
     def array_index(self) -> int | None:
-        """This job's index in its array (``RAYLANE_ARRAY_INDEX``); None outside an array."""
-        value = os.environ.get(Env.ARRAY_INDEX)
-        return int(value) if value else None
+        """``array_index()``."""
+        return array_index()
 
     @classmethod
     def from_env(cls) -> "RunContext":
@@ -65,6 +60,24 @@ class RunContext:
                    project=os.environ.get(Env.PROJECT, "default"),
                    spec=JobSpec.model_validate_json(os.environ[Env.SPEC]),
                    placement=Placement.model_validate_json(os.environ[Env.PLACEMENT]), storage=storage)
+
+
+def parents() -> dict[str, dict]:
+    """This job's parents (``depends_on``) by id: name, status, storage (their
+    checkpoints and outputs, to read) and result (``RAYLANE_PARENTS``); {} without.
+    Any process of the job may ask: a sweep's trial function, a training worker, a
+    batch predictor's constructor (``from raylane.jobs.base import parents``)."""
+    import json
+
+    value = os.environ.get(Env.PARENTS)
+    return json.loads(value) if value else {}
+
+
+def array_index() -> int | None:
+    """This job's index in its array (``RAYLANE_ARRAY_INDEX``); None outside an
+    array. Any process of the job may ask."""
+    value = os.environ.get(Env.ARRAY_INDEX)
+    return int(value) if value else None
 
 
 def read_inputs(key: str) -> dict[str, str]:

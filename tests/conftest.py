@@ -166,6 +166,22 @@ class ServerProcess:
         self.kill(15)
 
 
+def offline_server(tmp: Path, admin_token: str = ADMIN_TOKEN) -> ServerProcess:
+    """A real server with auth on, on a fresh SQLite database in ``tmp``, its loops
+    off and Ray "down" (a dashboard URL nothing answers): jobs are routed from the
+    profile and stay PENDING. For the CLI and SDK tests, one per module."""
+    from raylane.orchestrator.store import migrate
+
+    url = f"sqlite:///{tmp / 'raylane.db'}"
+    migrate.upgrade(url)
+    env = {"RAYLANE_DATABASE_URL": url, "RAYLANE_DATA_DIR": str(tmp), "RAYLANE_LOOPS_ENABLED": "false",
+           "RAYLANE_ADMIN_TOKEN": admin_token, "RAYLANE_AUTH_ENABLED": "true",
+           "RAYLANE_DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}
+    sp = ServerProcess(env, tmp / "server.log").start()
+    sp.db_url = url
+    return sp
+
+
 @pytest.fixture
 def server_factory(tmp_path):
     started: list[ServerProcess] = []

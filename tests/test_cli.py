@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from raylane import Client, JobStatus
-from tests.conftest import ROOT, ServerProcess, free_port
+from tests.conftest import ROOT, free_port, offline_server
 from tests.helpers import wait_for
 
 EXAMPLES = ROOT / "examples"
@@ -53,17 +53,7 @@ def start_rl(*args: str, url: str) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from raylane.orchestrator.store import migrate
-
-    tmp = tmp_path_factory.mktemp("cli")
-    url = f"sqlite:///{tmp / 'raylane.db'}"
-    migrate.upgrade(url)
-    env = {"RAYLANE_DATABASE_URL": url, "RAYLANE_DATA_DIR": str(tmp), "RAYLANE_LOOPS_ENABLED": "false",
-           "RAYLANE_ADMIN_TOKEN": ADMIN_TOKEN, "RAYLANE_AUTH_ENABLED": "true",
-           # Ray is "down": jobs are routed from the profile and stay PENDING.
-           "RAYLANE_DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}
-    sp = ServerProcess(env, tmp / "server.log").start()
-    sp.db_url = url
+    sp = offline_server(admin_token=ADMIN_TOKEN, tmp=tmp_path_factory.mktemp("cli"))
     yield sp
     sp.kill()
 

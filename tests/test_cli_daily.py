@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from raylane import Client
-from tests.conftest import ROOT, ServerProcess, free_port
+from tests.conftest import ROOT, offline_server
 
 EXAMPLES = ROOT / "examples"
 ADMIN_TOKEN = "cli-daily-admin-token-0123456789"
@@ -44,15 +44,7 @@ def rl(*args, url: str | None, token: str | None = ADMIN_TOKEN, input: str | Non
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from raylane.orchestrator.store import migrate
-
-    tmp = tmp_path_factory.mktemp("cli-daily")
-    url = f"sqlite:///{tmp / 'raylane.db'}"
-    migrate.upgrade(url)
-    env = {"RAYLANE_DATABASE_URL": url, "RAYLANE_DATA_DIR": str(tmp), "RAYLANE_LOOPS_ENABLED": "false",
-           "RAYLANE_ADMIN_TOKEN": ADMIN_TOKEN, "RAYLANE_AUTH_ENABLED": "true",
-           "RAYLANE_DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}  # Ray is "down": jobs stay PENDING
-    sp = ServerProcess(env, tmp / "server.log").start()
+    sp = offline_server(admin_token=ADMIN_TOKEN, tmp=tmp_path_factory.mktemp("cli-daily"))
     yield sp
     sp.kill()
 

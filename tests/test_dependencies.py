@@ -157,12 +157,6 @@ def test_a_child_is_told_its_parents_results_and_storage(api, cp):
     assert "result" not in told[big["id"]] and "GET /v1/jobs/" in told[big["id"]]["result_omitted"]
 
 
-def test_an_array_with_parents_is_refused(api):
-    parent = _submit(api, "p")
-    r = api.post("/v1/arrays", json={**HELLO, "depends_on": [parent["id"]], "array": {"size": 2}})
-    assert r.status_code == 422 and "depends_on" in r.text
-
-
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # SQLite has one writer: no such window
 def test_a_parent_ending_while_its_child_is_submitted_is_seen(cp, db_url, monkeypatch):
     """PostgreSQL, READ COMMITTED: another replica ends the parent between the
@@ -217,3 +211,49 @@ def test_long_chains_cancel_and_check_without_recursion(api, cp):
     ring = [{**HELLO, "name": f"r{i}", "depends_on": [f"r{(i + 1) % n}"]} for i in range(n)]
     r = api.post("/v1/jobs/batch", json={"jobs": ring})
     assert r.status_code == 422 and "cycle" in r.text
+
+
+def test_an_array_waits_for_its_parents_then_runs_within_max_parallel(api, cp):
+    parent = _submit(api, "prep")
+    r = api.post("/v1/arrays", json={**HELLO, "name": "shard", "depends_on": [parent["id"]],
+                                      "array": {"size": 6, "max_parallel": 2}})
+    assert r.status_code == 201, r.text
+    aid = r.json()["id"]
+    members = api.get("/v1/jobs", params={"label": f"raylane.array={aid}", "limit": 50}).json()["items"]
+    assert len(members) == 6 and not (_queued(cp) & {m["id"] for m in members})  # none before the parent
+    assert all(m["spec"]["depends_on"] == [{"job": parent["id"], "on": "succeeded"}] for m in members)
+    # Held or not, each says first what it waits for: its parent.
+    assert {m["status_reason"] for m in members} == {f"waiting for parents: {parent['id']} to succeed"}
+    _end(cp, parent["id"], "SUCCEEDED")
+    queued = _queued(cp) & {m["id"] for m in members}
+    assert len(queued) == 2  # the parent done: max_parallel members, the rest still held
+    reasons = sorted(_job(api, m["id"])["status_reason"] for m in members)
+    assert sum(x.endswith("; held by its array's max_parallel") for x in reasons) == 4, reasons
+    assert sum(x.endswith("; queued") for x in reasons) == 2, reasons
+
+
+def test_an_array_whose_parent_fails_is_cancelled_whole(api, cp):
+    """Held members go first, so no cancel releases a member about to be cancelled
+    (each release would scan the array: quadratic in its size, in one transaction)."""
+    from sqlalchemy import func, select
+
+    from raylane.orchestrator.store.tables import events
+
+    parent = _submit(api, "prep")
+    aid = api.post("/v1/arrays", json={**HELLO, "name": "shard", "depends_on": [parent["id"]],
+                                       "array": {"size": 300, "max_parallel": 2}}).json()["id"]
+    _end(cp, parent["id"], "FAILED")
+    arr = api.get(f"/v1/arrays/{aid}").json()
+    assert arr["counts"] == {"CANCELLED": 300} and arr["held"] == 0
+    with db.transaction(cp.sessions) as s:
+        released = s.execute(select(func.count()).select_from(events).where(
+            events.c.reason.like("released:%"))).scalar_one()
+    assert released == 0
+    members = api.get("/v1/jobs", params={"label": f"raylane.array={aid}", "limit": 500}).json()["items"]
+    assert len(members) == 300 and {m["status_reason"] for m in members} == {
+        f"parent {parent['id']} ended FAILED; this job needed it to succeed"}
+
+
+def test_an_array_names_its_parents_by_id(api):
+    r = api.post("/v1/arrays", json={**HELLO, "name": "shard", "depends_on": ["prep"], "array": {"size": 2}})
+    assert r.status_code == 422 and "depends_on.0.job" in r.text and "not found" in r.text

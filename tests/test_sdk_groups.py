@@ -16,7 +16,7 @@ from raylane import (
     AmbiguousJobId, AsyncClient, Client, Conflict, CostBreakdown, Forbidden, JobCost, NotFound, Report, Unauthorized,
     ValidationFailed,
 )
-from tests.conftest import ServerProcess, free_port
+from tests.conftest import offline_server
 
 ADMIN_TOKEN = "sdk-groups-admin-token-0123456789"
 HELLO = {"name": "hello", "kind": "command", "entrypoint": "true"}
@@ -90,15 +90,7 @@ def test_every_route_has_an_sdk_method_in_both_clients():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from raylane.orchestrator.store import migrate
-
-    tmp = tmp_path_factory.mktemp("sdk-groups")
-    url = f"sqlite:///{tmp / 'raylane.db'}"
-    migrate.upgrade(url)
-    env = {"RAYLANE_DATABASE_URL": url, "RAYLANE_DATA_DIR": str(tmp), "RAYLANE_LOOPS_ENABLED": "false",
-           "RAYLANE_ADMIN_TOKEN": ADMIN_TOKEN, "RAYLANE_AUTH_ENABLED": "true",
-           "RAYLANE_DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}
-    sp = ServerProcess(env, tmp / "server.log").start()
+    sp = offline_server(admin_token=ADMIN_TOKEN, tmp=tmp_path_factory.mktemp("sdk-groups"))
     yield sp
     sp.kill()
 

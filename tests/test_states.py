@@ -20,7 +20,7 @@ from raylane.orchestrator.domain.specs import JobSpec, RetryPolicy
 from raylane.orchestrator.domain.states import (ATTEMPT_ALLOWED, CAUSES, MAX_INFRA_RETRIES, AttemptStatus,
                                                 FailureCause, JobStatus, cause_table_markdown, decide)
 from raylane.orchestrator.loops.reconciler import Reconciler
-from raylane.orchestrator.store import db, jobs as store, lifecycle
+from raylane.orchestrator.store import db, jobs as store, lifecycle, tallies
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
 
@@ -320,3 +320,66 @@ def test_a_scale_up_that_never_comes_ends_the_job_with_the_reason(cp, settings):
     assert (att["status"], att["cause"]) == ("STOPPED", "SCALE_UP_TIMEOUT")
     assert "scale-up of group gpu did not come within 60 s" in job["status_reason"]
     assert _row(cp, jobs, other)["status"] == "DISPATCHING"
+
+
+class FakeRayWithResults(FakeRay):
+    """... and Ray's store of results, as a runner job's end reads it."""
+
+    def __init__(self, answers):
+        super().__init__(answers)
+        self.forgotten: list[str] = []
+
+    def result(self, sid):
+        return {"loss": 0.1}
+
+    def forget_result(self, sid):
+        self.forgotten.append(sid)
+
+    def forget_inputs(self, sid):
+        pass
+
+    def forget_trials(self, sid):
+        pass
+
+
+def test_a_burst_of_completions_is_one_commit_and_one_bad_write_undoes_no_other(cp, settings, monkeypatch):
+    """30 attempts ended in Ray since the last pass: one transaction writes them all
+    (each in a savepoint); the one whose write fails stays as it was, its result
+    kept in Ray's store for the next pass; the others are stored and forgotten."""
+    from sqlalchemy import event
+
+    spec = JobSpec(name="t", kind="training", entrypoint="m:f", resources={"num_workers": 1})
+    ids = [_dispatched(cp, spec, attempt=AttemptStatus.RUNNING) for _ in range(30)]
+    bad = ids[7]
+    real = lifecycle.attempt_succeeded
+
+    def attempt_succeeded(s, job_id, *a, **kw):
+        out = real(s, job_id, *a, **kw)
+        if job_id == bad:  # after its rows (and tallies) were written: the savepoint must undo them
+            raise RuntimeError("disk full")
+        return out
+
+    monkeypatch.setattr(lifecycle, "attempt_succeeded", attempt_succeeded)
+    commits = []
+
+    def count(conn):
+        commits.append(1)
+
+    sids = {j: submission_id(j, 1) for j in ids}
+    ray = FakeRayWithResults({sid: RayJob(sid, "SUCCEEDED", None, None, 1, 2, "n1", 0, {}) for sid in sids.values()})
+    event.listen(cp.engine, "commit", count)
+    try:
+        Reconciler(settings, cp.sessions, ray).run_once()
+    finally:
+        event.remove(cp.engine, "commit", count)
+    assert len(commits) <= 2, len(commits)  # the pass's read of live attempts, and one write of 30 outcomes
+    assert {j: _row(cp, jobs, j)["status"] for j in ids} == {j: "DISPATCHING" if j == bad else "SUCCEEDED"
+                                                             for j in ids}
+    assert sorted(ray.forgotten) == sorted(sid for j, sid in sids.items() if j != bad)
+    assert _row(cp, attempts, bad)["status"] == "RUNNING"
+    with db.transaction(cp.sessions) as s:
+        kept, counted = tallies.read(s), tallies.recount(s)
+    assert {k: v for k, v in kept.items() if k[0] == "jobs"} == {k: v for k, v in counted.items() if k[0] == "jobs"}
+    monkeypatch.setattr(lifecycle, "attempt_succeeded", real)
+    Reconciler(settings, cp.sessions, ray).run_once()  # the next pass writes it
+    assert _row(cp, jobs, bad)["status"] == "SUCCEEDED" and sids[bad] in ray.forgotten

@@ -272,3 +272,95 @@ def test_two_replicas_send_each_delivery_once(server_factory, db_url, tmp_path, 
     assert sorted(b["job"]["id"] for b in receiver.bodies()) == sorted(ids)  # each once, none twice
     deliveries = [r["headers"]["Raylane-Delivery"] for r in receiver.requests]
     assert len(set(deliveries)) == 20 and len(receiver.requests) == 20
+
+
+def test_a_schedules_ticks_reach_the_hooks_that_asked_for_them(api, cp, settings, receiver):
+    """schedule.created and schedule.skipped, one delivery per handled tick, signed,
+    to the hook that asked; a hook of job statuses only hears nothing of them; a tick
+    handled twice (a redo) is announced once; deleting the schedule deletes its
+    ticks' deliveries, so one still pending is never sent."""
+    from datetime import timedelta
+
+    from raylane.orchestrator.store import schedules as store_schedules
+
+    hook = _hook(api, receiver.url, statuses=[], events=["schedule.created", "schedule.skipped"])
+    assert hook["events"] == ["schedule.created", "schedule.skipped"] and hook["statuses"] == []
+    jobs_only = _hook(api, receiver.url, statuses=["CANCELLED"])
+    sch = api.post("/v1/schedules", json={"name": "tick", "cron": "* * * * *", "spec": HELLO, "overlap": "skip"})
+    assert sch.status_code == 201, sch.text
+    sid = sch.json()["id"]
+    from sqlalchemy import update
+
+    from raylane.orchestrator.store.tables import schedules
+
+    with db.transaction(cp.sessions) as s:  # its ticks in the past: the notifier sends by the real clock
+        first = store_schedules.get(s, sid, project=None)["next_at"] - timedelta(minutes=10)
+        s.execute(update(schedules).where(schedules.c.id == sid).values(next_at=first))
+    # Two ticks: the first makes a job; the second finds it still PENDING (no Ray
+    # here) and is skipped by the overlap policy.
+    assert cp.schedules.run_due(owner="a", now=first + timedelta(seconds=1)) == 1
+    assert cp.schedules.run_due(owner="a", now=first + timedelta(minutes=1, seconds=1)) == 0
+    with db.transaction(cp.sessions) as s:  # a replica redoing the first tick: recorded once, announced once
+        store_schedules.record(s, sid, first, job_id=None, outcome="skipped", reason="redo", now=first,
+                               project="default")
+    notifier = Notifier(settings, cp.sessions)
+    try:
+        _drain(notifier, lambda: len(receiver.requests) >= 2, "two ticks' deliveries")
+        notifier.run_once()
+    finally:
+        notifier.stop()
+    assert len(receiver.requests) == 2
+    bodies = sorted(receiver.bodies(), key=lambda b: b["tick"])
+    created, skipped = bodies
+    assert created["type"] == "schedule.created" and created["schedule"] == {"id": sid, "name": "tick",
+                                                                              "project": "default"}
+    (job,) = api.get("/v1/jobs", params={"label": f"raylane.schedule={sid}"}).json()["items"]
+    assert created["job"] == {"id": job["id"]} and created["outcome"] == "created"
+    assert skipped["type"] == "schedule.skipped" and skipped["job"] is None
+    assert "overlap policy skip" in skipped["reason"]
+    for r in receiver.requests:
+        assert r["headers"]["Raylane-Event"] == json.loads(r["body"])["type"]
+        assert verify(hook["secret"], r["headers"]["Raylane-Signature"], r["body"])
+    log = api.get(f"/v1/webhooks/{hook['id']}/deliveries").json()
+    assert sorted((d["type"], d["schedule_id"], d["status"]) for d in log) == [
+        ("schedule.created", sid, "DELIVERED"), ("schedule.skipped", sid, "DELIVERED")]
+    assert api.get(f"/v1/webhooks/{jobs_only['id']}/deliveries").json() == []
+    # A third tick, then the schedule deleted before it was sent: nothing left to send.
+    cp.schedules.run_due(owner="a", now=first + timedelta(minutes=2, seconds=1))
+    assert len(api.get(f"/v1/webhooks/{hook['id']}/deliveries").json()) == 3
+    assert api.delete(f"/v1/schedules/{sid}").status_code == 204
+    assert api.get(f"/v1/webhooks/{hook['id']}/deliveries").json() == []  # gone with its ticks
+    notifier = Notifier(settings, cp.sessions)
+    try:
+        notifier.run_once()
+    finally:
+        notifier.stop()
+    assert len(receiver.requests) == 2
+
+
+def test_a_hook_must_follow_something(api):
+    r = api.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/x", "statuses": []})
+    assert r.status_code == 422 and "statuses" in str(r.json()["detail"])
+    r = api.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/x", "events": ["schedule.exploded"]})
+    assert r.status_code == 422 and "events" in str(r.json()["detail"])
+
+
+def test_a_hook_hears_only_its_own_projects_schedules(api, cp, settings, receiver):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from raylane.orchestrator.store import schedules as store_schedules
+    from raylane.orchestrator.store.tables import schedules
+
+    assert api.post("/v1/projects", json={"name": "other"}).status_code == 201
+    mine = _hook(api, receiver.url, statuses=[], events=["schedule.created"])
+    theirs = api.post("/v1/schedules", json={"name": "theirs", "cron": "* * * * *",
+                                             "spec": {**HELLO, "project": "other"}})
+    assert theirs.status_code == 201 and theirs.json()["project"] == "other", theirs.text
+    sid = theirs.json()["id"]
+    with db.transaction(cp.sessions) as s:
+        first = store_schedules.get(s, sid, project=None)["next_at"] - timedelta(minutes=10)
+        s.execute(update(schedules).where(schedules.c.id == sid).values(next_at=first))
+    assert cp.schedules.run_due(owner="a", now=first + timedelta(seconds=1)) == 1
+    assert api.get(f"/v1/webhooks/{mine['id']}/deliveries").json() == []

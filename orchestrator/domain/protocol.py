@@ -82,6 +82,18 @@ class Env:
     NODE_IP = "RAYLANE_NODE_IP"
 
 
+# The inputs a runner job's user code may read in any of its processes (a trial,
+# a training worker, a predictor actor), not in its driver alone: they go into the
+# job's runtime_env too. Only jobs in an array or with parents have them, so every
+# other job keeps one runtime env for all its workers (the prestarted ones above).
+WORKER_ENV = (Env.ARRAY_ID, Env.ARRAY_INDEX, Env.PARENTS)
+
+
+def worker_env(env: dict[str, str]) -> dict[str, str]:
+    """Of a runner's inputs, those every process of the job sees (``WORKER_ENV``)."""
+    return {k: env[k] for k in WORKER_ENV if env.get(k)}
+
+
 def runner_env(*, job_id: str, attempt: int, project: str, spec_json: str, placement_json: str,
                storage: str, storage_endpoint: str | None = None, serve_json: str | None = None,
                array: tuple[str, str] | None = None, parents_json: str | None = None) -> dict[str, str]:

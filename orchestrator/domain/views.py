@@ -253,6 +253,10 @@ class AuditPage(BaseModel):
 
 # Webhooks ----------------------------------------------------------------------
 
+# Events of a schedule a hook may ask for: one per handled tick, by its outcome.
+SCHEDULE_EVENTS = ("schedule.created", "schedule.skipped")
+ScheduleEvent = Literal["schedule.created", "schedule.skipped"]
+
 # Statuses a hook may ask for: every change a job makes after it is submitted.
 HOOK_STATUSES = [s for s in JobStatus if s is not JobStatus.PENDING]
 DEFAULT_HOOK_STATUSES = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED]
@@ -261,9 +265,14 @@ DEFAULT_HOOK_STATUSES = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCEL
 class WebhookCreate(_Request):
     url: str = Field(..., min_length=1, max_length=2048,
                      description="http(s) URL that receives a POST per status change, signed (docs/webhooks.md)")
-    statuses: list[JobStatus] = Field(default_factory=lambda: list(DEFAULT_HOOK_STATUSES), min_length=1,
+    statuses: list[JobStatus] = Field(default_factory=lambda: list(DEFAULT_HOOK_STATUSES),
                                       max_length=len(JobStatus),
-                                      description="The job statuses that trigger a delivery (not PENDING)")
+                                      description="The job statuses that trigger a delivery (not PENDING); [] for "
+                                                  "a hook that wants schedule events only")
+    events: list[ScheduleEvent] = Field(default_factory=list, max_length=len(SCHEDULE_EVENTS),
+                                        description="Schedule events that trigger a delivery: schedule.created (a "
+                                                    "tick made a job), schedule.skipped (a tick made none: missed, "
+                                                    "overlap skip, or the submit refused)")
     project: str | None = Field(None, min_length=1, max_length=64, pattern=PROJECT_NAME,
                                 description="Whose jobs; default: the caller's project")
     description: str | None = Field(None, max_length=256)
@@ -276,6 +285,7 @@ class Webhook(BaseModel):
     project: str
     url: str
     statuses: list[JobStatus]
+    events: list[ScheduleEvent] = Field(default_factory=list)
     description: str | None = None
     created_at: datetime
     created_by: str
@@ -287,9 +297,12 @@ class NewWebhook(Webhook):
 
 class WebhookDelivery(BaseModel):
     id: int = Field(description="Sent as the Raylane-Delivery header; the same on every try")
-    event_id: int
-    job_id: str
-    to_status: JobStatus
+    type: Literal["job.status", "schedule.created", "schedule.skipped"] = "job.status"
+    event_id: int | None = Field(None, description="A job's event (job.status)")
+    job_id: str | None = None
+    to_status: JobStatus | None = None
+    schedule_id: str | None = Field(None, description="A schedule's handled tick (schedule.*)")
+    tick: datetime | None = None
     status: Literal["PENDING", "DELIVERED", "FAILED"]
     attempts: int
     next_at: datetime | None = Field(None, description="When the next try is due (PENDING)")

@@ -158,6 +158,11 @@ class Dispatcher(LoopService):
             # The runner's inputs go to the driver alone, not into runtime_env (see
             # protocol's docstring: workers keep one runtime env), through Ray's KV
             # store, written below once Ray is known to be reachable.
+            # ... but for the few its user code reads in every process (its trials, its
+            # actors): parents and array index (protocol.WORKER_ENV), only for jobs that
+            # have them. Those stay in Ray's job info (its dashboard shows them) while
+            # Ray keeps the job, as the spec's own env_vars do.
+            job_env = {**job_env, **protocol.worker_env(env)}
             runtime_env = {"env_vars": job_env} if job_env else {}
             entrypoint = None
         if spec.runtime_env.working_dir:

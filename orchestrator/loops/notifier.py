@@ -20,6 +20,13 @@ A request:
     {"delivery_id": 42, "event_id": 7, "hook_id": "wh_...", "type": "job.status", "at": "...",
      "job": {"id", "name", "project", "kind"}, "from_status", "to_status", "reason", "attempt",
      "failure_cause"}
+
+A schedule's handled tick, for a hook that asked for ``schedule.created`` or
+``schedule.skipped`` (``events``):
+
+    Raylane-Event: schedule.skipped
+    {"delivery_id", "hook_id", "type": "schedule.skipped", "at", "schedule": {"id", "name", "project"},
+     "tick", "outcome": "skipped", "reason", "job": null}     (created: "job": {"id"})
 """
 
 from __future__ import annotations
@@ -70,7 +77,17 @@ def verify(secret: str, header: str, body: bytes, *, tolerance_s: float = 300, n
     return hmac.compare_digest(signature(secret, t, body), header)
 
 
+def event_type(d: dict) -> str:
+    """``job.status``, or a schedule's ``schedule.created`` / ``schedule.skipped``."""
+    return store.SCHEDULE_EVENTS[d["tick_outcome"]] if d.get("schedule_id") else EVENT_TYPE
+
+
 def payload(d: dict) -> dict:
+    if d.get("schedule_id"):
+        return {"delivery_id": d["id"], "hook_id": d["hook_id"], "type": event_type(d), "at": d["tick_at"].isoformat(),
+                "schedule": {"id": d["schedule_id"], "name": d["schedule_name"], "project": d["project"]},
+                "tick": d["tick"].isoformat(), "outcome": d["tick_outcome"], "reason": d["tick_reason"],
+                "job": {"id": d["tick_job_id"]} if d["tick_job_id"] else None}
     return {"delivery_id": d["id"], "event_id": d["event_id"], "hook_id": d["hook_id"], "type": EVENT_TYPE,
             "at": d["at"].isoformat(), "job": {"id": d["job_id"], "name": d["name"], "project": d["project"],
                                               "kind": d["kind"]},
@@ -130,7 +147,7 @@ class Notifier(LoopService):
 
     def send(self, d: dict) -> None:
         body = json.dumps(payload(d), separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json", "Raylane-Delivery": str(d["id"]), "Raylane-Event": EVENT_TYPE,
+        headers = {"Content-Type": "application/json", "Raylane-Delivery": str(d["id"]), "Raylane-Event": event_type(d),
                    "Raylane-Signature": signature(d["secret"], int(time.time()), body)}
         code, error = None, self._refused(d["url"])
         if error is None:
@@ -151,4 +168,9 @@ class Notifier(LoopService):
             log.info("webhook %s delivery %s (try %d): %s%s", d["hook_id"], d["id"], tries, error,
                      "" if retry_in is not None else "; gave up")
         if not kept:
-            log.warning("webhook delivery %s: lease lost while sending; another replica may send it again", d["id"])
+            with db.transaction(self.sessions) as s:
+                gone = not store.exists(s, d["id"])
+            if gone:  # its hook or schedule was deleted meanwhile
+                log.info("webhook delivery %s was deleted while it was being sent", d["id"])
+            else:
+                log.warning("webhook delivery %s: lease lost while sending; another replica may send it again", d["id"])

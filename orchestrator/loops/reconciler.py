@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 FAST_POLL_S = 0.05
 LIVE_TRIALS_EVERY_S = 1.0  # a running sweep's finished trials are read from Ray's store at most this often
 LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
+WRITE_BATCH = 200  # most outcomes written in one transaction (``_flush``)
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
 
 
@@ -75,6 +76,7 @@ class Reconciler(LoopService):
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
         self._trials_seen: dict[str, tuple[float, int]] = {}  # running sweep -> (last read, trials stored)
+        self._writes: list = []  # (write(session), after()) of this pass, committed together (``_flush``)
 
     def next_wait(self) -> float:
         # Poll Ray quickly while attempts are young or live: completion is noticed
@@ -103,7 +105,6 @@ class Reconciler(LoopService):
             # A lane attempt is one read of Ray's KV store (domain.lanes).
             ray_jobs.update({r["submission_id"]: self.lanes.get(r["submission_id"]) for r in live
                              if self._via(r) is not self.backend})
-            nodes = None
         except RayUnavailable as e:
             self.backend.reachability.down(e)  # warns once per outage; this loop polls every 50 ms
             return
@@ -112,6 +113,13 @@ class Reconciler(LoopService):
         except Exception:
             log.exception("reconciler: checking draining nodes failed; next pass tries again")
         now = utcnow()
+        try:
+            self._pass(live, ray_jobs, now)
+        finally:
+            self._flush()
+
+    def _pass(self, live, ray_jobs, now) -> None:
+        nodes = None
         for r in live:
             logcontext.bind_job(r["job_id"], r["number"])  # every log line about this attempt names it
             rj = ray_jobs[r["submission_id"]]
@@ -149,10 +157,7 @@ class Reconciler(LoopService):
                     self._running(r, rj)
                     continue
                 if rj is not None and rj.status == AttemptStatus.SUCCEEDED:
-                    self._succeeded(r, rj)
-                    if self.on_ended:
-                        self.on_ended()
-                    self._forget(r)
+                    self._succeeded(r, rj)  # its result is forgotten once the outcome is committed
                     continue
                 if nodes is None:
                     nodes = {n.node_id: n for n in self.backend.nodes()}
@@ -220,6 +225,42 @@ class Reconciler(LoopService):
 
     # Outcomes ----------------------------------------------------------------
 
+    # The common outcomes of a pass (started, succeeded) are written in one
+    # transaction, each in a savepoint of its own: a burst of 200 completions is one
+    # commit (one fsync), not 200, and one that fails to write does not undo the
+    # others. What follows a write (forgetting the result in Ray's store) happens
+    # only once it is committed; a pass that cannot commit leaves Ray's side as it
+    # was, and the next pass writes the same outcomes again.
+    def _later(self, write, after=None) -> None:
+        self._writes.append((write, after))
+        if len(self._writes) >= WRITE_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        writes, self._writes = self._writes, []
+        if not writes:
+            return
+        done = []
+        try:
+            with db.transaction(self.sessions) as s:
+                for write, after in writes:
+                    try:
+                        with s.begin_nested():
+                            write(s)
+                    except Exception:
+                        log.exception("reconciler: writing an outcome failed; next pass tries again")
+                        continue
+                    done.append(after)
+        except Exception:
+            log.exception("reconciler: committing %d outcomes failed; next pass writes them again", len(writes))
+            return
+        for after in done:
+            if after is not None:
+                try:
+                    after()
+                except Exception:
+                    log.exception("reconciler: cleaning up after an outcome failed")
+
     def _running(self, r, rj: RayJob) -> None:
         if traits(r["spec"]["kind"]).serves:
             self._service_route(r)
@@ -227,8 +268,8 @@ class Reconciler(LoopService):
             self._live_trials(r)
         if r["status"] == AttemptStatus.RUNNING.value and r["job_status"] == JobStatus.RUNNING.value:
             return
-        with db.transaction(self.sessions) as s:
-            lifecycle.attempt_running(s, r["job_id"], r["number"], driver_node_id=rj.driver_node_id)
+        self._later(lambda s: lifecycle.attempt_running(s, r["job_id"], r["number"],
+                                                        driver_node_id=rj.driver_node_id))
 
     def _service_route(self, r) -> None:
         """A service reports its route while it runs; read it once it appears."""
@@ -273,9 +314,14 @@ class Reconciler(LoopService):
 
     def _succeeded(self, r, rj: RayJob) -> None:
         result = self.backend.result(r["submission_id"]) if reports_result(r) else None
-        with db.transaction(self.sessions) as s:
-            lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
-                                        driver_node_id=rj.driver_node_id, result=result)
+        self._later(lambda s: lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
+                                                          driver_node_id=rj.driver_node_id, result=result),
+                    after=lambda: self._after_success(r))
+
+    def _after_success(self, r) -> None:
+        self._forget(r)
+        if self.on_ended:
+            self.on_ended()
 
     def _ended_badly(self, r, rj: RayJob | None, spec: JobSpec, nodes: dict[str, RayNode]) -> None:
         cancelled = r["job_status"] == JobStatus.CANCELLING.value

@@ -181,9 +181,6 @@ class ControlPlane:
         labelled with the array and its index (``store.arrays``)."""
         if spec.array is None:
             raise Invalid("an array needs an 'array' section with its size", field="array")
-        if spec.depends_on:
-            raise Invalid("an array cannot have depends_on yet; make its members depend by a batch, or "
-                          "submit the array once its parents have ended", field="depends_on")
         if len(f"{spec.name}-{spec.array.size - 1}") > MAX_NAME_LEN:
             raise Invalid(f"member names '<name>-<index>' must fit {MAX_NAME_LEN} characters", field="name")
         member = store_arrays.member_spec(spec, "arr_" + "0" * 16, spec.array.size - 1)

@@ -165,7 +165,8 @@ class Schedules:
             last_job, made = job, made + 1
         with db.transaction(self.sessions) as s:
             for tick, job, outcome, reason in outcomes:
-                store.record(s, row["id"], tick, job_id=job, outcome=outcome, reason=reason, now=now)
+                store.record(s, row["id"], tick, job_id=job, outcome=outcome, reason=reason, now=now,
+                             project=row["project"])
             if not store.advance(s, row["id"], owner=owner, next_at=next_at, last_job_id=last_job, now=now):
                 log.warning("schedule %s: lease lost during a pass; another replica redoes its ticks", row["id"])
         return made

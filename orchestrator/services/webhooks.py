@@ -1,5 +1,5 @@
 """Webhooks as the API sees them: a project's subscriptions to its jobs' status
-changes (docs/webhooks.md).
+changes and its schedules' handled ticks (docs/webhooks.md).
 
 Rules: members and admins manage the hooks of projects they see (the API's
 ``CallerDep``); a hook's URL is http or https, names a host that
@@ -44,7 +44,13 @@ def redacted(url: str) -> str:
 
 def _view(row: dict) -> dict:
     return {**{k: v for k, v in row.items() if k != "secret"}, "url": redacted(row["url"]),
-            "statuses": [s for s in row["statuses"].split(",") if s]}
+            "statuses": [s for s in row["statuses"].split(",") if s],
+            "events": [e for e in (row.get("events") or "").split(",") if e]}
+
+
+def _delivery(row: dict) -> WebhookDelivery:
+    kind = store.SCHEDULE_EVENTS[row["tick_outcome"]] if row["schedule_id"] else "job.status"
+    return WebhookDelivery(**{k: v for k, v in row.items() if k != "tick_outcome"}, type=kind)
 
 
 def _port(parts) -> int | None:
@@ -96,11 +102,14 @@ class Webhooks:
         if "PENDING" in statuses:
             raise Invalid("PENDING is not a change a hook can follow; a job is PENDING when it is submitted",
                           field="statuses")
+        events = list(dict.fromkeys(body.events))
+        if not statuses and not events:
+            raise Invalid("a hook follows at least one job status or schedule event", field="statuses")
         self.check_url(body.url)
         secret = "whsec_" + secrets.token_urlsafe(32)
         with db.transaction(self.sessions) as s:
             row = store.create(s, hook_id="wh_" + secrets.token_hex(8), project=project, url=body.url, secret=secret,
-                               statuses=statuses, description=body.description, actor=actor, now=utcnow())
+                               statuses=statuses, events=events, description=body.description, actor=actor, now=utcnow())
         return NewWebhook(**{**_view(row), "url": body.url}, secret=secret)
 
     def list(self, *, project: str | None) -> list[Webhook]:
@@ -123,4 +132,4 @@ class Webhooks:
         with db.transaction(self.sessions) as s:
             if store.get(s, hook_id, project=project) is None:
                 raise NotFound(f"webhook {hook_id} not found")
-            return [WebhookDelivery(**r) for r in store.deliveries(s, hook_id, limit=limit)]
+            return [_delivery(r) for r in store.deliveries(s, hook_id, limit=limit)]

@@ -59,7 +59,7 @@ def _add_members(session, spec, array_id, indices: Sequence[int], k: int | None,
         held = free is not None and n >= free
         row = job_rows(mspec, i)
         row.update(array_id=array_id, array_index=i, array_held=held)
-        if held:
+        if held and not row.get("deps_waiting"):  # one waiting for parents says so first
             row["status_reason"] = held_reason(array_id, k)
         rows.append(row)
         ids.append(row["id"])

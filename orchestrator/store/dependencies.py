@@ -127,15 +127,19 @@ def order_batch(specs: Sequence[JobSpec]) -> None:
 def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: datetime) -> None:
     """The parent ended as ``status``: its waiting children count it, or are cancelled,
     and so on down the chain, as a worklist (no recursion, however long the chain).
-    Children in id order, so two parents ending together lock rows in one order."""
+    Children in one order (two parents ending together lock rows in one order):
+    held array members first, then by id, so cancelling a whole array never has
+    its ``arrays.release`` unhold members about to be cancelled (linear, not
+    quadratic, in the array's size)."""
     from raylane.orchestrator.store.transitions import transition  # it calls this module
 
     work = deque([(parent_id, status)])
     while work:
         pid, st = work.popleft()
-        rows = session.execute(select(job_dependencies.c.child_id, job_dependencies.c.condition).where(
-            job_dependencies.c.parent_id == pid, job_dependencies.c.state == WAITING)
-            .order_by(job_dependencies.c.child_id)).all()
+        rows = session.execute(select(job_dependencies.c.child_id, job_dependencies.c.condition)
+                               .select_from(job_dependencies.join(jobs, jobs.c.id == job_dependencies.c.child_id))
+                               .where(job_dependencies.c.parent_id == pid, job_dependencies.c.state == WAITING)
+                               .order_by(jobs.c.array_held.desc(), job_dependencies.c.child_id)).all()
         for child_id, condition in rows:
             ok = meets(condition, st)
             session.execute(update(job_dependencies).where(job_dependencies.c.child_id == child_id,
@@ -144,9 +148,11 @@ def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: da
             if ok:
                 session.execute(update(jobs).where(jobs.c.id == child_id)
                                 .values(deps_waiting=jobs.c.deps_waiting - 1, updated_at=now))
-                left = session.execute(select(jobs.c.deps_waiting, jobs.c.status).where(jobs.c.id == child_id)).first()
+                left = session.execute(select(jobs.c.deps_waiting, jobs.c.status, jobs.c.array_held)
+                                       .where(jobs.c.id == child_id)).first()
                 if left is not None and left[0] == 0 and not JobStatus(left[1]).is_terminal():
-                    reason = f"parents done (the last: {pid} {st.value}); queued"
+                    reason = f"parents done (the last: {pid} {st.value}); " + (
+                        "held by its array's max_parallel" if left[2] else "queued")
                     session.execute(update(jobs).where(jobs.c.id == child_id).values(status_reason=reason))
                     session.execute(insert(events).values(job_id=child_id, at=now, from_status=left[1],
                                                           to_status=left[1], reason=reason, actor="scheduler"))

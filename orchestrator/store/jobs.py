@@ -142,26 +142,45 @@ def _wait_for(row: dict[str, Any], deps) -> None:
 
 def submit_array(session: Session, spec: JobSpec, *, array_id: str, project: str = DEFAULT_PROJECT,
                  actor: str = "api", placement: Placement | None = None) -> list[str]:
-    """Store an array and its member jobs (``store.arrays``) in the caller's transaction."""
+    """Store an array and its member jobs (``store.arrays``) in the caller's transaction.
+    With ``depends_on``, every member waits for the parents (``store.dependencies``)."""
     now = utcnow()
+    deps = dependencies.resolve(session, spec, project=project) if spec.depends_on else []
+    if deps:  # the stored spec (and its members') names the parents by id
+        spec = dependencies.by_id(spec, deps)
 
     def row(mspec: JobSpec, index: int) -> dict[str, Any]:
-        return _job_row(mspec, project=project, job_id=new_job_id(), now=now, placement=placement,
-                        idempotency_key=None, reason=None)
+        r = _job_row(mspec, project=project, job_id=new_job_id(), now=now, placement=placement,
+                     idempotency_key=None, reason=None)
+        _wait_for(r, deps)
+        return r
 
-    return store_arrays.create(session, spec, array_id=array_id, project=project, actor=actor, now=now,
-                               placement=placement, job_rows=row)
+    ids = store_arrays.create(session, spec, array_id=array_id, project=project, actor=actor, now=now,
+                              placement=placement, job_rows=row)
+    for job_id in ids:
+        dependencies.record(session, job_id, deps)
+    return ids
 
 
 def retry_array(session: Session, array: dict[str, Any], *, statuses: set[str], actor: str,
                 placement: Placement | None) -> list[str]:
     now = utcnow()
+    spec = JobSpec.from_stored(array["spec"])
+    # The new members wait for parents still running (members cancelled early); a
+    # parent that ended the wrong way refuses the retry, naming it.
+    deps = dependencies.resolve(session, spec, project=array["project"], field="array.depends_on") \
+        if spec.depends_on else []
 
     def row(mspec: JobSpec, index: int) -> dict[str, Any]:
-        return _job_row(mspec, project=array["project"], job_id=new_job_id(), now=now, placement=placement,
-                        idempotency_key=None, reason=None)
+        r = _job_row(mspec, project=array["project"], job_id=new_job_id(), now=now, placement=placement,
+                     idempotency_key=None, reason=None)
+        _wait_for(r, deps)
+        return r
 
-    return store_arrays.retry(session, array, statuses=statuses, actor=actor, now=now, job_rows=row)
+    ids = store_arrays.retry(session, array, statuses=statuses, actor=actor, now=now, job_rows=row)
+    for job_id in ids:
+        dependencies.record(session, job_id, deps)
+    return ids
 
 
 def _by_key(session: Session, project: str, key: str):

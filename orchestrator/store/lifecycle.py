@@ -36,7 +36,9 @@ MESSAGE_CHARS = 4000  # of an attempt's error message kept in its row
 
 
 def live_attempts(s: Session) -> list[Any]:
-    """The current attempt of every job whose attempt Ray may be running, with its job's columns."""
+    """The current attempt of every job whose attempt Ray may be running, with its job's columns,
+    in job id order: the reconciler writes a pass's outcomes in one transaction, and
+    replicas that lock rows in one order cannot deadlock each other."""
     return s.execute(
         select(attempts.c.job_id, attempts.c.number, attempts.c.submission_id, attempts.c.status,
                attempts.c.cause, attempts.c.message, attempts.c.created_at,
@@ -44,6 +46,7 @@ def live_attempts(s: Session) -> list[Any]:
                jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested, jobs.c.placement)
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(attempts.c.status.in_([a.value for a in ATTEMPT_LIVE]), jobs.c.attempts == attempts.c.number)
+        .order_by(attempts.c.job_id)
     ).mappings().all()
 
 

@@ -17,7 +17,8 @@ from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from raylane.orchestrator.store.tables import jobs, schedule_runs, schedules
+from raylane.orchestrator.store.tables import jobs, schedule_runs, schedules, webhook_deliveries
+from raylane.orchestrator.store import webhooks
 
 
 def create(session: Session, row: dict[str, Any]) -> None:
@@ -40,6 +41,8 @@ def list_(session: Session, *, project: str | None) -> list[dict[str, Any]]:
 
 
 def delete_(session: Session, schedule_id: str) -> None:
+    """The schedule, its handled ticks and their webhook deliveries (pending ones are not sent)."""
+    session.execute(delete(webhook_deliveries).where(webhook_deliveries.c.schedule_id == schedule_id))
     session.execute(delete(schedule_runs).where(schedule_runs.c.schedule_id == schedule_id))
     session.execute(delete(schedules).where(schedules.c.id == schedule_id))
 
@@ -75,12 +78,15 @@ def job_status(session: Session, job_id: str | None) -> str | None:
 
 
 def record(session: Session, schedule_id: str, tick: datetime, *, job_id: str | None, outcome: str,
-           reason: str | None, now: datetime) -> None:
-    """A tick's outcome; a tick already recorded (a redo) keeps its first."""
+           reason: str | None, now: datetime, project: str) -> None:
+    """A tick's outcome, and its webhook deliveries; a tick already recorded (a
+    redo) keeps its first, and is not announced twice."""
     try:
         with session.begin_nested():
             session.execute(insert(schedule_runs).values(schedule_id=schedule_id, tick=tick, job_id=job_id,
                                                          outcome=outcome, reason=reason and reason[:256], at=now))
+            webhooks.enqueue_tick(session, schedule_id=schedule_id, project=project, tick=tick, outcome=outcome,
+                                  now=now)
     except IntegrityError:
         pass
 

@@ -11,6 +11,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -287,6 +288,8 @@ webhooks = Table(
     Column("secret", String(128), nullable=False),
     # ",SUCCEEDED,FAILED," : the statuses it wants, matched with LIKE in the enqueue.
     Column("statuses", String(256), nullable=False),
+    # ",schedule.created,schedule.skipped," : the schedule events it wants; None: none.
+    Column("events", String(256), nullable=True),
     Column("description", String(256), nullable=True),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("created_by", String(128), nullable=False),
@@ -299,8 +302,12 @@ webhook_deliveries = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),  # sent as Raylane-Delivery: receivers dedupe by it
     Column("hook_id", String(32), ForeignKey("webhooks.id", ondelete="CASCADE"), nullable=False),
-    Column("event_id", Integer, ForeignKey("events.id", ondelete="CASCADE"), nullable=False),
-    Column("job_id", String(26), nullable=False),
+    # Of a job's status change (event_id, job_id), or of a schedule's handled tick
+    # (schedule_id, tick: its schedule_runs row, deleted with the schedule).
+    Column("event_id", Integer, ForeignKey("events.id", ondelete="CASCADE"), nullable=True),
+    Column("job_id", String(26), nullable=True),
+    Column("schedule_id", String(32), nullable=True),
+    Column("tick", UTCDateTime(), nullable=True),
     Column("status", String(16), nullable=False),  # PENDING, DELIVERED, FAILED (gave up)
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("next_at", UTCDateTime(), nullable=False),  # due from then (retry backoff)
@@ -311,6 +318,9 @@ webhook_deliveries = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("delivered_at", UTCDateTime(), nullable=True),
     UniqueConstraint("hook_id", "event_id"),  # one delivery per hook and event
+    UniqueConstraint("hook_id", "schedule_id", "tick"),  # ... and per hook and tick
+    ForeignKeyConstraint(["schedule_id", "tick"], ["schedule_runs.schedule_id", "schedule_runs.tick"],
+                         ondelete="CASCADE"),
 )
 # The notifier's claim: due PENDING deliveries, oldest first.
 Index("ix_webhook_deliveries_status_next_at", webhook_deliveries.c.status, webhook_deliveries.c.next_at)

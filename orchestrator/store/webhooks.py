@@ -1,6 +1,9 @@
 """Webhooks and their deliveries (a transactional outbox). Functions take a
 session and leave committing to the caller, like ``store.jobs``.
 
+- ``enqueue_tick`` does the same for a schedule's handled tick, in the
+  transaction that records it (``store.schedules.record``): a hook that asked for
+  ``schedule.created`` or ``schedule.skipped`` hears of each tick once.
 - ``enqueue`` runs inside the transaction that writes a job's status change
   (``store.transitions.transition``): one INSERT ... SELECT makes one delivery
   per hook of the job's project that wants the new status, so a committed
@@ -23,9 +26,11 @@ from typing import Any
 from sqlalchemy import and_, delete, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from raylane.orchestrator.store.tables import events, jobs, webhook_deliveries, webhooks
+from raylane.orchestrator.store.tables import events, jobs, schedule_runs, schedules, webhook_deliveries, webhooks
 
 PENDING, DELIVERED, FAILED = "PENDING", "DELIVERED", "FAILED"
+# A schedule's handled tick, by its outcome: the event a hook may ask for.
+SCHEDULE_EVENTS = {"created": "schedule.created", "skipped": "schedule.skipped"}
 
 
 def statuses_column(statuses: list[str]) -> str:
@@ -33,9 +38,10 @@ def statuses_column(statuses: list[str]) -> str:
 
 
 def create(session: Session, *, hook_id: str, project: str, url: str, secret: str, statuses: list[str],
-           description: str | None, actor: str, now: datetime) -> dict[str, Any]:
+           events: list[str], description: str | None, actor: str, now: datetime) -> dict[str, Any]:
     row = {"id": hook_id, "project": project, "url": url, "secret": secret, "statuses": statuses_column(statuses),
-           "description": description, "created_at": now, "created_by": actor}
+           "events": statuses_column(events) if events else None, "description": description, "created_at": now,
+           "created_by": actor}
     session.execute(insert(webhooks).values(**row))
     return row
 
@@ -76,6 +82,19 @@ def enqueue(session: Session, *, job_id: str, event_id: int, to_status: str, now
         ["hook_id", "event_id", "job_id", "status", "attempts", "next_at", "created_at"], chosen))
 
 
+def enqueue_tick(session: Session, *, schedule_id: str, project: str, tick: datetime, outcome: str,
+                 now: datetime) -> None:
+    """One delivery per hook of the schedule's project that wants this tick's event
+    (``SCHEDULE_EVENTS``), in the transaction that records the tick."""
+    wanted = webhooks.c.events.like("%," + SCHEDULE_EVENTS[outcome] + ",%")
+    chosen = (select(webhooks.c.id, literal(schedule_id), literal(tick, type_=webhook_deliveries.c.tick.type),
+                     literal(PENDING), literal(0), literal(now, type_=webhook_deliveries.c.next_at.type),
+                     literal(now, type_=webhook_deliveries.c.created_at.type))
+              .where(webhooks.c.project == project, wanted))
+    session.execute(insert(webhook_deliveries).from_select(
+        ["hook_id", "schedule_id", "tick", "status", "attempts", "next_at", "created_at"], chosen))
+
+
 def claim(session: Session, *, owner: str, now: datetime, lease_until: datetime, limit: int) -> list[dict[str, Any]]:
     """Lease up to ``limit`` due deliveries (PENDING, due, lease free or expired)
     to ``owner``; each with what its request needs: the hook, the event, the job."""
@@ -94,12 +113,17 @@ def claim(session: Session, *, owner: str, now: datetime, lease_until: datetime,
             mine.append(did)
     if not mine:
         return []
-    d, h, e = webhook_deliveries, webhooks, events
+    d, h, e, r = webhook_deliveries, webhooks, events, schedule_runs
     rows = session.execute(
         select(d.c.id, d.c.attempts, d.c.job_id, h.c.id.label("hook_id"), h.c.url, h.c.secret, h.c.project,
                e.c.id.label("event_id"), e.c.at, e.c.from_status, e.c.to_status, e.c.reason, e.c.attempt,
-               jobs.c.name, jobs.c.kind, jobs.c.failure_cause)
-        .select_from(d.join(h, h.c.id == d.c.hook_id).join(e, e.c.id == d.c.event_id).join(jobs, jobs.c.id == d.c.job_id))
+               jobs.c.name, jobs.c.kind, jobs.c.failure_cause, d.c.schedule_id, d.c.tick,
+               r.c.outcome.label("tick_outcome"), r.c.reason.label("tick_reason"), r.c.job_id.label("tick_job_id"),
+               r.c.at.label("tick_at"), schedules.c.name.label("schedule_name"))
+        .select_from(d.join(h, h.c.id == d.c.hook_id).outerjoin(e, e.c.id == d.c.event_id)
+                     .outerjoin(jobs, jobs.c.id == d.c.job_id)
+                     .outerjoin(r, and_(r.c.schedule_id == d.c.schedule_id, r.c.tick == d.c.tick))
+                     .outerjoin(schedules, schedules.c.id == d.c.schedule_id))
         .where(d.c.id.in_(mine)).order_by(d.c.id)).mappings().all()
     return [dict(r) for r in rows]
 
@@ -123,12 +147,19 @@ def sent(session: Session, delivery_id: int, *, owner: str, now: datetime, statu
     return r.rowcount == 1
 
 
+def exists(session: Session, delivery_id: int) -> bool:
+    return session.execute(select(webhook_deliveries.c.id).where(webhook_deliveries.c.id == delivery_id)
+                           ).first() is not None
+
+
 def deliveries(session: Session, hook_id: str, *, limit: int) -> list[dict[str, Any]]:
-    d, e = webhook_deliveries, events
+    d, e, r = webhook_deliveries, events, schedule_runs
     rows = session.execute(
         select(d.c.id, d.c.event_id, d.c.job_id, d.c.status, d.c.attempts, d.c.next_at, d.c.last_status_code,
-               d.c.last_error, d.c.created_at, d.c.delivered_at, e.c.to_status)
-        .select_from(d.join(e, e.c.id == d.c.event_id))
+               d.c.last_error, d.c.created_at, d.c.delivered_at, e.c.to_status, d.c.schedule_id, d.c.tick,
+               r.c.outcome.label("tick_outcome"))
+        .select_from(d.outerjoin(e, e.c.id == d.c.event_id)
+                     .outerjoin(r, and_(r.c.schedule_id == d.c.schedule_id, r.c.tick == d.c.tick)))
         .where(d.c.hook_id == hook_id).order_by(d.c.id.desc()).limit(limit)).mappings().all()
     return [dict(r) for r in rows]
 

@@ -35,3 +35,37 @@ def slow_trial(config):
 
     time.sleep(1.5)
     return {"score": config["x"]}
+
+
+# A three-step pipeline (tests/ray/test_dependencies.py): train -> sweep over the
+# trained value -> batch inference with the best trial's config. Each step reads
+# its parent through raylane.jobs.base.parents(), in whichever process it runs.
+
+def pipeline_train(ctx):
+    """'Learns' the log10 of the best learning rate: the sweep searches around it."""
+    return {"log10_lr": -2.5, "trained_on": os.environ.get("RAY_NODE_TYPE_NAME")}
+
+
+def _only_parent() -> dict:
+    from raylane.jobs.base import parents
+
+    (parent,) = parents().values()
+    return parent
+
+
+def pipeline_objective(config):
+    """A trial: loss is the distance to what the training parent learned."""
+    import math
+
+    trained = _only_parent()["result"]["workers"][0]["return"]
+    return {"loss": (math.log10(config["lr"]) - trained["log10_lr"]) ** 2}
+
+
+class PipelinePredictor:
+    """Scores each row with the sweep parent's best learning rate, read once per actor."""
+
+    def __init__(self):
+        self.lr = _only_parent()["result"]["best"]["config"]["lr"]
+
+    def __call__(self, batch):
+        return {"id": batch["id"], "y": batch["x"] * self.lr, "lr": batch["x"] * 0 + self.lr}
