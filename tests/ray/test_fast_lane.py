@@ -78,6 +78,7 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert f"lane-says-{job['id']}-hello" in lapi.get(f"/v1/jobs/{job['id']}/logs").text
     sid = f"raylane-{job['id']}-1"
+    assert done["dashboard_url"].endswith("/#/jobs")  # Ray's job list, where its lane's host is
     # No Ray job of its own: its host's Ray job ran it, on a cpu node.
     assert ray_job(ray_cluster, sid) is None
     st = lane_status(gcs, sid)
