@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     scale_up_deadline_s: float = Field(
         900.0, gt=0, description="A job submitted ahead of a scale-up whose driver has not started after this long "
         "fails with cause SCALE_UP_TIMEOUT and a reason naming the group.")
+    fast_lane: bool = Field(
+        False, description="Small jobs (a command of one worker, at most 1 CPU, no GPU, no working_dir/pip/py_modules, "
+        "not `lane: isolated`) run in a warm lane per node group instead of a Ray job each (docs/fast-lane.md). Needs "
+        "Ray's GCS (ray_address, or found from Ray's node list).")
+    lane_idle_s: float = Field(60.0, gt=0, description="A warm lane's host exits after this long without work; the next lane job starts a new one.")
+    lane_slots: int = Field(8, ge=1, le=1024, description="Most jobs one lane host runs at once (admission also bounds them by the group's CPUs).")
     loops_enabled: bool = Field(True, description="Run the dispatcher, the reconciler, the webhook notifier and the scheduler in this process.")
 
     schedule_interval_s: float = Field(1.0, gt=0, le=60, description="How often the scheduler looks for due schedule ticks (docs/schedules.md).")

@@ -149,3 +149,18 @@ class RayGcs:
         """The result is stored in the database: its copy in Ray's store goes."""
         self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
             key=result_key(submission_id), namespace=KV_NAMESPACE))
+
+    # Plain keys (the warm lanes' records, ``domain.lanes``) ----------------------
+
+    def kv_get(self, key: str) -> bytes | None:
+        return self._get(key.encode())
+
+    def kv_put(self, key: str, value: bytes, *, overwrite: bool = True) -> bool:
+        """True if the key was added (with overwrite off: this caller took it)."""
+        reply = self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(
+            key=key.encode(), value=value, overwrite=overwrite, namespace=KV_NAMESPACE))
+        return bool(reply.added)
+
+    def kv_del(self, key: str) -> None:
+        self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
+            key=key.encode(), namespace=KV_NAMESPACE))

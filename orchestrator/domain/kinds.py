@@ -90,6 +90,9 @@ KINDS: dict[str, KindTraits] = {t.name: t for t in (
     KindTraits("command", "any shell entrypoint, like `ray job submit -- ...`",
                runner=None, elastic=False, spot_first=False, checkpoints=False, serves=False,
                strategy="PACK", section=None, cost_basis="entrypoint"),
+    KindTraits("function", "one call of a Python function with the spec's args; its return value is the result",
+               runner="raylane.jobs.function", elastic=False, spot_first=False, checkpoints=False, serves=False,
+               strategy="PACK", section=None, cost_basis="held"),
 )}
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from raylane.orchestrator.domain import lanes
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, NodeGroup, Profile
@@ -93,8 +94,9 @@ def why_never_fits(spec: JobSpec, group: NodeGroup, colocate: bool) -> str | Non
 
 
 def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *,
-          avoid_spot: bool = False) -> Placement:
-    """Decide where ``spec`` runs. Raises ``Unroutable`` if it can never run."""
+          avoid_spot: bool = False, fast_lane: bool = False) -> Placement:
+    """Decide where ``spec`` runs. Raises ``Unroutable`` if it can never run.
+    ``fast_lane``: small jobs may take the group's warm lane (``lanes.decide``)."""
     r = spec.resources
     wants_gpu = r.gpus_per_worker > 0
     colocate = spec.placement.colocate
@@ -119,7 +121,18 @@ def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *
     else:
         chosen, fallbacks = _choose(spec, profile, colocate, avoid_spot, reasons)
 
-    return _placement(spec, profile, chosen, fallbacks, colocate, reasons, cluster)
+    placement = _placement(spec, profile, chosen, fallbacks, colocate, reasons, cluster)
+    if not fast_lane:
+        return placement  # every job is a Ray job; nothing to say per job
+    take, why = lanes.decide(spec, enabled=True)
+    if take:
+        # A lane runs where its host runs: no fallback group, no driver of its own.
+        placement.lane = placement.node_group
+        placement.fallback_node_groups = []
+        placement.total = dict(placement.worker_resources)  # one worker, no driver besides
+        placement.reasons = [r for r in placement.reasons if not r.startswith("falls back to ")]
+    placement.reasons.append(why)
+    return placement
 
 
 def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, reasons: list[str]):

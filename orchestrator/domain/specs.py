@@ -69,6 +69,7 @@ class JobKind(str, Enum):
     BATCH_INFERENCE = "batch_inference"
     SERVICE = "service"
     COMMAND = "command"
+    FUNCTION = "function"
 
 
 class _Model(InputRule):
@@ -308,6 +309,8 @@ class JobSpec(_Model):
     depends_on: list[Dependency] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
     # Free-form arguments handed to the user's function (JSON-serialisable).
     args: dict[str, Any] = Field(default_factory=dict)
+    # auto: a small job may run in a warm lane (docs/fast-lane.md); isolated: always a Ray job of its own.
+    lane: Literal["auto", "isolated"] = "auto"
 
     @field_validator("name")
     @classmethod

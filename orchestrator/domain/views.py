@@ -32,6 +32,8 @@ class Placement(BaseModel):
         None, description="Market of the driver's group: a dead spot driver node means preemption")
     total: dict[str, float] = Field(default_factory=dict, description="What the whole job holds while it runs")
     reasons: list[str]
+    lane: str | None = Field(None, description="The node group whose warm lane runs it (docs/fast-lane.md); "
+                             "null: a Ray job of its own")
 
 
 class Attempt(BaseModel):

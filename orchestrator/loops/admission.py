@@ -55,6 +55,7 @@ class Rules:
     max_concurrent_drivers: int
     starvation_skips: int
     scale_ahead: int = 0  # most jobs per group admitted ahead of a scale-up; 0: live nodes only
+    fast_lane: bool = False  # small jobs may take a warm lane (domain.lanes), which holds no driver
 
 
 @dataclass(frozen=True)
@@ -155,12 +156,12 @@ def scale_up_reason(view: ClusterView, profile: Profile, group: str, need: dict[
     return f"waiting for the autoscaler: {up} of {up + more} {group} nodes up"
 
 
-def placement_for(job: Queued, profile: Profile, view: ClusterView) -> Placement:
+def placement_for(job: Queued, profile: Profile, view: ClusterView, *, fast_lane: bool = False) -> Placement:
     """The stored placement, or a new route: after repeated preemption the next
     attempt goes to on-demand nodes. Raises ``Unroutable``."""
     avoid_spot = job.preemptions >= job.spec.retry.spot_fallback_after > 0
     if job.placement is None or (avoid_spot and job.placement.market == "SPOT"):
-        return route(job.spec, profile, view, avoid_spot=avoid_spot)
+        return route(job.spec, profile, view, avoid_spot=avoid_spot, fast_lane=fast_lane)
     return job.placement
 
 
@@ -177,7 +178,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
     passed_over: dict[str, list[str]] = {}
     for job in queue:
         try:
-            placement = placement_for(job, profile, view)
+            placement = placement_for(job, profile, view, fast_lane=rules.fast_lane)
         except Unroutable as e:
             out.append(Fail(job, e.message))
             continue
@@ -186,7 +187,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
         key = (job.project, group)
         quota = over_quota(limits.get(key), project_used.get(key), placement.total,
                            project=job.project, group=group) if key in limits else None
-        if drivers >= rules.max_concurrent_drivers:
+        if drivers >= rules.max_concurrent_drivers and not placement.lane:
             reason = f"head-node guard: {drivers} jobs already hold a driver (max {rules.max_concurrent_drivers})"
         elif quota is not None:
             reason = quota
@@ -221,7 +222,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
             ahead[group] = ahead.get(group, 0) + 1
         for k, v in placement.total.items():
             used.setdefault(group, {})[k] = used.get(group, {}).get(k, 0) + v
-        drivers += 1
+        drivers += 0 if placement.lane else 1
         if key in limits:
             project_used.setdefault(key, Usage()).add(placement.total)
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayNode
-from raylane.orchestrator.domain import protocol
+from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.states import FailureCause
 
 LOG_TAIL_CHARS = 4000  # of the driver's message kept as the attempt's message
@@ -55,6 +55,10 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
                                            f"{(node.death_message or node.death_reason or msg) if node else msg or 'node died'}"
         where = node_name if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
+    if rj.error_type == lanes.HOST_LOST:
+        # A warm lane's host ended under the attempt with its node alive (the host
+        # was killed or stopped): the attempt is lost with it, not the code's fault.
+        return FailureCause.LOST, msg or "its lane host ended"
     if rj.driver_exit_code == protocol.EXIT_VERSION_MISMATCH and protocol.VERSION_MISMATCH_MARKER in msg:
         # The nodes' Raylane is not the control plane's: the runner's own line says which is which.
         return FailureCause.RUNTIME_ENV, msg[msg.index(protocol.VERSION_MISMATCH_MARKER):].splitlines()[0]

@@ -67,11 +67,13 @@ class Dispatcher(LoopService):
     name = "dispatcher"
 
     def __init__(self, settings: Settings, sessions, backend: RayJobsBackend, profile: Profile, *,
-                 wake=None, owner: str | None = None):
+                 wake=None, owner: str | None = None, lanes=None):
         super().__init__(settings.dispatch_interval_s, wake)
         self.settings = settings
         self.sessions = sessions
         self.backend = backend
+        # backends.lanes.LaneBackend: attempts whose placement names a lane go there
+        self.lanes = lanes
         self.profile = profile
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         # Outside data_dir (Settings refuses otherwise): jobs write here, from any node.
@@ -88,7 +90,7 @@ class Dispatcher(LoopService):
         now = utcnow()
         lease_until = now + timedelta(seconds=self.settings.lease_s)
         rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
-                                self.settings.autoscale_ahead_jobs)
+                                self.settings.autoscale_ahead_jobs, fast_lane=self.settings.fast_lane and self.lanes is not None)
         with db.transaction(self.sessions) as s:
             claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until)
             used, drivers = stats.used_by_active(s)
@@ -172,22 +174,17 @@ class Dispatcher(LoopService):
         excludes = state_excludes(spec, self.settings.data_dir)
         if excludes:
             runtime_env["excludes"] = excludes  # never ship the control plane's own state
-        drv = pl.driver_resources
         try:
-            runtime_env = self._packages_to_ray(runtime_env)
-            if entrypoint is None:
-                key = self.backend.put_inputs(sid, env)
-                if key is None and not self._inputs_on_command_line:
-                    self._inputs_on_command_line = True
-                    log.warning("Ray's GCS address is unknown (set RAYLANE_RAY_ADDRESS): a runner's inputs, "
-                                "its spec's env values included, ride on its driver's command line")
-                entrypoint = protocol.driver_command(env, inputs_key=key)
-            self.backend.submit(submission_id=sid, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata,
-                                entrypoint_num_cpus=drv.get("CPU", 0), entrypoint_num_gpus=drv.get("GPU", 0),
-                                entrypoint_label_selector=pl.driver_label_selector)
-            note = "submitted to Ray" + (f"; {c.scale_up}" if c.scale_up else "")
+            if pl.lane and self.lanes is not None:
+                # A warm lane's host runs it: no Ray job, the same inputs (domain.lanes).
+                self.lanes.submit(submission_id=sid, group=pl.lane, command=spec.entrypoint, env={**job_env, **env},
+                                  args=spec.args if traits(spec.kind).runner else None)
+                note = f"queued in the warm lane of group {pl.lane}"
+            else:
+                note = self._submit_ray_job(c, sid, env, entrypoint, runtime_env, metadata)
         except AlreadySubmitted:
-            note = "Ray already had this attempt (a retried dispatch); adopted it"
+            where = "the warm lane" if pl.lane and self.lanes is not None else "Ray"
+            note = f"{where} already had this attempt (a retried dispatch); adopted it"
         except RayUnavailable as e:
             # Keep the claim; the lease expires and this attempt is re-submitted with the same id.
             self.backend.reachability.down(e)  # warns once per outage, not once per attempt
@@ -207,13 +204,31 @@ class Dispatcher(LoopService):
             # knows this Ray job exists, so stop it here.
             log.info("%s was cancelled while being submitted; stopping it in Ray", sid)
             try:
-                self.backend.stop(sid)
+                (self.lanes if pl.lane and self.lanes is not None else self.backend).stop(sid)
             except RayUnavailable as e:
                 log.warning("could not stop %s, cancelled while being submitted: %s", sid, e)
             self.backend.forget_inputs(sid)
             return
         if self.on_submitted:
             self.on_submitted()
+
+    def _submit_ray_job(self, c: Claimed, sid: str, env: dict[str, str], entrypoint: str | None,
+                        runtime_env: dict[str, Any], metadata: dict[str, str]) -> str:
+        """Submit the attempt as a Ray job of its own; the event's note."""
+        pl = c.placement
+        drv = pl.driver_resources
+        runtime_env = self._packages_to_ray(runtime_env)
+        if entrypoint is None:
+            key = self.backend.put_inputs(sid, env)
+            if key is None and not self._inputs_on_command_line:
+                self._inputs_on_command_line = True
+                log.warning("Ray's GCS address is unknown (set RAYLANE_RAY_ADDRESS): a runner's inputs, "
+                            "its spec's env values included, ride on its driver's command line")
+            entrypoint = protocol.driver_command(env, inputs_key=key)
+        self.backend.submit(submission_id=sid, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata,
+                            entrypoint_num_cpus=drv.get("CPU", 0), entrypoint_num_gpus=drv.get("GPU", 0),
+                            entrypoint_label_selector=pl.driver_label_selector)
+        return "submitted to Ray" + (f"; {c.scale_up}" if c.scale_up else "")
 
     def run_once(self) -> None:
         try:

@@ -64,11 +64,14 @@ def reports_result(r) -> bool:
 class Reconciler(LoopService):
     name = "reconciler"
 
-    def __init__(self, settings: Settings, sessions, backend: RayJobsBackend, *, wake=None):
+    def __init__(self, settings: Settings, sessions, backend: RayJobsBackend, *, wake=None, lanes=None):
         super().__init__(settings.reconcile_interval_s, wake)
         self.settings = settings
         self.sessions = sessions
         self.backend = backend
+        self.lanes = lanes  # backends.lanes.LaneBackend: where attempts whose placement names a lane live
+        # Called when an attempt ended (its capacity is free): the dispatcher admits the next at once.
+        self.on_ended = None
         self._live = 0
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
@@ -93,11 +96,15 @@ class Reconciler(LoopService):
         if not live:
             return
         try:
-            if len(live) > LIST_THRESHOLD:
+            in_ray = [r for r in live if self._via(r) is self.backend]
+            if len(in_ray) > LIST_THRESHOLD:
                 by_id = {j.submission_id: j for j in self.backend.list()}
-                ray_jobs = {r["submission_id"]: by_id.get(r["submission_id"]) for r in live}
+                ray_jobs = {r["submission_id"]: by_id.get(r["submission_id"]) for r in in_ray}
             else:
-                ray_jobs = {r["submission_id"]: self.backend.get(r["submission_id"]) for r in live}
+                ray_jobs = {r["submission_id"]: self.backend.get(r["submission_id"]) for r in in_ray}
+            # A lane attempt is one read of Ray's KV store (domain.lanes).
+            ray_jobs.update({r["submission_id"]: self.lanes.get(r["submission_id"]) for r in live
+                             if self._via(r) is not self.backend})
         except RayUnavailable as e:
             self.backend.reachability.down(e)  # warns once per outage; this loop polls every 50 ms
             return
@@ -121,14 +128,14 @@ class Reconciler(LoopService):
                 # Ray's job statuses are spelled as AttemptStatus's (its values are Ray's).
                 if JobStatus(r["job_status"]) is JobStatus.CANCELLING and \
                         rj is not None and rj.status in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
-                    self.backend.stop(r["submission_id"])
+                    self._via(r).stop(r["submission_id"])
                     continue
                 if rj is not None and rj.status == AttemptStatus.RUNNING and spec.timeout_s and r["started_at"] and \
                         now - r["started_at"] > timedelta(seconds=spec.timeout_s) and \
                         r["cause"] != FailureCause.TIMEOUT.value:
                     with db.transaction(self.sessions) as s:
                         lifecycle.timeout_requested(s, r["job_id"], r["number"])
-                    self.backend.stop(r["submission_id"])
+                    self._via(r).stop(r["submission_id"])
                     continue
                 if rj is not None and rj.status == AttemptStatus.PENDING and r["message"] and \
                         now - r["created_at"] > timedelta(seconds=self.settings.scale_up_deadline_s):
@@ -139,7 +146,7 @@ class Reconciler(LoopService):
                                 f"scale-up of group {group} did not come within "
                                 f"{self.settings.scale_up_deadline_s:g} s (scale_up_deadline_s); {r['message']}"))
                     # Asked again each pass until Ray reports it stopped (a stop may not reach Ray).
-                    self.backend.stop(r["submission_id"])
+                    self._via(r).stop(r["submission_id"])
                     continue
                 if rj is not None and rj.status == AttemptStatus.PENDING:
                     if r["status"] == AttemptStatus.SUBMITTED.value:
@@ -163,6 +170,12 @@ class Reconciler(LoopService):
                 pass  # the backend said why; the attempt is looked at again next pass
             except Exception:
                 log.exception("reconciling %s failed; next pass tries again", r["submission_id"])
+
+    def _via(self, r):
+        """The backend that runs attempt ``r``: its job's warm lane, else Ray's Jobs API."""
+        if self.lanes is not None and (r["placement"] or {}).get("lane"):
+            return self.lanes
+        return self.backend
 
     # Draining nodes ------------------------------------------------------------
 
@@ -290,6 +303,8 @@ class Reconciler(LoopService):
     def _forget(self, r) -> None:
         """The attempt's outcome is stored: what it and the dispatcher left in Ray's
         store goes (its result, its inputs; a command job has neither)."""
+        if self._via(r) is self.lanes:
+            self.lanes.forget(r["submission_id"])
         if reports_result(r):
             self.backend.forget_result(r["submission_id"])
             self.backend.forget_inputs(r["submission_id"])
@@ -301,7 +316,12 @@ class Reconciler(LoopService):
         result = self.backend.result(r["submission_id"]) if reports_result(r) else None
         self._later(lambda s: lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
                                                           driver_node_id=rj.driver_node_id, result=result),
-                    after=lambda: self._forget(r))
+                    after=lambda: self._after_success(r))
+
+    def _after_success(self, r) -> None:
+        self._forget(r)
+        if self.on_ended:
+            self.on_ended()
 
     def _ended_badly(self, r, rj: RayJob | None, spec: JobSpec, nodes: dict[str, RayNode]) -> None:
         cancelled = r["job_status"] == JobStatus.CANCELLING.value
@@ -321,6 +341,8 @@ class Reconciler(LoopService):
                 cause=cause, message=msg, headline=_tail(msg), exit_code=rj.driver_exit_code if rj else None,
                 driver_node_id=rj.driver_node_id if rj else None)
         self.wake.set()
+        if self.on_ended:
+            self.on_ended()
 
     def _cancel_unsubmitted(self, job_id: str, n: int) -> None:
         with db.transaction(self.sessions) as s:
@@ -330,5 +352,7 @@ class Reconciler(LoopService):
             # no one would stop it (a live dispatcher stops its own, see submit).
             try:
                 self.backend.stop(submission_id(job_id, n))
+                if self.lanes is not None:
+                    self.lanes.stop(submission_id(job_id, n))  # ... or in a lane: taken there, it never runs
             except RayUnavailable as e:
                 log.warning("could not stop attempt %s of cancelled job %s: %s", n, job_id, e)

@@ -63,6 +63,7 @@ class ControlPlane:
         # api/rayproxy.py), so a job's link works with a Raylane token. Unset: Ray's own URL.
         self.dashboard_link: str | None = None
         self.backend = None
+        self.lanes = None  # backends.lanes.LaneBackend, once Ray is attached
         self.profile = None
         self._view_cache = None
         # Identities, projects, quotas, audit (raylane.orchestrator.services.access).
@@ -289,6 +290,7 @@ class ControlPlane:
         ``ray_address`` (the GCS, host:port) adds what only the GCS knows: which
         nodes are draining (excluded from admission; their jobs are asked to
         checkpoint). Without it Raylane sees a drained node only when it dies."""
+        from raylane.orchestrator.backends.lanes import LaneBackend
         from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
         from raylane.orchestrator.loops.dispatcher import Dispatcher
         from raylane.orchestrator.loops.reconciler import Reconciler
@@ -302,11 +304,17 @@ class ControlPlane:
 
             gcs = RayGcs(ray_address, token)
         self.backend = RayJobsBackend(dashboard_url, token, gcs=gcs)
-        self.router = lambda spec: route(spec, profile, self.cluster_view())
-        self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work)
-        self.reconciler = Reconciler(self.settings, self.sessions, self.backend)
+        # Always there, so attempts already in a lane are followed even with the fast lane turned off since.
+        self.lanes = LaneBackend(self.backend, idle_s=self.settings.lane_idle_s, slots=self.settings.lane_slots)
+        fast_lane = self.settings.fast_lane
+        self.router = lambda spec: route(spec, profile, self.cluster_view(), fast_lane=fast_lane)
+        self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work,
+                                     lanes=self.lanes)
+        self.reconciler = Reconciler(self.settings, self.sessions, self.backend, lanes=self.lanes)
         # A submitted attempt wakes the reconciler, which then polls Ray quickly.
         self.dispatcher.on_submitted = self.reconciler.wake.set
+        # ... and an ended attempt wakes the dispatcher: a queue of short jobs does not wait a poll per batch.
+        self.reconciler.on_ended = self.new_work.set
         self._view_cache: tuple[float, Any] | None = None
 
     def cluster_view(self):
@@ -366,7 +374,13 @@ class ControlPlane:
         if n > job.attempts or n < 1:
             raise Invalid(f"job has {job.attempts} attempts; there is no attempt {n}", field="attempt")
         self._require_ray()
-        return self.backend.logs(submission_id(job_id, n)) or "", job
+        return self._attempt_logs(submission_id(job_id, n), job.placement) or "", job
+
+    def _attempt_logs(self, sid: str, placement: Placement | None) -> str | None:
+        """An attempt's log: its lane's tail of the output (``domain.lanes``), else Ray's driver log."""
+        if placement is not None and placement.lane and self.lanes is not None:
+            return self.lanes.logs(sid)
+        return self.backend.logs(sid)
 
     def progress(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, int]]:
         """(status, attempts) of each existing job, unscoped: for the log
@@ -379,7 +393,11 @@ class ControlPlane:
         from raylane.orchestrator.domain.ids import submission_id
 
         self._require_ray()
-        return self.backend.logs(submission_id(job_id, attempt)) or ""
+        placement = None
+        if self.lanes is not None:  # which backend holds its log is in its placement
+            with db.transaction(self.sessions) as s:
+                placement = store_jobs.get_job(s, job_id, project=None, dashboard_url=None).placement
+        return self._attempt_logs(submission_id(job_id, attempt), placement) or ""
 
     def start_loops(self) -> None:
         # Re-attach to every attempt Ray may be running before dispatching anything new.

@@ -339,15 +339,19 @@ def list_events(session: Session, job_id: str, *, project: str | None = DEFAULT_
 
 def list_attempts(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
                   dashboard_url: str | None = None) -> list[Attempt]:
-    get_row(session, job_id, project)
+    lane = (get_row(session, job_id, project)["placement"] or {}).get("lane")
     rows = session.execute(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)).mappings()
     return [Attempt(**{k: r[k] for k in Attempt.model_fields if k in r},
-                    dashboard_url=job_dashboard_url(dashboard_url, r["submission_id"])) for r in rows]
+                    dashboard_url=job_dashboard_url(dashboard_url, r["submission_id"], lane=lane)) for r in rows]
 
 
-def job_dashboard_url(base: str | None, sid: str | None) -> str | None:
+def job_dashboard_url(base: str | None, sid: str | None, *, lane: str | None = None) -> str | None:
     if not base or not sid:
         return None
+    if lane:
+        # A warm lane's attempt is no Ray job of its own: its lane's host
+        # (raylane-lane-<group>-<n>) is in Ray's job list (docs/fast-lane.md).
+        return f"{base.rstrip('/')}/#/jobs"
     return f"{base.rstrip('/')}/#/jobs/{sid}"
 
 
@@ -371,7 +375,7 @@ def _view(r, labels: dict[str, str], result, dashboard_url: str | None, *, spec:
         created_at=r["created_at"], updated_at=r["updated_at"], started_at=r["started_at"],
         finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
         preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
-        placement=r["placement"], ray_submission_id=sid, dashboard_url=job_dashboard_url(dashboard_url, sid),
+        placement=r["placement"], ray_submission_id=sid, dashboard_url=job_dashboard_url(dashboard_url, sid, lane=(r["placement"] or {}).get("lane")),
         result=result, spec=spec if spec is not None else JobSpec.from_stored(r["spec"]),
     )
 

@@ -29,13 +29,14 @@ _attempt_group = func.coalesce(attempts.c.node_group, NONE)
 
 
 def used_by_active(session: Session) -> tuple[dict[str, dict[str, float]], int]:
-    """Resources Raylane's active jobs hold per node group, and how many drivers run."""
+    """Resources Raylane's active jobs hold per node group, and how many drivers
+    run (a job in a warm lane has none: ``domain.lanes``)."""
     used: dict[str, dict[str, float]] = {}
     n = 0
     for group, placement in session.execute(
         select(jobs.c.node_group, jobs.c.placement).where(jobs.c.status.in_(_ACTIVE))
     ):
-        n += 1
+        n += 0 if (placement or {}).get("lane") else 1
         if not placement:
             continue
         g = used.setdefault(group, {})

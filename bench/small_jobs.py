@@ -1,0 +1,159 @@
+"""Trivial `command` jobs through Raylane's fast lane (issue #16) against the
+same jobs straight through Ray's Jobs API (JobSubmissionClient), on one local
+multi-node cluster, in one run.
+
+- single: one lane job at a time on a warm lane, submit -> SUCCEEDED as a user
+  sees it (POST /v1/jobs, then GET every 10 ms); p50 and p90.
+- throughput: --lane command jobs and --functions function jobs
+  (``json:dumps``) through the lane (one POST /v1/jobs/batch, then the
+  queue watched until every job is SUCCEEDED), and --direct jobs straight to
+  Ray (submitted one after another, then polled); jobs/s each and the ratio.
+- the head node's peak RSS during each burst and at idle before.
+
+Both paths ask for the same CPU share on the same node group (cpu). The
+server runs with RAYLANE_FAST_LANE=true. The direct baseline is the `true`
+command for both ratios: a function as a Ray job of its own costs at least that
+(a Python start besides), so the function ratio is not flattered.
+
+    python bench/small_jobs.py [--lane 1000] [--direct 100] [--single 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import _server  # noqa: E402
+from bench.dispatch_latency import PeakRSS, rss_of_group  # noqa: E402
+
+TOKEN = "rl_bench-admin-token-0123456789"  # auth on, as in production
+ENTRYPOINT = "true"
+CPUS = 0.25
+POLL_S = 0.01
+UNFINISHED = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lane", type=int, default=1000)
+    ap.add_argument("--functions", type=int, default=1000)
+    ap.add_argument("--direct", type=int, default=100)
+    ap.add_argument("--single", type=int, default=30)
+    ap.add_argument("--slots", type=int, default=16)
+    args = ap.parse_args()
+
+    from ray.job_submission import JobSubmissionClient
+
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+
+    work = Path(tempfile.mkdtemp(prefix="raylane-bench-"))
+    cluster = LocalCluster(default_profile(), work / "cluster")
+    state = cluster.up()
+    head_pgid = next(n.pid for n in state.nodes if n.group == "head")
+    try:
+        server, url = _server.start_server(work, {
+            "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
+            "RAYLANE_RAY_ADDRESS": state.gcs_address, "RAYLANE_FAST_LANE": "true",
+            "RAYLANE_LANE_SLOTS": str(args.slots), "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL",
+            "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
+    except BaseException:
+        cluster.down()
+        raise
+    http = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {TOKEN}"})
+    ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
+    run = uuid.uuid4().hex[:8]
+    spec = {"name": "bench", "kind": "command", "entrypoint": ENTRYPOINT, "resources": {"cpus_per_worker": CPUS},
+            "labels": {"bench": run}}
+    fn_spec = {**spec, "name": "bench-fn", "kind": "function", "entrypoint": "json:dumps", "args": {"obj": [1]}}
+
+    def lane_one() -> float:
+        t = time.perf_counter()
+        r = http.post("/v1/jobs", json=spec)
+        assert r.status_code == 201 and r.json()["placement"]["lane"] == "cpu", r.text
+        jid = r.json()["id"]
+        while (st := http.get(f"/v1/jobs/{jid}").json()["status"]) != "SUCCEEDED":
+            assert st not in ("FAILED", "CANCELLED"), st
+            time.sleep(POLL_S)
+        return time.perf_counter() - t
+
+    def unfinished() -> int:
+        page = http.get("/v1/jobs", params=[("label", f"bench={run}"), ("limit", 500)]
+                        + [("status", s) for s in UNFINISHED]).json()["items"]
+        return len(page)
+
+    def lane_burst(n: int, one: dict | None = None) -> float:
+        t = time.perf_counter()
+        for i in range(0, n, 1000):
+            r = http.post("/v1/jobs/batch", json={"jobs": [one or spec] * min(1000, n - i)})
+            assert r.status_code == 201, r.text
+        while unfinished():
+            time.sleep(0.05)
+        return time.perf_counter() - t
+
+    def direct_burst(n: int) -> float:
+        t = time.perf_counter()
+        sids = [ray.submit_job(entrypoint=ENTRYPOINT, submission_id=f"direct-{uuid.uuid4().hex}",
+                               entrypoint_num_cpus=CPUS, entrypoint_label_selector={"ray.io/node-group": "cpu"})
+                for _ in range(n)]
+        pending = set(sids)
+        while pending:
+            for sid in list(pending):
+                st = str(ray.get_job_status(sid))
+                assert "FAILED" not in st and "STOPPED" not in st, st
+                if "SUCCEEDED" in st:
+                    pending.discard(sid)
+            time.sleep(0.2)
+        return time.perf_counter() - t
+
+    def measured(fn, n):
+        mon = PeakRSS(head_pgid)
+        mon.start()
+        try:
+            return fn(n), mon
+        finally:
+            mon.stop_.set()
+            mon.join()
+
+    try:
+        lane_one()  # starts the lane's host: the figures below are on a warm lane
+        idle_rss = rss_of_group(head_pgid)
+        single = [lane_one() for _ in range(args.single)]
+        lane_s, lane_mon = measured(lane_burst, args.lane)
+        fn_s, fn_mon = measured(lambda n: lane_burst(n, fn_spec), args.functions)
+        failed = http.get("/v1/jobs", params=[("label", f"bench={run}"), ("status", "FAILED"), ("limit", 500)]).json()
+        assert not failed["items"], failed["items"][:3]
+        direct_s, direct_mon = measured(direct_burst, args.direct)
+        load = os.getloadavg()
+        out = {
+            "lane_jobs": args.lane, "lane_s": lane_s, "lane_jobs_per_s": args.lane / lane_s,
+            "function_jobs": args.functions, "function_s": fn_s, "function_jobs_per_s": args.functions / fn_s,
+            "direct_jobs": args.direct, "direct_s": direct_s, "direct_jobs_per_s": args.direct / direct_s,
+            "throughput_ratio": (args.lane / lane_s) / (args.direct / direct_s),
+            "function_ratio": (args.functions / fn_s) / (args.direct / direct_s),
+            "single_n": args.single, "lane_p50_ms": statistics.median(single) * 1000,
+            "lane_p90_ms": sorted(single)[int(0.9 * len(single))] * 1000,
+            "head_idle_rss_mb": idle_rss / 2**20, "head_peak_rss_lane_mb": lane_mon.peak / 2**20,
+            "head_peak_rss_function_mb": fn_mon.peak / 2**20, "head_peak_rss_direct_mb": direct_mon.peak / 2**20, "slots": args.slots,
+            "loadavg_after": load, "cpus": os.cpu_count(),
+        }
+        print(json.dumps(out, indent=2))
+    finally:
+        _server.stop_server(server)
+        cluster.down()
+
+
+if __name__ == "__main__":
+    main()

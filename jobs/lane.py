@@ -1,0 +1,349 @@
+"""A warm lane's host: ``python -m raylane.jobs.lane --group <g> --host <sid>``,
+the driver of one long-lived Ray job per node group (``domain.lanes`` has the
+words and the keys).
+
+It polls Ray's KV store for the group's todo items, claims each (a put with
+overwrite off: one host wins), and runs its command as a process of its own:
+``/bin/sh -c`` in a new session, so a stop kills the whole process group, as
+Ray's job supervisor does for a Ray job's entrypoint. A process, not a Ray
+task: a command is a shell line that may start anything, and a task would hold
+a Ray worker (and its runtime env) per command while the shell does the work.
+The process gets SIGKILL if the host dies (``PR_SET_PDEATHSIG``), so a lost host
+leaves no command running that a retry would run again beside it.
+
+A function job (``raylane.jobs.function``) is a call in a fork of the host:
+the interpreter and Raylane are already loaded, so a call costs a fork and
+the import of the user's module. The child leads its own session too, writes
+its result to a file, and the host leaves it in the store under
+``protocol.result_key``, where the reconciler reads any runner's result.
+
+It writes each item's status and a bounded tail of its output back to the
+store, honours stop requests, and exits after ``--idle-s`` without work; the
+control plane starts another when work comes (``backends.lanes``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from raylane.jobs.function import call  # loaded once here, so a forked call does not load it again
+from raylane.orchestrator.domain import lanes, protocol
+from raylane.orchestrator.domain.lanes import LaneStatus
+
+log = logging.getLogger("raylane.lane")
+
+POLL_BUSY_S = 0.01  # between looks at the store while work comes or runs
+POLL_IDLE_S = 0.05  # ... and once nothing came for a second (one KV listing each: cheap for the GCS)
+LOG_EVERY_S = 0.5  # a running item's output tail is refreshed at most this often
+SELF_CHECK_S = 1.0  # how often the host asks whether Ray still counts it alive
+STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long (Ray's job stop waits 3 s too)
+KV_TIMEOUT_S = 10
+PR_SET_PDEATHSIG = 1
+FAILED_TAIL_CHARS = 4000  # of the output kept in a failed item's message
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: a lost host may leave its command running
+
+
+class Store:
+    """Ray's KV store, namespace ``protocol.KV_NAMESPACE``, through the driver's own GCS client."""
+
+    def __init__(self, address: str):
+        from ray._raylet import GcsClient
+
+        self._c = GcsClient(address=address)
+        self._ns = protocol.KV_NAMESPACE.encode()
+
+    def get(self, key: str) -> bytes | None:
+        return self._c.internal_kv_get(key.encode(), self._ns, timeout=KV_TIMEOUT_S) or None
+
+    def put(self, key: str, value: bytes, *, overwrite: bool = True) -> bool:
+        """True if the key was added (with overwrite off: this caller took it)."""
+        return self._c.internal_kv_put(key.encode(), value, overwrite, self._ns, timeout=KV_TIMEOUT_S) == 1
+
+    def delete(self, key: str) -> None:
+        self._c.internal_kv_del(key.encode(), False, self._ns, timeout=KV_TIMEOUT_S)
+
+    def keys(self, prefix: str) -> list[str]:
+        return [k.decode() for k in self._c.internal_kv_keys(prefix.encode(), self._ns, timeout=KV_TIMEOUT_S)]
+
+    def ray_job_status(self, submission_id: str) -> str | None:
+        """Ray's status of a Ray job (its job manager's record in the same store)."""
+        from ray._private import ray_constants
+        from ray.dashboard.modules.job.common import JobInfoStorageClient
+
+        value = self._c.internal_kv_get(JobInfoStorageClient.JOB_DATA_KEY.format(job_id=submission_id).encode(),
+                                        ray_constants.KV_NAMESPACE_JOB, timeout=KV_TIMEOUT_S)
+        return json.loads(value).get("status") if value else None
+
+
+def still_wanted(store: Store, host_id: str) -> Callable[[], str | None]:
+    """Why this host must stop now, or None. Ray's job supervisor kills its
+    driver when it dies itself, but only from a watcher polling every second, and
+    a node Ray declared dead may run on for a while (the local cluster's killed
+    node, a partition): a host Ray no longer counts as running must take no more
+    work, or the control plane would see its items lost twice."""
+    parent = os.getppid()
+
+    def check() -> str | None:
+        if os.getppid() != parent:
+            return "lost its Ray job supervisor"
+        status = store.ray_job_status(host_id)
+        if status not in (None, "PENDING", "RUNNING"):
+            return f"is {status} in Ray"
+        return None
+
+    return check
+
+
+class ForkedCall:
+    """A function job: ``entrypoint(**args)`` in a fork of the host. Quacks like
+    ``Popen`` where the host needs it (``pid``, ``poll``)."""
+
+    def __init__(self, entrypoint: str, args: dict, env: dict[str, str], log_path: Path, result_path: Path,
+                 cwd: Path):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the host's handler
+                _die_with_parent()
+                fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                # print() and tracebacks go to the job's log, whatever sys.stdout was in the host
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                os.environ.update(env)
+                os.chdir(cwd)
+                result_path.write_bytes(protocol.encode_result(call(entrypoint, args)))
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+@dataclass
+class Running:
+    sid: str
+    proc: subprocess.Popen | ForkedCall
+    log_path: Path
+    status: LaneStatus
+    log_sent: int = -1  # bytes of output when the tail was last written
+    log_at: float = 0.0
+    stop_at: float | None = None  # when SIGTERM was sent
+    killed: bool = False
+
+
+@dataclass
+class Host:
+    store: Store
+    group: str
+    host_id: str
+    slots: int
+    idle_s: float
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="raylane-lane-")))
+    running: dict[str, Running] = field(default_factory=dict)
+    wanted: Callable[[], str | None] | None = None  # still_wanted, where Ray runs the host
+
+    def run(self) -> int:
+        log.info("lane host %s for group %s: %d slots, exits after %.0f s idle", self.host_id, self.group,
+                 self.slots, self.idle_s)
+        last_work = checked = time.monotonic()
+        while True:
+            if self.wanted is not None and time.monotonic() - checked > SELF_CHECK_S:
+                checked = time.monotonic()
+                why = self.wanted()
+                if why:
+                    log.warning("this host %s: exiting, its items are lost with it", why)
+                    self.abandon(why)
+                    return 1
+            took = self._take() if len(self.running) < self.slots else 0
+            self._watch()
+            now = time.monotonic()
+            if took or self.running:
+                last_work = now
+            elif now - last_work > self.idle_s:
+                log.info("idle for %.0f s: exiting", self.idle_s)
+                return 0
+            time.sleep(POLL_BUSY_S if now - last_work < 1.0 else POLL_IDLE_S)
+
+    def _take(self) -> int:
+        took = 0
+        for key in self.store.keys(lanes.todo_prefix(self.group)):
+            if len(self.running) >= self.slots:
+                break
+            sid = key[len(lanes.todo_prefix(self.group)):]
+            value = self.store.get(key)
+            mine = value is not None and self.store.put(lanes.claim_key(sid), self.host_id.encode(), overwrite=False)
+            self.store.delete(key)  # taken, by this host or an earlier one (a re-dispatched attempt)
+            if mine:
+                self._start(lanes.decode_item(value))
+                took += 1
+        return took
+
+    def _start(self, item: dict) -> None:
+        sid = item["sid"]
+        log_path = self.workdir / f"{sid}.log"
+        out = open(log_path, "wb")
+        st = LaneStatus("RUNNING", group=self.group, host=self.host_id, start_time=int(time.time() * 1000))
+        if "call" in item:
+            out.close()
+            proc = ForkedCall(item["command"], item["call"], item["env"], log_path, self._result_path(sid),
+                              self.workdir)
+            st.pid = proc.pid
+            self.store.put(lanes.status_key(sid), st.encode())
+            self.running[sid] = Running(sid, proc, log_path, st)
+            return
+        try:
+            proc = subprocess.Popen(item["command"], shell=True, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env={**os.environ, **item["env"]},
+                                    cwd=self.workdir, preexec_fn=_die_with_parent)
+        except OSError as e:
+            out.close()
+            st.status, st.exit_code, st.message, st.end_time = "FAILED", 127, f"could not start: {e}", st.start_time
+            self.store.put(lanes.status_key(sid), st.encode())
+            return
+        finally:
+            out.close()  # the child holds its own copy
+        st.pid = proc.pid
+        self.store.put(lanes.status_key(sid), st.encode())
+        self.running[sid] = Running(sid, proc, log_path, st)
+        log.info("%s: started pid %d", sid, proc.pid)
+
+    def _result_path(self, sid: str) -> Path:
+        return self.workdir / f"{sid}.result"
+
+    def _watch(self) -> None:
+        if not self.running:
+            return
+        stops = {k[len(lanes.STOP_PREFIX):] for k in self.store.keys(lanes.STOP_PREFIX)}
+        now = time.monotonic()
+        for sid, r in list(self.running.items()):
+            rc = r.proc.poll()
+            if rc is not None:
+                self._finish(r, rc)
+                del self.running[sid]
+                continue
+            if sid in stops and r.stop_at is None:
+                r.stop_at = now
+                _signal(r.proc.pid, signal.SIGTERM)
+            elif r.stop_at is not None and now - r.stop_at > STOP_GRACE_S and not r.killed:
+                r.killed = True
+                _signal(r.proc.pid, signal.SIGKILL)
+            if now - r.log_at > LOG_EVERY_S:
+                self._send_log(r)
+
+    def _send_log(self, r: Running) -> str:
+        r.log_at = time.monotonic()
+        size = r.log_path.stat().st_size
+        if size == r.log_sent:
+            return ""
+        with open(r.log_path, "rb") as f:
+            f.seek(max(0, size - lanes.MAX_LOG_BYTES))
+            tail = f.read(lanes.MAX_LOG_BYTES)
+        self.store.put(lanes.logs_key(r.sid), tail)
+        r.log_sent = size
+        return tail.decode(errors="replace")
+
+    def _finish(self, r: Running, rc: int) -> None:
+        _signal(r.proc.pid, signal.SIGKILL)  # what the shell left behind in its group
+        r.log_at = 0.0
+        self._send_log(r)
+        st = r.status
+        st.end_time, st.exit_code = int(time.time() * 1000), rc
+        if r.stop_at is not None:
+            st.status, st.message = "STOPPED", "stopped on request"
+        elif rc == 0:
+            result = self._result_path(r.sid)
+            if result.exists():  # a function's: where the reconciler reads any runner's result
+                self.store.put(protocol.result_key(r.sid), result.read_bytes())
+                result.unlink()
+            st.status = "SUCCEEDED"
+        else:
+            tail = r.log_path.read_bytes()[-FAILED_TAIL_CHARS:].decode(errors="replace")
+            st.status = "FAILED"
+            st.message = f"Job entrypoint command failed with exit code {rc}, last available logs:\n{tail}"
+        self.store.put(lanes.status_key(r.sid), st.encode())
+        r.log_path.unlink(missing_ok=True)
+        log.info("%s: %s (exit code %d)", r.sid, st.status, rc)
+
+    def abandon(self, why: str) -> None:
+        """The host is going away (its Ray job was stopped): its items end FAILED
+        as lost with their host, so the control plane retries them."""
+        for r in self.running.values():
+            _signal(r.proc.pid, signal.SIGKILL)
+            st = r.status
+            st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, int(time.time() * 1000)
+            st.message = f"lane host {self.host_id} {why}"
+            try:
+                self.store.put(lanes.status_key(r.sid), st.encode())
+            except Exception:  # the reconciler sees the host gone all the same
+                log.exception("could not record %s as lost", r.sid)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the child leads its own session: its pid is its group's id
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _probe(host: str) -> str | None:
+    """Ray's status of a host's job as its self-check reads it (a function job for the tests)."""
+    return Store(os.environ["RAY_ADDRESS"]).ray_job_status(host)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m raylane.jobs.lane")
+    p.add_argument("--group", required=True)
+    p.add_argument("--host", required=True, help="this host's Ray submission id")
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--idle-s", type=float, default=60.0)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = Store(os.environ["RAY_ADDRESS"])
+    host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host))
+
+    def on_term(signum, _frame):
+        host.abandon("was stopped")
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    return host.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

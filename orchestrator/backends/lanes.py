@@ -1,0 +1,175 @@
+"""The warm lanes as the loops see them: submit, get, stop and logs of a lane
+attempt, in the shapes ``RayJobsBackend`` gives for a Ray job (``RayJob``, its
+status words), so the dispatcher and the reconciler treat both paths alike.
+
+A lane attempt lives in Ray's KV store (``domain.lanes``: todo, claim, status,
+logs, stop); its host is a Ray job of its own, started here on demand
+(``ensure_host``) and replaced when it has ended. An item whose host's Ray job
+ended while the item ran is reported FAILED with ``lanes.HOST_LOST`` and the
+host's node as its driver's node: ``loops.classify`` makes that node loss (or a
+preemption) if the node died, else LOST, and both are retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJob, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.domain import lanes
+from raylane.orchestrator.domain.lanes import LaneStatus
+from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL
+
+log = logging.getLogger(__name__)
+
+HOST_CHECK_S = 1.0  # one answer from Ray about a host's job serves this long
+HOST_LIVE = ("PENDING", "RUNNING")
+# Ray's words for a job whose supervisor went with its node (``loops.classify`` reads them as node loss)
+SUPERVISOR_GONE = ("JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_START_FAILURE")
+MAX_HOST_STARTS = 5  # host ids tried in one ensure_host before giving up until the next call
+
+
+class LaneBackend:
+    def __init__(self, ray: RayJobsBackend, *, idle_s: float = 60.0, slots: int = 8):
+        self.ray = ray
+        self.idle_s = idle_s
+        self.slots = slots
+        self._lock = threading.Lock()  # the dispatcher and the reconciler run in threads of their own
+        self._hosts: dict[str, tuple[float, RayJob | None]] = {}  # host sid -> (asked at, Ray's answer)
+
+    def _gcs(self):
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # noqa: F401 (Ray's protobufs)
+
+        gcs = self.ray._find_gcs()
+        if gcs is None:
+            raise RayUnavailable("the fast lane needs Ray's GCS, and its address is unknown (set RAYLANE_RAY_ADDRESS)")
+        return gcs
+
+    def _kv(self, op: str, *args, **kw):
+        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
+
+        try:
+            return getattr(self._gcs(), op)(*args, **kw)
+        except GcsUnavailable as e:
+            raise RayUnavailable(str(e)) from e
+
+    def _status(self, sid: str) -> LaneStatus | None:
+        value = self._kv("kv_get", lanes.status_key(sid))
+        return LaneStatus.decode(value) if value else None
+
+    # Hosts -------------------------------------------------------------------
+
+    def host(self, host_sid: str) -> RayJob | None:
+        """Ray's view of a host's job, asked at most every ``HOST_CHECK_S`` once
+        its driver has started (before that, each time: its node is wanted)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._hosts.get(host_sid)
+        if seen is not None and now - seen[0] < HOST_CHECK_S and (seen[1] is None or seen[1].driver_node_id):
+            return seen[1]
+        rj = self.ray.get(host_sid)
+        with self._lock:
+            self._hosts[host_sid] = (now, rj)
+        return rj
+
+    def ensure_host(self, group: str) -> str:
+        """The group's live host, started (as a Ray job) if it has none."""
+        current = self._kv("kv_get", lanes.host_key(group))
+        sid = current.decode() if current else None
+        for _ in range(MAX_HOST_STARTS):
+            if sid is not None:
+                rj = self.host(sid)
+                if rj is not None and rj.status in HOST_LIVE:
+                    return sid
+            n = int(sid.rsplit("-", 1)[1]) + 1 if sid else 1
+            sid = lanes.host_submission_id(group, n)
+            try:
+                self.ray.submit(
+                    submission_id=sid, runtime_env=None, entrypoint_num_cpus=0,
+                    entrypoint=f"python -m {lanes.HOST_MODULE} --group {group} --host {sid} "
+                               f"--slots {self.slots} --idle-s {self.idle_s:g}",
+                    metadata={"raylane_lane": group}, entrypoint_label_selector={NODE_GROUP_LABEL: group})
+                log.info("started lane host %s for group %s", sid, group)
+            except AlreadySubmitted:
+                with self._lock:
+                    self._hosts.pop(sid, None)  # another control plane's: look at it afresh
+                continue
+            self._kv("kv_put", lanes.host_key(group), sid.encode())
+            return sid
+        raise RayUnavailable(f"could not start a lane host for group {group} (last tried {sid})")
+
+    # Attempts ------------------------------------------------------------------
+
+    def submit(self, *, submission_id: str, group: str, command: str, env: dict[str, str],
+               args: dict | None = None) -> None:
+        """Queue the attempt in the group's lane (and make sure a host runs):
+        ``command`` a shell command, or with ``args`` a function's import path.
+
+        Raises:
+            AlreadySubmitted: the attempt was queued before (a retried dispatch); it is adopted.
+            RayUnavailable: Ray's GCS could not be reached.
+        """
+        # The item first: a dispatcher that dies between the two writes leaves an
+        # item and no status, and the same attempt dispatched again writes both.
+        self._kv("kv_put", lanes.todo_key(group, submission_id), lanes.encode_item(submission_id, command, env, args=args))
+        added = self._kv("kv_put", lanes.status_key(submission_id), LaneStatus("PENDING", group=group).encode(),
+                         overwrite=False)
+        self.ensure_host(group)
+        if not added:
+            raise AlreadySubmitted(submission_id)
+
+    def get(self, submission_id: str) -> RayJob | None:
+        st = self._status(submission_id)
+        if st is None:
+            return None
+        host = st.host
+        if st.status == "PENDING":
+            claim = self._kv("kv_get", lanes.claim_key(submission_id))
+            host = claim.decode() if claim and claim.decode().startswith("raylane-lane-") else None
+            if host is None:
+                self.ensure_host(st.group)  # a host that went idle and exited is replaced
+        hj = self.host(host) if host else None
+        if host and st.status in HOST_LIVE and (hj is None or hj.status not in HOST_LIVE):
+            # Its host's Ray job ended under it (the host's node died, or the host did).
+            why = f"{hj.status}: {hj.message or ''}".strip() if hj else "Ray has no record of it"
+            st.status, st.error_type = "FAILED", lanes.HOST_LOST
+            st.message = f"lane host {host} ended ({why})"
+        if st.error_type == lanes.HOST_LOST and hj is not None and hj.status in HOST_LIVE:
+            # The host gave its items up (its supervisor died, or it was stopped) and
+            # Ray has not yet said what became of it: wait for that, it names the cause.
+            st.status, st.error_type = "RUNNING", None
+        if st.error_type == lanes.HOST_LOST and hj is not None and hj.error_type in SUPERVISOR_GONE:
+            # The host went with its node, which Ray may not have declared dead yet:
+            # its own words say so, and classify makes that node loss (spot: preemption).
+            st.error_type = hj.error_type
+            st.message = f"{st.message}; Ray: {hj.message or hj.error_type}"
+        return RayJob(submission_id=submission_id, status=st.status, message=st.message, error_type=st.error_type,
+                      start_time=st.start_time, end_time=st.end_time,
+                      driver_node_id=hj.driver_node_id if hj else None, driver_exit_code=st.exit_code,
+                      metadata={"raylane_lane": st.group or "", "raylane_lane_host": host or ""})
+
+    def stop(self, submission_id: str) -> bool:
+        st = self._status(submission_id)
+        if st is None or st.status not in HOST_LIVE:
+            return False
+        if st.status == "PENDING" and self._kv("kv_put", lanes.claim_key(submission_id),
+                                               b"stopped before a host took it", overwrite=False):
+            # Taken here, so no host will run it.
+            st.status, st.message, st.end_time = "STOPPED", "stopped before it started", int(time.time() * 1000)
+            self._kv("kv_put", lanes.status_key(submission_id), st.encode())
+            self._kv("kv_del", lanes.todo_key(st.group, submission_id))
+            return True
+        self._kv("kv_put", lanes.stop_key(submission_id), b"1")
+        return True
+
+    def logs(self, submission_id: str) -> str | None:
+        value = self._kv("kv_get", lanes.logs_key(submission_id))
+        if value is None:
+            return None if self._status(submission_id) is None else ""
+        return value.decode(errors="replace")
+
+    def forget(self, submission_id: str) -> None:
+        """The outcome is stored: the stop request goes. Status, claim and log tail
+        stay (the claim keeps the attempt from ever running again; the tail is its log)."""
+        self._kv("kv_del", lanes.stop_key(submission_id))

@@ -1,0 +1,147 @@
+"""Warm lanes (the fast lane, issue #16): which jobs take one, and what the
+control plane and a lane host say to each other through Ray's KV store.
+
+A Ray job per job costs a job supervisor actor (~85 MB) and 1-2 s before the
+first line of user code. A *lane host* is one long-lived Ray job per node
+group (``python -m raylane.jobs.lane``, submission id ``raylane-lane-<group>-<n>``,
+visible in Ray's dashboard) that runs small jobs as processes it starts itself.
+
+Words:
+- *lane*: the node group whose host runs a job (``Placement.lane``).
+- *todo*: ``lane/<group>/todo/<sid>``, written by the dispatcher: what to run.
+- *claim*: ``lane/claim/<sid>``, written once with overwrite off by whoever
+  takes the item: a host (to run it) or the control plane (to stop it before
+  it runs). Ray's KV put with overwrite off is atomic, so an item is taken once.
+- *status*: ``lane/status/<sid>``, a ``LaneStatus`` as JSON; PENDING written by
+  the dispatcher (with overwrite off: a second dispatch of the same attempt
+  adopts the first), the rest by the host that claimed it.
+- *logs*: ``lane/logs/<sid>``, the last ``MAX_LOG_BYTES`` of the process's
+  output, refreshed while it runs.
+- *stop*: ``lane/stop/<sid>``: the control plane asks the host to stop it.
+- *host key*: ``lane/host/<group>``: the submission id of the group's current host.
+
+Invariants:
+- One attempt runs at most once: its submission id is claimed once, and the
+  claim stays until the attempt's outcome is in the database.
+- A lane job holds what its placement says (admission counts it as for any
+  job) but no Ray driver: a host reserves no Ray resources of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raylane.orchestrator.domain.specs import JobSpec
+
+HOST_MODULE = "raylane.jobs.lane"
+MAX_LANE_CPUS = 1.0  # more than one core is a job worth its own Ray job (and its own cgroup of resources)
+MAX_LOG_BYTES = 64 * 1024  # of one job's output kept in Ray's KV store: a tail, not an archive
+# Lane kinds: a shell command (a process of the host's) and a function (a call in a
+# fork of the host). Other kinds place actors and trials: they need a Ray driver.
+LANE_KINDS = frozenset({"command", "function"})
+# What a lane's status says when its host's Ray job ended under a running item:
+# ``loops.classify`` reads it as node loss (the node died) or LOST (the host did).
+HOST_LOST = "RAYLANE_LANE_HOST_LOST"
+
+
+def decide(spec: JobSpec, *, enabled: bool) -> tuple[bool, str]:
+    """Whether ``spec`` may run in a warm lane, and why (a reason either way)."""
+    r = spec.resources
+    kind = getattr(spec.kind, "value", spec.kind)
+    if not enabled:
+        return False, "Ray job: the fast lane is off (RAYLANE_FAST_LANE)"
+    if spec.lane == "isolated":
+        return False, "Ray job: the spec asks for lane: isolated"
+    if kind not in LANE_KINDS:
+        return False, f"Ray job: kind {kind} needs a driver of its own (the fast lane takes {', '.join(sorted(LANE_KINDS))})"
+    if r.num_workers != 1:
+        return False, f"Ray job: asks for {r.num_workers} workers (the fast lane takes one)"
+    if r.gpus_per_worker > 0 or r.accelerator_type:
+        return False, "Ray job: asks for GPUs (the fast lane takes CPU-only jobs)"
+    if r.cpus_per_worker > MAX_LANE_CPUS:
+        return False, f"Ray job: asks for {r.cpus_per_worker:g} CPUs (the fast lane takes ≤ {MAX_LANE_CPUS:g})"
+    env = spec.runtime_env
+    if env.working_dir or env.pip or env.py_modules:
+        what = ", ".join(k for k in ("working_dir", "pip", "py_modules") if getattr(env, k))
+        return False, f"Ray job: its runtime_env needs {what} (a warm lane runs in the node's own environment)"
+    return True, f"fast lane: a {r.cpus_per_worker:g}-CPU {kind} runs in the group's warm lane, no Ray job of its own"
+
+
+# Keys in Ray's KV store (namespace ``protocol.KV_NAMESPACE``) ---------------
+
+
+def todo_prefix(group: str) -> str:
+    return f"lane/{group}/todo/"
+
+
+def todo_key(group: str, sid: str) -> str:
+    return f"{todo_prefix(group)}{sid}"
+
+
+def claim_key(sid: str) -> str:
+    return f"lane/claim/{sid}"
+
+
+def status_key(sid: str) -> str:
+    return f"lane/status/{sid}"
+
+
+def logs_key(sid: str) -> str:
+    return f"lane/logs/{sid}"
+
+
+def stop_key(sid: str) -> str:
+    return f"lane/stop/{sid}"
+
+
+STOP_PREFIX = "lane/stop/"
+
+
+def host_key(group: str) -> str:
+    return f"lane/host/{group}"
+
+
+def host_submission_id(group: str, n: int) -> str:
+    return f"raylane-lane-{group}-{n}"
+
+
+# Records ----------------------------------------------------------------------
+
+
+@dataclass
+class LaneStatus:
+    """One item's state; the status words are Ray's job statuses."""
+
+    status: str  # PENDING RUNNING SUCCEEDED FAILED STOPPED
+    group: str | None = None  # the lane
+    host: str | None = None  # the host's submission id, once claimed
+    pid: int | None = None  # the process (and process group) on the host's node
+    exit_code: int | None = None
+    message: str | None = None
+    error_type: str | None = None  # HOST_LOST, or None
+    start_time: int | None = None  # ms since the epoch, as Ray's job info
+    end_time: int | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> "LaneStatus":
+        d = json.loads(value)
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+
+
+def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, Any] | None = None) -> bytes:
+    """What a host needs to run an attempt: a shell command, or (``args`` given)
+    a function's import path to call with ``args``."""
+    item: dict[str, Any] = {"sid": sid, "command": command, "env": env}
+    if args is not None:
+        item["call"] = args
+    return json.dumps(item).encode()
+
+
+def decode_item(value: bytes) -> dict[str, Any]:
+    return json.loads(value)

@@ -1,0 +1,273 @@
+"""The fast lane (issue #16) on the shared local cluster: small command jobs run
+in a warm lane's host, with the same statuses, logs, cancel, timeout and
+retries as a Ray job of their own; ineligible jobs take the Ray-job path and
+say why."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from raylane.orchestrator.domain import lanes
+from raylane.orchestrator.domain.lanes import LaneStatus
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import JobStatus
+from tests.conftest import ADMIN_HEADERS
+from tests.helpers import wait_for
+from tests.ray.conftest import wait_status
+
+pytestmark = pytest.mark.ray
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@pytest.fixture
+def lane_settings(ray_settings):
+    return ray_settings.model_copy(update={"fast_lane": True, "lane_idle_s": 60.0})
+
+
+@pytest.fixture
+def lapi(lane_settings):
+    from raylane.api.app import create_app
+
+    with TestClient(create_app(lane_settings), headers=ADMIN_HEADERS) as c:
+        yield c
+
+
+@pytest.fixture
+def gcs(ray_cluster):
+    from raylane.orchestrator.backends.ray_gcs import RayGcs
+
+    g = RayGcs(ray_cluster.state.gcs_address, ray_cluster.state.token)
+    yield g
+    g.close()
+
+
+def lane_status(gcs, sid: str) -> LaneStatus | None:
+    value = gcs.kv_get(lanes.status_key(sid))
+    return LaneStatus.decode(value) if value else None
+
+
+def ray_job(ray_cluster, sid: str) -> dict | None:
+    r = httpx.get(ray_cluster.state.dashboard_url + f"/api/jobs/{sid}", headers=ray_cluster.auth_headers())
+    return r.json() if r.status_code == 200 else None
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie waits for its parent (the host) to reap it: it runs no more.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
+    r = lapi.post("/v1/jobs", json={"name": "hi", "kind": "command",
+                                    "entrypoint": "echo lane-says-$RAYLANE_JOB_ID-$GREETING",
+                                    "runtime_env": {"env_vars": {"GREETING": "hello"}}})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["placement"]["lane"] == "cpu"
+    assert job["placement"]["reasons"][-1].startswith("fast lane: a 1-CPU command")
+    done = wait_status(lapi, job["id"], TERMINAL, timeout=90)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert f"lane-says-{job['id']}-hello" in lapi.get(f"/v1/jobs/{job['id']}/logs").text
+    sid = f"raylane-{job['id']}-1"
+    assert done["dashboard_url"].endswith("/#/jobs")  # Ray's job list, where its lane's host is
+    # No Ray job of its own: its host's Ray job ran it, on a cpu node.
+    assert ray_job(ray_cluster, sid) is None
+    st = lane_status(gcs, sid)
+    assert st.status == "SUCCEEDED" and st.exit_code == 0 and st.host.startswith("raylane-lane-cpu-")
+    host = ray_job(ray_cluster, st.host)
+    assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
+    att = lapi.get(f"/v1/jobs/{job['id']}/attempts").json()[0]
+    assert att["driver_node_id"] == host["driver_node_id"]
+    # The host reads its own Ray job's status where Ray's job manager keeps it (its self-check).
+    probe = lapi.post("/v1/jobs", json={"name": "probe", "kind": "command", "entrypoint":
+                                        f"python -c 'from raylane.jobs.lane import _probe; print(_probe(\"{st.host}\"))'"}).json()
+    assert wait_status(lapi, probe["id"], TERMINAL, timeout=60)["status"] == "SUCCEEDED"
+    assert lapi.get(f"/v1/jobs/{probe['id']}/logs").text.strip() == "RUNNING"
+    evs = lapi.get(f"/v1/jobs/{job['id']}/events").json()
+    assert [e["to_status"] for e in evs][-3:] == ["DISPATCHING", "RUNNING", "SUCCEEDED"]
+    # A failing command fails as an application error, with its output.
+    bad = lapi.post("/v1/jobs", json={"name": "bad", "kind": "command",
+                                      "entrypoint": "echo oh-no; exit 3"}).json()
+    failed = wait_status(lapi, bad["id"], TERMINAL, timeout=60)
+    assert failed["status"] == "FAILED" and failed["failure_cause"] == "APP_ERROR"
+    att = lapi.get(f"/v1/jobs/{bad['id']}/attempts").json()[0]
+    assert att["exit_code"] == 3 and "oh-no" in att["message"]
+
+
+def test_a_function_job_is_a_call_in_the_lane_or_a_ray_job_with_the_same_result(lapi, ray_cluster):
+    spec = {"name": "fn", "kind": "function", "entrypoint": "json:dumps", "args": {"obj": [1, 2]}}
+    lane = lapi.post("/v1/jobs", json=spec).json()
+    iso = lapi.post("/v1/jobs", json={**spec, "lane": "isolated"}).json()
+    boom = lapi.post("/v1/jobs", json={**spec, "entrypoint": "json:loads", "args": {"s": "not json"}}).json()
+    assert lane["placement"]["lane"] == "cpu" and iso["placement"]["lane"] is None
+    for j in (lane, iso):
+        done = wait_status(lapi, j["id"], TERMINAL, timeout=120)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        assert done["result"] == {"value": "[1, 2]"}
+    assert ray_job(ray_cluster, f"raylane-{lane['id']}-1") is None
+    assert ray_job(ray_cluster, f"raylane-{iso['id']}-1")["status"] == "SUCCEEDED"
+    failed = wait_status(lapi, boom["id"], TERMINAL, timeout=60)
+    assert failed["status"] == "FAILED" and failed["failure_cause"] == "APP_ERROR"
+    assert "JSONDecodeError" in lapi.get(f"/v1/jobs/{boom['id']}/logs").text
+
+
+def test_cancel_stops_the_running_process(lapi, tmp_path, gcs):
+    pidfile = tmp_path / "pid"
+    j = lapi.post("/v1/jobs", json={"name": "long", "kind": "command",
+                                    "entrypoint": f"echo $$ > {pidfile}; exec sleep 600"}).json()
+    wait_status(lapi, j["id"], {"RUNNING"}, timeout=60)
+    pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                   timeout=30, what="the command's pid")
+    assert not gone(pid)
+    assert lapi.post(f"/v1/jobs/{j['id']}/cancel").json()["job"]["status"] == "CANCELLING"
+    done = wait_status(lapi, j["id"], {"CANCELLED"}, timeout=60)
+    assert done["status"] == "CANCELLED"
+    assert gone(pid)
+    assert lane_status(gcs, f"raylane-{j['id']}-1").status == "STOPPED"
+
+
+def test_timeout_stops_it_and_fails_it_with_cause_timeout(lapi, tmp_path):
+    pidfile = tmp_path / "pid"
+    j = lapi.post("/v1/jobs", json={"name": "slow", "kind": "command", "timeout_s": 2,
+                                    "entrypoint": f"echo $$ > {pidfile}; exec sleep 600"}).json()
+    done = wait_status(lapi, j["id"], TERMINAL, timeout=90)
+    assert done["status"] == "FAILED" and done["failure_cause"] == "TIMEOUT", done
+    assert gone(int(pidfile.read_text()))
+
+
+def test_ineligible_jobs_take_the_ray_job_path_and_say_why(lapi, ray_cluster):
+    big = lapi.post("/v1/jobs", json={"name": "big", "kind": "command", "entrypoint": "echo big",
+                                      "resources": {"cpus_per_worker": 2}}).json()
+    iso = lapi.post("/v1/jobs", json={"name": "iso", "kind": "command", "entrypoint": "echo iso",
+                                      "lane": "isolated"}).json()
+    assert big["placement"]["lane"] is None
+    assert big["placement"]["reasons"][-1] == "Ray job: asks for 2 CPUs (the fast lane takes ≤ 1)"
+    assert iso["placement"]["lane"] is None
+    assert iso["placement"]["reasons"][-1] == "Ray job: the spec asks for lane: isolated"
+    for j, word in ((big, "big"), (iso, "iso")):
+        done = wait_status(lapi, j["id"], TERMINAL, timeout=120)
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+        assert ray_job(ray_cluster, f"raylane-{j['id']}-1")["status"] == "SUCCEEDED"  # a Ray job of its own
+        assert word in lapi.get(f"/v1/jobs/{j['id']}/logs").text
+
+
+class Crash(BaseException):
+    """Stands in for SIGKILL at the worst moment (not an Exception: nothing catches it)."""
+
+
+def _plane(settings, **kw):
+    from raylane.orchestrator.backends.ray_jobs import read_token
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.services.controlplane import ControlPlane
+
+    cp = ControlPlane(settings.model_copy(update={"loops_enabled": False, **kw}))
+    cp.attach_ray(settings.dashboard_url, read_token(settings.ray_auth_token), default_profile(),
+                  ray_address=settings.ray_address)
+    return cp
+
+
+def test_a_redispatched_lane_attempt_runs_once(lane_settings, tmp_path):
+    out = tmp_path / "runs"
+    cp1 = _plane(lane_settings, lease_s=0.5)
+    job, _ = cp1.submit(JobSpec(name="once", kind="command", entrypoint=f"echo ran >> {out}"),
+                        project="default", actor="t")
+
+    def crash(_claimed):
+        raise Crash()
+
+    cp1.dispatcher.after_submit_hook = crash
+    with pytest.raises(Crash):
+        cp1.dispatcher.run_once()
+    # The lane has the attempt (it may run it now); the database still says DISPATCHING.
+    assert cp1.get(job.id, project=None).status is JobStatus.DISPATCHING
+    wait_for(lambda: out.exists(), timeout=60, what="the lane ran it")
+
+    # Another control plane takes over once the lease expires and dispatches the same attempt again.
+    cp2 = _plane(lane_settings, lease_s=0.5)
+    claimed = wait_for(lambda: cp2.dispatcher.claim(cp2.backend.cluster_view()), timeout=10, what="lease expiry")
+    cp2.dispatcher.submit(claimed[0])
+    reason = cp2.get(job.id, project=None).status_reason
+    assert reason == "the warm lane already had this attempt (a retried dispatch); adopted it", reason
+
+    def finished():
+        cp2.dispatcher.run_once()
+        cp2.reconciler.run_once()
+        return cp2.get(job.id, project=None).status is JobStatus.SUCCEEDED
+
+    wait_for(finished, timeout=60, what="job succeeded")
+    assert out.read_text() == "ran\n"
+    cp1.close()
+    cp2.close()
+
+
+def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, tmp_path, gcs):
+    marker, out = tmp_path / "first-try", tmp_path / "runs"
+    cmd = f"if [ -e {marker} ]; then echo ran >> {out}; else echo $$ > {marker}; sleep 600; fi"
+    j = lapi.post("/v1/jobs", json={"name": "survivor", "kind": "command", "entrypoint": cmd,
+                                    "retry": {"backoff_s": 0}}).json()
+    wait_status(lapi, j["id"], {"RUNNING"}, timeout=60)
+    pid = wait_for(lambda: marker.exists() and marker.read_text().strip() and int(marker.read_text()),
+                   timeout=30, what="the first attempt's pid")
+    with open(f"/proc/{pid}/stat") as f:
+        host_pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the shell's parent: the lane host
+    host_sid = lane_status(gcs, f"raylane-{j['id']}-1").host
+    os.kill(host_pid, signal.SIGKILL)  # the host dies as with its node, without a word
+    done = wait_status(lapi, j["id"], TERMINAL, timeout=120)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert out.read_text() == "ran\n"
+    first, second = lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[:2]
+    assert first["cause"] == "LOST" and host_sid in first["message"], first
+    assert second["status"] == "SUCCEEDED"
+    assert lane_status(gcs, f"raylane-{j['id']}-2").host != host_sid  # a new host replaced the lost one
+    wait_for(lambda: gone(pid), timeout=10, what="the lost host's command to die with it")
+
+
+def test_a_control_plane_killed_while_lane_jobs_run_leaves_each_succeeded_once(lane_settings, tmp_path):
+    cp1 = _plane(lane_settings)
+    jobs = [cp1.submit(JobSpec(name=f"j{i}", kind="command", entrypoint=f"sleep 1; echo ran >> {tmp_path / str(i)}"),
+                       project="default", actor="t")[0] for i in range(4)]
+    cp1.dispatcher.run_once()  # all four in the lane (4 CPUs in group cpu), recorded as submitted
+    assert {cp1.get(j.id, project=None).status for j in jobs} == {JobStatus.DISPATCHING}
+    cp1.close()  # dies here: no reconciler of its ever sees them run
+
+    cp2 = _plane(lane_settings)
+
+    def all_done():
+        cp2.reconciler.run_once()
+        cp2.dispatcher.run_once()
+        return all(cp2.get(j.id, project=None).status is JobStatus.SUCCEEDED for j in jobs)
+
+    wait_for(all_done, timeout=90, what="every job succeeded")
+    assert [(tmp_path / str(i)).read_text() for i in range(4)] == ["ran\n"] * 4
+    assert all(cp2.get(j.id, project=None).attempts == 1 for j in jobs)
+    cp2.close()
+
+
+def test_a_lane_whose_spot_node_is_killed_mid_job_is_preempted_retried_and_succeeds_once(
+        lapi, ray_cluster, tmp_path, gcs):
+    marker, out = tmp_path / "first-try", tmp_path / "runs"
+    cmd = f"if [ -e {marker} ]; then echo ran >> {out}; else echo $$ > {marker}; sleep 600; fi"
+    j = lapi.post("/v1/jobs", json={"name": "spot-lane", "kind": "command", "entrypoint": cmd,
+                                    "placement": {"node_group": "spot-cpu"}, "retry": {"backoff_s": 0}}).json()
+    assert j["placement"]["lane"] == "spot-cpu"
+    wait_for(lambda: marker.exists() and marker.read_text().strip(), timeout=90, what="the first attempt running")
+    host = ray_job(ray_cluster, lane_status(gcs, f"raylane-{j['id']}-1").host)
+    victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == host["driver_node_id"])
+    assert victim.group == "spot-cpu"
+    ray_cluster.kill_node(victim.name)  # a spot reclaim: the node and everything on it
+    # The group's other spot node takes the retry (a new host there).
+    done = wait_status(lapi, j["id"], TERMINAL, timeout=180)
+    attempts = lapi.get(f"/v1/jobs/{j['id']}/attempts").json()
+    assert done["status"] == "SUCCEEDED", (done["status_reason"], attempts)
+    assert out.read_text() == "ran\n"
+    assert [a["cause"] for a in attempts] == ["PREEMPTED", None], [(a["cause"], a["message"]) for a in attempts]
+    assert done["preemptions"] == 1

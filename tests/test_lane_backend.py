@@ -1,0 +1,148 @@
+"""``backends.lanes.LaneBackend`` against in-memory stand-ins for Ray's KV store
+and Jobs API (what cannot run without a cluster here): hosts started and
+replaced, attempts adopted, stopped before a host takes them, and lost with
+their host. The real thing is tests/ray/test_fast_lane.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylane.orchestrator.backends.lanes import LaneBackend
+from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJob
+from raylane.orchestrator.domain import lanes
+from raylane.orchestrator.domain.lanes import LaneStatus
+
+
+class Gcs:
+    def __init__(self):
+        self.d: dict[str, bytes] = {}
+
+    def kv_get(self, key):
+        return self.d.get(key)
+
+    def kv_put(self, key, value, *, overwrite=True):
+        if not overwrite and key in self.d:
+            return False
+        self.d[key] = value
+        return True
+
+    def kv_del(self, key):
+        self.d.pop(key, None)
+
+
+class Ray:
+    """The Jobs API as LaneBackend uses it: submit once per id, get."""
+
+    def __init__(self):
+        self.gcs = Gcs()
+        self.jobs: dict[str, RayJob] = {}
+
+    def _find_gcs(self):
+        return self.gcs
+
+    def submit(self, *, submission_id, entrypoint, metadata, entrypoint_label_selector, **_):
+        if submission_id in self.jobs:
+            raise AlreadySubmitted(submission_id)
+        assert entrypoint.startswith(f"python -m {lanes.HOST_MODULE} --group cpu --host {submission_id}")
+        assert entrypoint_label_selector == {"ray.io/node-group": "cpu"} and metadata == {"raylane_lane": "cpu"}
+        self.jobs[submission_id] = RayJob(submission_id, "RUNNING", None, None, 1, None, "node-1", None, metadata)
+
+    def get(self, sid):
+        return self.jobs.get(sid)
+
+    def end(self, sid, status="FAILED", message="driver exited with -9"):
+        self.jobs[sid].status, self.jobs[sid].message = status, message
+
+
+@pytest.fixture
+def ray():
+    return Ray()
+
+
+@pytest.fixture
+def lb(ray, monkeypatch):
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)  # always ask "Ray" afresh
+    return LaneBackend(ray, idle_s=5, slots=2)
+
+
+def test_submit_starts_one_host_and_a_second_dispatch_is_adopted(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    assert list(ray.jobs) == ["raylane-lane-cpu-1"]
+    assert lb.get("a-1").status == "PENDING"
+    with pytest.raises(AlreadySubmitted):
+        lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    lb.submit(submission_id="b-1", group="cpu", command="true", env={})
+    assert list(ray.jobs) == ["raylane-lane-cpu-1"]  # the live host serves both
+
+
+def test_a_dead_host_is_replaced_when_work_waits(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    ray.end("raylane-lane-cpu-1", "SUCCEEDED", "idle: exited")
+    assert lb.get("a-1").status == "PENDING"  # unclaimed: it waits for the next host
+    assert "raylane-lane-cpu-2" in ray.jobs
+
+
+def test_stop_before_a_host_takes_it_means_no_host_ever_will(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    assert lb.stop("a-1")
+    assert lb.get("a-1").status == "STOPPED"
+    assert lanes.todo_key("cpu", "a-1") not in ray.gcs.d
+    assert not ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)  # a host's claim fails
+    assert not lb.stop("a-1")  # ended: nothing to stop
+
+
+def test_stop_of_a_running_item_asks_its_host(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
+    rj = lb.get("a-1")
+    assert rj.status == "RUNNING" and rj.driver_node_id == "node-1"
+    assert lb.stop("a-1") and lanes.stop_key("a-1") in ray.gcs.d
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "PENDING"])
+def test_an_item_whose_host_ended_under_it_is_lost_with_it(lb, ray, status):
+    lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    if status == "RUNNING":  # claimed and started; PENDING: claimed, the host died before it wrote RUNNING
+        ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
+    ray.end("raylane-lane-cpu-1")
+    rj = lb.get("a-1")
+    assert rj.status == "FAILED" and rj.error_type == lanes.HOST_LOST and rj.driver_node_id == "node-1"
+    assert "raylane-lane-cpu-1 ended (FAILED: driver exited with -9)" in rj.message
+
+
+def test_logs_are_the_tail_or_empty_while_pending_or_none_when_unknown(lb, ray):
+    assert lb.logs("nope") is None and lb.get("nope") is None
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    assert lb.logs("a-1") == ""
+    ray.gcs.kv_put(lanes.logs_key("a-1"), b"hello\n")
+    assert lb.logs("a-1") == "hello\n"
+
+
+def test_a_host_gone_with_its_node_says_so_in_rays_words(lb, ray):
+    from raylane.orchestrator.loops.classify import classify
+    from raylane.orchestrator.domain.states import FailureCause
+
+    lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
+    ray.end("raylane-lane-cpu-1", message="Job supervisor actor died")
+    ray.jobs["raylane-lane-cpu-1"].error_type = "JOB_SUPERVISOR_ACTOR_DIED"
+    rj = lb.get("a-1")
+    assert rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED" and "raylane-lane-cpu-1" in rj.message
+    # The node is not declared dead yet: the group's market decides (spot: a preemption).
+    assert classify(rj, {}, driver_market="SPOT")[0] is FailureCause.PREEMPTED
+    assert classify(rj, {}, driver_market="ON_DEMAND")[0] is FailureCause.NODE_LOST
+
+
+def test_items_a_host_gave_up_wait_for_rays_word_on_the_host(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus(
+        "FAILED", group="cpu", host="raylane-lane-cpu-1", error_type=lanes.HOST_LOST,
+        message="lane host raylane-lane-cpu-1 lost its Ray job supervisor").encode())
+    assert lb.get("a-1").status == "RUNNING"  # Ray still counts the host running
+    ray.end("raylane-lane-cpu-1")
+    rj = lb.get("a-1")
+    assert rj.status == "FAILED" and rj.error_type == lanes.HOST_LOST

@@ -1,0 +1,113 @@
+"""The lane host (``raylane.jobs.lane``) against an in-memory store with the
+same interface as Ray's KV store: what it runs, what it writes, once. Real
+processes and forks; no Ray."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from raylane.jobs.lane import Host
+from raylane.orchestrator.domain import lanes, protocol
+from raylane.orchestrator.domain.lanes import LaneStatus
+from tests.helpers import wait_for
+
+
+class MemoryStore:
+    """Ray's KV store as the host uses it: a put with overwrite off adds or refuses, atomically."""
+
+    def __init__(self):
+        self.d: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        return self.d.get(key)
+
+    def put(self, key, value, *, overwrite=True):
+        with self.lock:
+            if not overwrite and key in self.d:
+                return False
+            self.d[key] = value
+            return True
+
+    def delete(self, key):
+        self.d.pop(key, None)
+
+    def keys(self, prefix):
+        return [k for k in list(self.d) if k.startswith(prefix)]
+
+
+def status(store, sid) -> LaneStatus:
+    return LaneStatus.decode(store.d[lanes.status_key(sid)])
+
+
+def enqueue(store, sid, command, env=None, args=None):
+    store.put(lanes.todo_key("cpu", sid), lanes.encode_item(sid, command, env or {}, args=args))
+
+
+def test_commands_and_functions_run_with_status_logs_and_results(tmp_path):
+    store = MemoryStore()
+    enqueue(store, "cmd", "echo hi-$X", {"X": "lane"})
+    enqueue(store, "bad", "echo oops; exit 3")
+    enqueue(store, "fn", "json:dumps", args={"obj": [1, 2]})
+    enqueue(store, "boom", "json:loads", args={"s": "not json"})
+    Host(store, "cpu", "raylane-lane-cpu-1", slots=4, idle_s=0.2, workdir=tmp_path).run()
+    assert status(store, "cmd").status == "SUCCEEDED" and store.d[lanes.logs_key("cmd")] == b"hi-lane\n"
+    bad = status(store, "bad")
+    assert bad.status == "FAILED" and bad.exit_code == 3 and "oops" in bad.message
+    assert status(store, "fn").status == "SUCCEEDED"
+    assert protocol.decode_result(store.d[protocol.result_key("fn")]) == {"value": "[1, 2]"}
+    boom = status(store, "boom")
+    assert boom.status == "FAILED" and "JSONDecodeError" in boom.message
+    assert protocol.result_key("boom") not in store.d
+    assert not store.keys(lanes.todo_prefix("cpu"))  # every item taken
+    assert all(status(store, s).host == "raylane-lane-cpu-1" for s in ("cmd", "bad", "fn", "boom"))
+
+
+def test_an_item_is_run_once_whatever_the_number_of_hosts(tmp_path):
+    store, out = MemoryStore(), tmp_path / "runs"
+    for i in range(10):
+        enqueue(store, f"j{i}", f"echo {i} >> {out}")
+    hosts = [Host(store, "cpu", f"raylane-lane-cpu-{n}", slots=3, idle_s=0.3, workdir=tmp_path / str(n))
+             for n in range(3)]
+    for h in hosts:
+        h.workdir.mkdir()
+    threads = [threading.Thread(target=h.run) for h in hosts]
+    for t in threads:
+        t.start()
+    # A re-dispatched attempt: the same item again after it ran is taken by no one.
+    wait_for(lambda: status(store, "j0").status == "SUCCEEDED" if lanes.status_key("j0") in store.d else False,
+             timeout=10, what="j0 ran")
+    enqueue(store, "j0", f"echo again >> {out}")
+    for t in threads:
+        t.join(30)
+    assert sorted(out.read_text().split()) == sorted(str(i) for i in range(10))
+
+
+def test_a_stop_request_kills_the_process_group(tmp_path):
+    store = MemoryStore()
+    pidfile = tmp_path / "pid"
+    enqueue(store, "long", f"sleep 300 & echo $! > {pidfile}; wait")
+    host = Host(store, "cpu", "raylane-lane-cpu-1", slots=1, idle_s=0.2, workdir=tmp_path)
+    t = threading.Thread(target=host.run)
+    t.start()
+    pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
+                   timeout=10, what="the command's child")
+    store.put(lanes.stop_key("long"), b"1")
+    t.join(30)
+    st = status(store, "long")
+    assert st.status == "STOPPED" and st.exit_code is not None
+    # The shell's child (same process group) went with it.
+    with open(f"/proc/{pid}/stat") if _exists(pid) else open("/dev/null") as f:
+        assert f.read().rsplit(")", 1)[-1].split()[:1] in ([], ["Z"])
+    assert json.loads(store.d[lanes.status_key("long")])["status"] == "STOPPED"
+
+
+def _exists(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

@@ -1,0 +1,80 @@
+"""Which jobs take a warm lane (``domain.lanes.decide``) and what the router says: no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylane.orchestrator.domain import lanes
+from raylane.orchestrator.domain.lanes import LaneStatus
+from raylane.orchestrator.domain.profile import default_profile
+from raylane.orchestrator.domain.routing import route
+from raylane.orchestrator.domain.specs import JobSpec
+
+
+def spec(**kw) -> JobSpec:
+    return JobSpec(**{"name": "s", "kind": "command", "entrypoint": "true", **kw})
+
+
+def test_a_small_command_takes_the_lane_with_its_reason():
+    ok, why = lanes.decide(spec(), enabled=True)
+    assert ok and why == "fast lane: a 1-CPU command runs in the group's warm lane, no Ray job of its own"
+    assert lanes.decide(spec(resources={"cpus_per_worker": 0.5}), enabled=True)[0]
+    assert lanes.decide(spec(runtime_env={"env_vars": {"A": "1"}}), enabled=True)[0]
+    ok, why = lanes.decide(spec(kind="function", entrypoint="json:dumps", args={"obj": 1}), enabled=True)
+    assert ok and why.startswith("fast lane: a 1-CPU function")
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"resources": {"cpus_per_worker": 2}}, "Ray job: asks for 2 CPUs (the fast lane takes ≤ 1)"),
+    ({"lane": "isolated"}, "Ray job: the spec asks for lane: isolated"),
+    ({"resources": {"num_workers": 2}}, "Ray job: asks for 2 workers (the fast lane takes one)"),
+    ({"resources": {"gpus_per_worker": 1}}, "Ray job: asks for GPUs (the fast lane takes CPU-only jobs)"),
+    ({"runtime_env": {"pip": ["x"]}}, "Ray job: its runtime_env needs pip (a warm lane runs in the node's own environment)"),
+    ({"runtime_env": {"working_dir": "s3://b/x.zip"}}, "Ray job: its runtime_env needs working_dir (a warm lane runs in the node's own environment)"),
+    ({"kind": "training", "entrypoint": "m:f"}, "Ray job: kind training needs a driver of its own (the fast lane takes command, function)"),
+])
+def test_ineligible_jobs_say_why(kw, reason):
+    assert lanes.decide(spec(**kw), enabled=True) == (False, reason)
+
+
+def test_the_lane_is_off_unless_enabled():
+    assert lanes.decide(spec(), enabled=False) == (False, "Ray job: the fast lane is off (RAYLANE_FAST_LANE)")
+
+
+def test_router_records_the_lane_and_why():
+    p = default_profile()
+    pl = route(spec(), p, fast_lane=True)
+    assert pl.lane == pl.node_group and pl.fallback_node_groups == []
+    assert pl.reasons[-1].startswith("fast lane: ")
+    assert not any(r.startswith("falls back to") for r in pl.reasons)
+    big = route(spec(resources={"cpus_per_worker": 2}), p, fast_lane=True)
+    assert big.lane is None and big.reasons[-1] == "Ray job: asks for 2 CPUs (the fast lane takes ≤ 1)"
+    # Off: the placement is what it always was, reasons included.
+    assert route(spec(), p) == route(spec(), p, fast_lane=False) and route(spec(), p).lane is None
+    assert not any("lane" in r for r in route(spec(), p).reasons)
+
+
+def test_lane_status_round_trips_and_keys_are_per_attempt():
+    st = LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1", pid=12, start_time=1)
+    assert LaneStatus.decode(st.encode()) == st
+    assert lanes.todo_key("cpu", "raylane-x-1").startswith(lanes.todo_prefix("cpu"))
+    assert lanes.stop_key("raylane-x-1").startswith(lanes.STOP_PREFIX)
+    assert lanes.decode_item(lanes.encode_item("sid", "echo hi", {"A": "1"})) == {
+        "sid": "sid", "command": "echo hi", "env": {"A": "1"}}
+
+
+def test_a_lost_lane_host_is_retried_as_lost_or_node_loss():
+    from raylane.orchestrator.backends.ray_jobs import RayJob, RayNode
+    from raylane.orchestrator.domain.states import CAUSES, FailureCause
+    from raylane.orchestrator.loops.classify import classify
+
+    def node(state):
+        return RayNode(node_id="n1", state=state, labels={"ray.io/market-type": "ON_DEMAND"}, resources_total={},
+                       is_head=False, death_reason=None, death_message="killed", draining=False)
+
+    rj = RayJob("raylane-j-1", "FAILED", "lane host raylane-lane-cpu-1 ended (FAILED: ...)", lanes.HOST_LOST,
+                1, 2, "n1", None, {})
+    cause, msg = classify(rj, {"n1": node("ALIVE")})
+    assert cause is FailureCause.LOST and "raylane-lane-cpu-1" in msg
+    assert classify(rj, {"n1": node("DEAD")})[0] is FailureCause.NODE_LOST
+    assert CAUSES[FailureCause.LOST].retried and CAUSES[FailureCause.NODE_LOST].retried
