@@ -73,6 +73,12 @@ def _serve_workers(settings: Settings, base: str) -> None:
             plane.close()
     settled = {"RAYLANE_AUTO_MIGRATE": "false", "RAYLANE_DASHBOARD_URL": settings.dashboard_url,
                "RAYLANE_RAY_ADDRESS": settings.ray_address}
+    if settings.session_secret is None:
+        # A browser's session cookie must verify on whichever worker its next request
+        # reaches: one secret for all of them (each would otherwise draw its own).
+        import secrets
+
+        settled["RAYLANE_SESSION_SECRET"] = secrets.token_urlsafe(32)
     token = settings.ray_auth_token
     if token is not None:
         settled["RAYLANE_RAY_AUTH_TOKEN"] = token.get_secret_value() if hasattr(token, "get_secret_value") else token

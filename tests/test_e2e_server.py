@@ -98,3 +98,23 @@ def test_two_worker_processes_serve_one_port_and_a_killed_one_is_replaced(server
     assert len(set(ids)) == 120
     listed = httpx.get(sp.url + "/v1/jobs", params={"limit": 500}, timeout=10).json()["items"]
     assert sorted(j["id"] for j in listed) == sorted(ids)  # each stored once, nothing else
+
+
+@pytest.mark.slow
+def test_a_browser_session_holds_on_every_worker(server_factory, tmp_path):
+    """The session cookie (Ray's dashboard under /ray) is signed by one worker and
+    checked by whichever the next request reaches: they share one secret. Ray is
+    down here: 502 is "signed in, Ray unreachable", 401 would be a refused cookie."""
+    from tests.conftest import ADMIN_TOKEN, free_port
+
+    sp = server_factory({"RAYLANE_WORKERS": "2", "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_AUTH_ENABLED": "true",
+                         "RAYLANE_DATA_DIR": str(tmp_path), "RAYLANE_ADMIN_TOKEN": ADMIN_TOKEN,
+                         "RAYLANE_DASHBOARD_URL": f"http://127.0.0.1:{free_port()}"}).start()
+    signed_in = httpx.post(sp.url + "/v1/session", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+    assert signed_in.status_code == 204
+    codes = set()
+    for _ in range(20):  # new connections: both workers answer some
+        with httpx.Client(cookies=signed_in.cookies, timeout=10) as c:
+            codes.add(c.get(sp.url + "/ray/api/jobs/").status_code)
+    assert codes == {502}, codes
+    assert httpx.get(sp.url + "/ray/api/jobs/", timeout=10).status_code == 401  # no cookie: refused
