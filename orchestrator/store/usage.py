@@ -56,14 +56,16 @@ def load_usage(session: Session, *, start: datetime, end: datetime, project: str
     # Sorted here, not in SQL: an ORDER BY (job_id, number) leads SQLite to walk
     # that unique index over every attempt instead of the window's.
     rows = sorted(session.execute(q), key=lambda r: (r.job_id, r.number))
-    return [
-        AttemptUsage(job_id=r.job_id, project=r.project, kind=r.kind, name=r.name, number=r.number,
-                     node_group=r.node_group, market=r.market,
-                     resources={k: float(v) for k, v in (r.resources or {}).items() if isinstance(v, (int, float))},
-                     status=r.status, cause=r.cause, created_at=r.created_at, started_at=r.started_at,
-                     ended_at=r.ended_at, spec=r.spec or {}, result=r.result)
-        for r in rows
-    ]
+    return [_usage(r) for r in rows]
+
+
+def _usage(r) -> AttemptUsage:
+    """One attempt's row (attempt, job and result columns) as accounting reads it."""
+    return AttemptUsage(job_id=r.job_id, project=r.project, kind=r.kind, name=r.name, number=r.number,
+                        node_group=r.node_group, market=r.market,
+                        resources={k: float(v) for k, v in (r.resources or {}).items() if isinstance(v, (int, float))},
+                        status=r.status, cause=r.cause, created_at=r.created_at, started_at=r.started_at,
+                        ended_at=r.ended_at, spec=r.spec or {}, result=r.result)
 
 
 def _overlap(start: datetime, end: datetime, now: datetime):
@@ -137,11 +139,4 @@ def reviewed(session: Session, *, start: datetime, end: datetime, now: datetime,
     if project is not None:
         q = q.where(u.project == project)
     rows = sorted(session.execute(q), key=lambda r: (r.job_id, r.number))
-    return [
-        AttemptUsage(job_id=r.job_id, project=r.project, kind=r.kind, name=r.name, number=r.number,
-                     node_group=r.node_group, market=r.market,
-                     resources={k: float(v) for k, v in (r.resources or {}).items() if isinstance(v, (int, float))},
-                     status=r.status, cause=r.cause, created_at=r.created_at, started_at=r.started_at,
-                     ended_at=r.ended_at, spec=r.spec or {}, result=r.result)
-        for r in rows
-    ]
+    return [_usage(r) for r in rows]
