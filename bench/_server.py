@@ -6,7 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,3 +52,45 @@ def stop_server(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+@dataclass
+class Bench:
+    """A local cluster of the default profile and a server attached to it."""
+
+    work: Path
+    cluster: Any  # tooling.localcluster.LocalCluster
+    state: Any  # its ClusterState: dashboard_url, token, gcs_address, nodes
+    server: subprocess.Popen
+    url: str
+
+    @property
+    def head_pgid(self) -> int:
+        return next(n.pid for n in self.state.nodes if n.group == "head")
+
+    def stop(self) -> None:
+        try:
+            stop_server(self.server)
+        finally:
+            self.cluster.down()
+
+
+def start_cluster_and_server(env: dict[str, str], *, gcs: bool = False, prefix: str = "raylane-bench-") -> Bench:
+    """Start the local cluster, then the server with ``env`` attached to it (``gcs``:
+    also Ray's GCS address, as a deployment gives it). The cluster is stopped again
+    if the server does not start; call ``stop()`` when done."""
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = LocalCluster(default_profile(), work / "cluster")
+    state = cluster.up()
+    ray = {"RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token}
+    if gcs:
+        ray["RAYLANE_RAY_ADDRESS"] = state.gcs_address
+    try:
+        server, url = start_server(work, {**ray, **env})
+    except BaseException:
+        cluster.down()
+        raise
+    return Bench(work, cluster, state, server, url)

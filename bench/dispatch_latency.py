@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -70,21 +69,10 @@ def main() -> None:
 
     from ray.job_submission import JobSubmissionClient
 
-    from raylane.orchestrator.tooling.localcluster import LocalCluster
-    from raylane.orchestrator.domain.profile import default_profile
-
-    work = Path(tempfile.mkdtemp(prefix="raylane-bench-"))
-    cluster = LocalCluster(default_profile(), work / "cluster")
-    state = cluster.up()
-    head_pgid = next(n.pid for n in state.nodes if n.group == "head")
-    try:
-        server, url = _server.start_server(work, {
-            "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
-            "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL", "RAYLANE_MAX_CONCURRENT_DRIVERS": "1000",
-            "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
-    except BaseException:
-        cluster.down()
-        raise
+    bench = _server.start_cluster_and_server({
+        "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL", "RAYLANE_MAX_CONCURRENT_DRIVERS": "1000",
+        "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
+    state, url, head_pgid = bench.state, bench.url, bench.head_pgid
     http = httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
     ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
     spec = {"name": "bench", "kind": "command", "entrypoint": ENTRYPOINT, "resources": {"cpus_per_worker": CPUS},
@@ -148,8 +136,7 @@ def main() -> None:
         }
         print(json.dumps(out, indent=2))
     finally:
-        _server.stop_server(server)
-        cluster.down()
+        bench.stop()
 
 
 if __name__ == "__main__":

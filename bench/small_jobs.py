@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -56,22 +55,10 @@ def main() -> None:
 
     from ray.job_submission import JobSubmissionClient
 
-    from raylane.orchestrator.domain.profile import default_profile
-    from raylane.orchestrator.tooling.localcluster import LocalCluster
-
-    work = Path(tempfile.mkdtemp(prefix="raylane-bench-"))
-    cluster = LocalCluster(default_profile(), work / "cluster")
-    state = cluster.up()
-    head_pgid = next(n.pid for n in state.nodes if n.group == "head")
-    try:
-        server, url = _server.start_server(work, {
-            "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
-            "RAYLANE_RAY_ADDRESS": state.gcs_address, "RAYLANE_FAST_LANE": "true",
-            "RAYLANE_LANE_SLOTS": str(args.slots), "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL",
-            "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
-    except BaseException:
-        cluster.down()
-        raise
+    bench = _server.start_cluster_and_server({
+        "RAYLANE_FAST_LANE": "true", "RAYLANE_LANE_SLOTS": str(args.slots), "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL",
+        "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"}, gcs=True)
+    state, url, head_pgid = bench.state, bench.url, bench.head_pgid
     http = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {TOKEN}"})
     ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
     run = uuid.uuid4().hex[:8]
@@ -151,8 +138,7 @@ def main() -> None:
         }
         print(json.dumps(out, indent=2))
     finally:
-        _server.stop_server(server)
-        cluster.down()
+        bench.stop()
 
 
 if __name__ == "__main__":

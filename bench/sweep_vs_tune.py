@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -49,21 +48,11 @@ def main() -> None:
     args = ap.parse_args()
     from ray.job_submission import JobSubmissionClient
 
-    from raylane.orchestrator.tooling.localcluster import LocalCluster
-    from raylane.orchestrator.domain.profile import default_profile
     from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.domain.specs import JobSpec
 
-    work = Path(tempfile.mkdtemp(prefix="raylane-sweep-bench-"))
-    cluster = LocalCluster(default_profile(), work / "cluster")
-    state = cluster.up()
-    try:
-        server, url = _server.start_server(work, {
-            "RAYLANE_DASHBOARD_URL": state.dashboard_url, "RAYLANE_RAY_AUTH_TOKEN": state.token,
-            "RAYLANE_AUTH_ENABLED": "false"})
-    except BaseException:
-        cluster.down()
-        raise
+    bench = _server.start_cluster_and_server({"RAYLANE_AUTH_ENABLED": "false"}, prefix="raylane-sweep-bench-")
+    state, url, work = bench.state, bench.url, bench.work
     try:
         ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
 
@@ -125,8 +114,7 @@ def main() -> None:
             out["ratio_vs_default"] = statistics.median(p["raylane_s"] for p in pairs) / default["wall_s"]
         print(json.dumps(out, indent=2))
     finally:
-        _server.stop_server(server)
-        cluster.down()
+        bench.stop()
 
 
 if __name__ == "__main__":
