@@ -76,10 +76,12 @@ def main() -> None:
             time.sleep(POLL_S)
         return time.perf_counter() - t
 
-    def unfinished() -> int:
-        page = http.get("/v1/jobs", params=[("label", f"bench={run}"), ("limit", 500)]
+    def unfinished() -> bool:
+        # One row is enough to know the burst is not done: a page of 500 every
+        # 50 ms cost the server more than the lane did (a profile showed 38% of its CPU).
+        page = http.get("/v1/jobs", params=[("label", f"bench={run}"), ("limit", 1)]
                         + [("status", s) for s in UNFINISHED]).json()["items"]
-        return len(page)
+        return bool(page)
 
     def lane_burst(n: int, one: dict | None = None) -> float:
         t = time.perf_counter()

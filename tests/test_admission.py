@@ -162,3 +162,71 @@ def test_routing_never_prefers_a_group_that_can_never_have_a_node():
     spec = JobSpec.model_validate({"name": "t", "kind": "training", "entrypoint": "m:f",
                                    "resources": {"num_workers": 1, "gpus_per_worker": 1}})
     assert route(spec, profile).node_group == "gpu"
+
+
+def cpu_job(job_id: str, cpus: float = 1, **kw) -> Queued:
+    spec = JobSpec(name=job_id, kind="command", entrypoint="true", resources={"cpus_per_worker": cpus}, **kw)
+    return Queued(id=job_id, project="default", status=JobStatus.PENDING, status_reason=None, spec=spec,
+                  placement=route(spec, PROFILE), attempts=0, skips=0, preemptions=0)
+
+
+QUEUE_AHEAD = Rules(max_concurrent_drivers=64, starvation_skips=3, queue_ahead=2)
+
+
+def test_a_burst_of_cpu_jobs_queues_ahead_in_ray_up_to_the_bound_and_says_so():
+    jobs = [cpu_job(f"j{i}") for i in range(8)]
+    assert jobs[0].placement.node_group == "cpu"
+    # The group's 4 CPUs are busy with running jobs: 2 more wait in Ray's queue, the rest in Raylane's.
+    out = decide(jobs, CPU_ROOM, PROFILE, QUEUE_AHEAD, used={"cpu": {"CPU": 4}}, drivers=0, limits={},
+                 project_used={})
+    assert [type(d).__name__ for d in out] == ["Admit"] * 2 + ["Wait"] * 6
+    assert all(d.scale_up is None for d in out[:2])
+    assert out[0].queued == ("queued ahead in Ray until a running job ends "
+                             "(waiting for 1 CPUs in group cpu: 0 free)")
+    assert out[2].reason == "waiting for 1 CPUs in group cpu: 0 free"
+    # Every admitted job waits to start until Ray runs it: 4 that fit now already
+    # fill the bound, so none goes ahead of them.
+    fresh = decide(jobs, CPU_ROOM, PROFILE, QUEUE_AHEAD, used={}, drivers=0, limits={}, project_used={})
+    assert [type(d).__name__ for d in fresh] == ["Admit"] * 4 + ["Wait"] * 4
+    assert [d.queued for d in fresh[:4]] == [None] * 4
+    # Jobs already waiting to start in Ray count against the bound (the store's DISPATCHING jobs).
+    busy = decide(jobs[:2], CPU_ROOM, PROFILE, QUEUE_AHEAD, used={"cpu": {"CPU": 4}}, drivers=0, limits={},
+                  project_used={}, waiting={("cpu", False): 1})
+    assert [type(d).__name__ for d in busy] == ["Admit", "Wait"]
+    # Off (the default of Rules): only what fits now.
+    off = decide(jobs, CPU_ROOM, PROFILE, RULES, used={"cpu": {"CPU": 4}}, drivers=0, limits={}, project_used={})
+    assert [type(d).__name__ for d in off] == ["Wait"] * 8
+
+
+def test_gpu_jobs_and_jobs_bigger_than_the_live_group_never_queue_ahead():
+    rules = Rules(max_concurrent_drivers=64, starvation_skips=3, queue_ahead=8)
+    gpu = decide([queued("a", 2), queued("b", 1)], VIEW, PROFILE, rules, used={}, drivers=0, limits={},
+                 project_used={})
+    assert summary(gpu) == [("Admit", "a", []), ("Wait", "b", "waiting for 1 GPUs in group gpu: 0 free")]
+    small = {"cpu": GroupState(alive_nodes=1, total={"CPU": 1, "memory": 2 * 1024**3})}
+    big = decide([cpu_job("one"), cpu_job("two", cpus=2)], small, PROFILE, rules, used={"cpu": {"CPU": 1}},
+                 drivers=0, limits={}, project_used={})
+    assert [type(d).__name__ for d in big] == ["Admit", "Wait"]  # "one" waits in Ray; "two" could never start there
+    assert big[0].queued and big[1].reason == "waiting for 2 CPUs in group cpu: 0 free"
+
+
+def test_a_group_the_autoscaler_may_grow_scales_ahead_instead_of_queueing_ahead():
+    rules = Rules(max_concurrent_drivers=64, starvation_skips=3, scale_ahead=1, queue_ahead=8)
+    out = decide([cpu_job("a", 4), cpu_job("b", 4), cpu_job("c", 4)], CPU_ROOM, profile_with(cpu=2), rules,
+                 used={}, drivers=0, limits={}, project_used={})
+    assert [(type(d).__name__, getattr(d, "scale_up", None) is not None, getattr(d, "queued", None))
+            for d in out][:2] == [("Admit", False, None), ("Admit", True, None)]
+    assert isinstance(out[2], Wait)
+
+
+def test_lane_jobs_queue_ahead_in_their_lane_by_their_own_bound():
+    rules = Rules(max_concurrent_drivers=64, starvation_skips=3, fast_lane=True, lane_ahead=3)
+    jobs = []
+    for i in range(10):
+        spec = JobSpec(name=f"l{i}", kind="command", entrypoint="true", resources={"cpus_per_worker": 1})
+        jobs.append(Queued(id=f"l{i}", project="default", status=JobStatus.PENDING, status_reason=None, spec=spec,
+                           placement=None, attempts=0, skips=0, preemptions=0))
+    out = decide(jobs, CPU_ROOM, PROFILE, rules, used={"cpu": {"CPU": 4}}, drivers=0, limits={}, project_used={})
+    assert [type(d).__name__ for d in out] == ["Admit"] * 3 + ["Wait"] * 7
+    assert all(d.placement.lane == "cpu" for d in out[:3])
+    assert out[0].queued.startswith("queued ahead in warm lane of group cpu until a running job ends")

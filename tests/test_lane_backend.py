@@ -16,9 +16,14 @@ from raylane.orchestrator.domain.lanes import LaneStatus
 class Gcs:
     def __init__(self):
         self.d: dict[str, bytes] = {}
+        self.multi_gets = 0
 
     def kv_get(self, key):
         return self.d.get(key)
+
+    def kv_multi_get(self, keys):
+        self.multi_gets += 1
+        return {k: self.d[k] for k in keys if k in self.d}
 
     def kv_put(self, key, value, *, overwrite=True):
         if not overwrite and key in self.d:
@@ -146,3 +151,17 @@ def test_items_a_host_gave_up_wait_for_rays_word_on_the_host(lb, ray):
     ray.end("raylane-lane-cpu-1")
     rj = lb.get("a-1")
     assert rj.status == "FAILED" and rj.error_type == lanes.HOST_LOST
+
+
+def test_many_attempts_are_read_in_two_calls_whatever_their_number(lb, ray):
+    for i in range(50):
+        lb.submit(submission_id=f"a-{i}", group="cpu", command="true", env={})
+    lb.ray.gcs.kv_put(lanes.claim_key("a-0"), b"raylane-lane-cpu-1", overwrite=False)
+    lb.ray.gcs.kv_put(lanes.status_key("a-0"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
+    before = ray.gcs.multi_gets
+    seen = lb.get_many([f"a-{i}" for i in range(50)] + ["never-submitted"])
+    assert ray.gcs.multi_gets - before == 2  # the statuses, then the claims of the PENDING ones
+    assert seen["never-submitted"] is None
+    assert seen["a-0"].status == "RUNNING" and seen["a-0"].metadata["raylane_lane_host"] == "raylane-lane-cpu-1"
+    assert {seen[f"a-{i}"].status for i in range(1, 50)} == {"PENDING"}
+    assert all(seen[f"a-{i}"].__dict__ == lb.get(f"a-{i}").__dict__ for i in (0, 1, 49))

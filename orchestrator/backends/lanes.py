@@ -120,15 +120,30 @@ class LaneBackend:
             raise AlreadySubmitted(submission_id)
 
     def get(self, submission_id: str) -> RayJob | None:
-        st = self._status(submission_id)
-        if st is None:
-            return None
-        host = st.host
-        if st.status == "PENDING":
-            claim = self._kv("kv_get", lanes.claim_key(submission_id))
-            host = claim.decode() if claim and claim.decode().startswith("raylane-lane-") else None
-            if host is None:
-                self.ensure_host(st.group)  # a host that went idle and exited is replaced
+        return self.get_many([submission_id])[submission_id]
+
+    def get_many(self, submission_ids: list[str]) -> dict[str, RayJob | None]:
+        """Each attempt as ``get`` sees it, in a few calls whatever their number:
+        one read of every status, one of the claims of those still PENDING, and a
+        look at each group's host (a host that went idle and exited is replaced)."""
+        raw = self._kv("kv_multi_get", [lanes.status_key(sid) for sid in submission_ids])
+        statuses = {sid: LaneStatus.decode(v) for sid in submission_ids
+                    if (v := raw.get(lanes.status_key(sid)))}
+        pending = [sid for sid, st in statuses.items() if st.status == "PENDING"]
+        claims = self._kv("kv_multi_get", [lanes.claim_key(sid) for sid in pending]) if pending else {}
+        unclaimed_groups: set[str] = set()
+        hosts: dict[str, str | None] = {}
+        for sid in pending:
+            claim = claims.get(lanes.claim_key(sid), b"").decode()
+            hosts[sid] = claim if claim.startswith("raylane-lane-") else None
+            if hosts[sid] is None and statuses[sid].group:
+                unclaimed_groups.add(statuses[sid].group)
+        for group in sorted(unclaimed_groups):
+            self.ensure_host(group)
+        return {sid: self._view(sid, statuses[sid], hosts.get(sid, statuses[sid].host)) if sid in statuses else None
+                for sid in submission_ids}
+
+    def _view(self, submission_id: str, st: LaneStatus, host: str | None) -> RayJob:
         hj = self.host(host) if host else None
         if host and st.status in HOST_LIVE and (hj is None or hj.status not in HOST_LIVE):
             # Its host's Ray job ended under it (the host's node died, or the host did).

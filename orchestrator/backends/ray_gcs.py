@@ -155,6 +155,14 @@ class RayGcs:
     def kv_get(self, key: str) -> bytes | None:
         return self._get(key.encode())
 
+    def kv_multi_get(self, keys: list[str]) -> dict[str, bytes]:
+        """The values of those ``keys`` that exist, in one call (a pass over many lane attempts)."""
+        if not keys:
+            return {}
+        reply = self._call(self._kv.InternalKVMultiGet, gcs_service_pb2.InternalKVMultiGetRequest(
+            keys=[k.encode() for k in keys], namespace=KV_NAMESPACE))
+        return {e.key.decode(): e.value for e in reply.results if e.value}
+
     def kv_put(self, key: str, value: bytes, *, overwrite: bool = True) -> bool:
         """True if the key was added (with overwrite off: this caller took it)."""
         reply = self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(

@@ -102,9 +102,10 @@ class Reconciler(LoopService):
                 ray_jobs = {r["submission_id"]: by_id.get(r["submission_id"]) for r in in_ray}
             else:
                 ray_jobs = {r["submission_id"]: self.backend.get(r["submission_id"]) for r in in_ray}
-            # A lane attempt is one read of Ray's KV store (domain.lanes).
-            ray_jobs.update({r["submission_id"]: self.lanes.get(r["submission_id"]) for r in live
-                             if self._via(r) is not self.backend})
+            # Lane attempts: a few reads of Ray's KV store, whatever their number (domain.lanes).
+            in_lanes = [r["submission_id"] for r in live if self._via(r) is not self.backend]
+            if in_lanes:
+                ray_jobs.update(self.lanes.get_many(in_lanes))
         except RayUnavailable as e:
             self.backend.reachability.down(e)  # warns once per outage; this loop polls every 50 ms
             return

@@ -141,13 +141,13 @@ def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM
 
 
 def admit(session: Session, job: Queued, placement: Placement, *, passed_over: list[str], owner: str,
-          now: datetime, lease_until: datetime, scale_up: str | None = None) -> Claimed:
+          now: datetime, lease_until: datetime, scale_up: str | None = None, queued: str | None = None) -> Claimed:
     """Give the job its next attempt and ``owner``'s lease; the jobs it passed over wait one skip longer.
     ``scale_up``: admitted ahead of a scale-up; the live attempt keeps it as its message
     (``stats.ahead_by_group`` counts those, the reconciler holds them to a deadline)."""
     n = job.attempts + 1
     group = placement.node_group
-    admitted = f"admitted to {group}; attempt {n}" + (f"; {scale_up}" if scale_up else "")
+    admitted = f"admitted to {group}; attempt {n}" + "".join(f"; {x}" for x in (scale_up, queued) if x)
     transition(session, job.id, JobStatus.DISPATCHING, reason=admitted,
                actor="scheduler", attempt=n,
                expected={JobStatus.PENDING, JobStatus.RETRYING},

@@ -50,6 +50,18 @@ def used_by_active(session: Session) -> tuple[dict[str, dict[str, float]], int]:
     return used, n
 
 
+def waiting_by_group(session: Session) -> dict[tuple[str, bool], int]:
+    """Jobs admitted and not yet running (DISPATCHING: waiting in Ray, or in a
+    warm lane's queue), per (node group, whether in a lane)."""
+    out: dict[tuple[str, bool], int] = {}
+    for group, placement in session.execute(
+        select(jobs.c.node_group, jobs.c.placement).where(jobs.c.status == JobStatus.DISPATCHING.value)
+    ):
+        key = (group, bool((placement or {}).get("lane")))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
 def ahead_by_group(session: Session) -> dict[str, int]:
     """Attempts admitted ahead of a scale-up whose driver has not started, per
     group: a live attempt carries a message only then (``queue.admit``)."""
