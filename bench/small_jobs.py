@@ -44,6 +44,15 @@ POLL_S = 0.01
 UNFINISHED = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, its reaped children's included (/proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lane", type=int, default=1000)
@@ -107,21 +116,37 @@ def main() -> None:
             time.sleep(0.2)
         return time.perf_counter() - t
 
-    def measured(fn, n):
+    cpu: dict[str, float] = {}  # "<burst> server" / "<burst> host" -> CPU seconds the burst cost that process
+
+    def lane_host_pid() -> int | None:
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and b"-m\0raylane.jobs.lane\0" in (d / "cmdline").read_bytes() \
+                        and not (d / "cmdline").read_bytes().startswith(b"/bin/sh"):  # Ray's shell around it
+                    return int(d.name)
+            except OSError:
+                continue
+        return None
+
+    def measured(fn, n, name=None):
         mon = PeakRSS(head_pgid)
         mon.start()
+        procs = {"server": bench.server.pid, "host": lane_host_pid()} if name else {}
+        before = {k: cpu_seconds(p) for k, p in procs.items() if p}
         try:
             return fn(n), mon
         finally:
             mon.stop_.set()
             mon.join()
+            for k, t in before.items():
+                cpu[f"{name} {k}"] = cpu_seconds(procs[k]) - t
 
     try:
         lane_one()  # starts the lane's host: the figures below are on a warm lane
         idle_rss = rss_of_group(head_pgid)
         single = [lane_one() for _ in range(args.single)]
-        lane_s, lane_mon = measured(lane_burst, args.lane)
-        fn_s, fn_mon = measured(lambda n: lane_burst(n, fn_spec), args.functions)
+        lane_s, lane_mon = measured(lane_burst, args.lane, "commands")
+        fn_s, fn_mon = measured(lambda n: lane_burst(n, fn_spec), args.functions, "functions")
         failed = http.get("/v1/jobs", params=[("label", f"bench={run}"), ("status", "FAILED"), ("limit", 500)]).json()
         assert not failed["items"], failed["items"][:3]
         direct_s, direct_mon = measured(direct_burst, args.direct)
@@ -136,6 +161,11 @@ def main() -> None:
             "lane_p90_ms": sorted(single)[int(0.9 * len(single))] * 1000,
             "head_idle_rss_mb": idle_rss / 2**20, "head_peak_rss_lane_mb": lane_mon.peak / 2**20,
             "head_peak_rss_function_mb": fn_mon.peak / 2**20, "head_peak_rss_direct_mb": direct_mon.peak / 2**20, "slots": args.slots,
+            # CPU per job, robust to a busy machine where wall time is not: the
+            # server's (its loops and the bench's polling) and the lane host's (with
+            # its reaped children: the forks and shells that ran the jobs).
+            "cpu_ms_per_job": {k: 1000 * v / (args.lane if k.startswith("commands") else args.functions)
+                               for k, v in cpu.items()},
             "loadavg_after": load, "cpus": os.cpu_count(),
         }
         print(json.dumps(out, indent=2))

@@ -113,6 +113,7 @@ def test_a_job_held_by_its_quota_does_not_reserve_the_group(plane):
 
 
 def test_quota_on_cpus_and_capacity_still_applies(plane):
+    plane.settings.queue_ahead_jobs = 0  # capacity alone (test_scheduler covers jobs queued ahead in Ray)
     plane.access.set_quota("alpha", {"cpu": GroupLimits(max_cpus=2.2)}, actor="t")
     spec = JobSpec(name="c", kind="command", entrypoint="true", resources={"cpus_per_worker": 1})
     ids = [plane.submit(spec, project="alpha", actor="t")[0].id for _ in range(3)]

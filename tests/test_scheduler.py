@@ -115,3 +115,33 @@ def test_repeated_preemption_reroutes_to_on_demand(plane):
     claimed = plane.dispatcher.claim(view())
     assert claimed[0].placement.node_group == "cpu" and claimed[0].placement.market == "ON_DEMAND"
     assert any("spot to on-demand" in r for r in claimed[0].placement.reasons)
+
+
+def test_cpu_jobs_queue_ahead_in_ray_up_to_the_bound_counting_those_not_yet_running(plane):
+    plane.settings.queue_ahead_jobs = 2
+    spec = JobSpec(name="c", kind="command", entrypoint="true", resources={"cpus_per_worker": 1})
+    ids = [submit(plane, spec) for _ in range(6)]
+    # 2 fit the group's 2 CPUs; they wait to start in Ray, which fills the bound.
+    assert [c.job_id for c in plane.dispatcher.claim(view(cpus=2.0))] == ids[:2]
+    assert plane.dispatcher.claim(view(cpus=2.0)) == []
+    with db.transaction(plane.sessions) as s:
+        for jid in ids[:2]:
+            transition(s, jid, JobStatus.RUNNING, reason="t", actor="t")
+    # Both run: 2 more go to Ray's queue, to start the moment one ends; the rest wait here.
+    ahead = plane.dispatcher.claim(view(cpus=2.0))
+    assert [c.job_id for c in ahead] == ids[2:4]
+    assert plane.get(ids[2], project=None).status_reason == (
+        "admitted to cpu; attempt 1; queued ahead in Ray until a running job ends "
+        "(waiting for 1 CPUs in group cpu: 0 free)")
+    assert plane.get(ids[4], project=None).status_reason == "waiting for 1 CPUs in group cpu: 0 free"
+    with db.transaction(plane.sessions) as s:
+        # One ended; Ray started the first queued one: one place in its queue again.
+        transition(s, ids[0], JobStatus.SUCCEEDED, reason="t", actor="t")
+        transition(s, ids[2], JobStatus.RUNNING, reason="t", actor="t")
+    assert [c.job_id for c in plane.dispatcher.claim(view(cpus=2.0))] == [ids[4]]
+    # A GPU job never waits in Ray's queue: Raylane's keeps its priority order.
+    g = [submit(plane, gpu_job(2, f"g{i}")) for i in range(2)]
+    assert [c.job_id for c in plane.dispatcher.claim(view())] == g[:1]
+    with db.transaction(plane.sessions) as s:
+        transition(s, g[0], JobStatus.RUNNING, reason="t", actor="t")
+    assert plane.dispatcher.claim(view()) == []

@@ -37,6 +37,7 @@ class LaneBackend:
         self.slots = slots
         self._lock = threading.Lock()  # the dispatcher and the reconciler run in threads of their own
         self._hosts: dict[str, tuple[float, RayJob | None]] = {}  # host sid -> (asked at, Ray's answer)
+        self._live_host: dict[str, tuple[float, str]] = {}  # group -> (found at, its live host's sid)
 
     def _gcs(self):
         from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # noqa: F401 (Ray's protobufs)
@@ -74,7 +75,18 @@ class LaneBackend:
         return rj
 
     def ensure_host(self, group: str) -> str:
-        """The group's live host, started (as a Ray job) if it has none."""
+        """The group's live host, started (as a Ray job) if it has none. A host
+        found live serves ``HOST_CHECK_S`` of calls (a burst's submits) unasked."""
+        with self._lock:
+            known = self._live_host.get(group)
+        if known is not None and time.monotonic() - known[0] < HOST_CHECK_S:
+            return known[1]
+        sid = self._ensure_host(group)
+        with self._lock:
+            self._live_host[group] = (time.monotonic(), sid)
+        return sid
+
+    def _ensure_host(self, group: str) -> str:
         current = self._kv("kv_get", lanes.host_key(group))
         sid = current.decode() if current else None
         for _ in range(MAX_HOST_STARTS):

@@ -138,7 +138,10 @@ class Dispatcher(LoopService):
             out["py_modules"] = [to_ray(m) for m in out["py_modules"]]
         return out
 
-    def submit(self, c: Claimed) -> None:
+    def submit(self, c: Claimed, recorded_later: list | None = None) -> None:
+        """Hand the attempt to Ray (or its warm lane) and record it as submitted.
+        ``recorded_later``: a lane attempt's record is appended there instead, for
+        ``record_submitted`` to write with the pass's others in one transaction."""
         sid = submission_id(c.job_id, c.attempt)
         spec, pl = c.spec, c.placement
         metadata = {"raylane_job_id": c.job_id, "raylane_project": c.project, "raylane_kind": spec.kind.value,
@@ -201,19 +204,40 @@ class Dispatcher(LoopService):
             return
         if self.after_submit_hook:
             self.after_submit_hook(c)
+        if recorded_later is not None and pl.lane and self.lanes is not None:
+            recorded_later.append((c, note))
+        else:
+            self.record_submitted([(c, note)])
+
+    def record_submitted(self, submitted: list[tuple[Claimed, str]]) -> None:
+        """Record attempts Ray (or a lane) accepted, in one transaction, one
+        savepoint each. If the commit fails, their leases expire and the same
+        attempts are dispatched again and adopted (their ids are Ray's)."""
+        if not submitted:
+            return
+        outcomes = []
         with db.transaction(self.sessions) as s:
-            recorded = lifecycle.attempt_submitted(s, c.job_id, c.attempt, owner=self.owner, note=note)
-        if not recorded:
+            for c, note in submitted:
+                try:
+                    with s.begin_nested():
+                        outcomes.append((c, lifecycle.attempt_submitted(s, c.job_id, c.attempt, owner=self.owner,
+                                                                        note=note)))
+                except Exception:
+                    log.exception("recording %s as submitted failed; its lease expires and it is adopted",
+                                  submission_id(c.job_id, c.attempt))
+        for c, recorded in outcomes:
+            if recorded:
+                continue
             # A cancel stopped the attempt while Ray was accepting it: no one else
             # knows this Ray job exists, so stop it here.
+            sid = submission_id(c.job_id, c.attempt)
             log.info("%s was cancelled while being submitted; stopping it in Ray", sid)
             try:
-                (self.lanes if pl.lane and self.lanes is not None else self.backend).stop(sid)
+                (self.lanes if c.placement.lane and self.lanes is not None else self.backend).stop(sid)
             except RayUnavailable as e:
                 log.warning("could not stop %s, cancelled while being submitted: %s", sid, e)
             self.backend.forget_inputs(sid)
-            return
-        if self.on_submitted:
+        if self.on_submitted and any(recorded for _, recorded in outcomes):
             self.on_submitted()
 
     def _submit_ray_job(self, c: Claimed, sid: str, env: dict[str, str], entrypoint: str | None,
@@ -240,9 +264,13 @@ class Dispatcher(LoopService):
         except RayUnavailable as e:
             self.ray_unreachable(e)
             return
-        for c in self.claim(view):
-            logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
-            self.submit(c)
+        lane_submitted: list[tuple[Claimed, str]] = []
+        try:
+            for c in self.claim(view):
+                logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
+                self.submit(c, lane_submitted)
+        finally:
+            self.record_submitted(lane_submitted)  # lane attempts: queued in microseconds, recorded together
 
 
     def ray_unreachable(self, e: RayUnavailable) -> None:

@@ -151,8 +151,7 @@ class Reconciler(LoopService):
                     continue
                 if rj is not None and rj.status == AttemptStatus.PENDING:
                     if r["status"] == AttemptStatus.SUBMITTED.value:
-                        with db.transaction(self.sessions) as s:
-                            lifecycle.attempt_pending(s, r["job_id"], r["number"])
+                        self._later(lambda s, r=r: lifecycle.attempt_pending(s, r["job_id"], r["number"]))
                     continue
                 if rj is not None and rj.status == AttemptStatus.RUNNING:
                     self._running(r, rj)
@@ -304,11 +303,13 @@ class Reconciler(LoopService):
     def _forget(self, r) -> None:
         """The attempt's outcome is stored: what it and the dispatcher left in Ray's
         store goes (its result, its inputs; a command job has neither)."""
-        if self._via(r) is self.lanes:
-            self.lanes.forget(r["submission_id"])
+        in_lane = self._via(r) is self.lanes
+        if in_lane and (r["job_status"] == JobStatus.CANCELLING.value or r["cause"]):
+            self.lanes.forget(r["submission_id"])  # only a stop (a cancel, a timeout) leaves a request behind
         if reports_result(r):
             self.backend.forget_result(r["submission_id"])
-            self.backend.forget_inputs(r["submission_id"])
+            if not in_lane:  # a lane's item carried its inputs: none were left in the store
+                self.backend.forget_inputs(r["submission_id"])
         if traits(r["spec"]["kind"]).section == "sweep":
             self.backend.forget_trials(r["submission_id"])
             self._trials_seen.pop(r["submission_id"], None)

@@ -107,11 +107,30 @@ def _head(session: Session, cols, *conds, limit: int) -> list:
     return rows[:limit]
 
 
+# A job's spec never changes once stored: parsed once per process, not once per
+# admission pass (a pass reads up to CLAIM_BATCH queued jobs, and a burst of
+# completions makes many passes over the same head).
+_SPECS: dict[str, JobSpec] = {}
+SPEC_CACHE_MAX = 20_000
+
+
+def _specs(session: Session, ids: list[str]) -> dict[str, JobSpec]:
+    missing = [i for i in ids if i not in _SPECS]
+    if missing:
+        if len(_SPECS) + len(missing) > SPEC_CACHE_MAX:
+            _SPECS.clear()  # the head moves on; what it held is read again when needed
+        for jid, spec in session.execute(select(jobs.c.id, jobs.c.spec).where(jobs.c.id.in_(missing))):
+            _SPECS[jid] = JobSpec.from_stored(spec)
+    return {i: _SPECS[i] for i in ids if i in _SPECS}
+
+
 def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list[Queued]:
     """The queue's head in admission order: priority (high first), then id (old first)."""
-    rows = _head(session, [jobs], or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), *NOT_HELD, limit=limit)
+    cols = [c for c in jobs.c if c.name != "spec"]
+    rows = _head(session, cols, or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), *NOT_HELD, limit=limit)
+    specs = _specs(session, [r.id for r in rows])
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
-                   spec=JobSpec.from_stored(r["spec"]),
+                   spec=specs[r["id"]],
                    placement=Placement.model_validate(r["placement"]) if r["placement"] else None,
                    attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"],
                    created_at=r["created_at"])

@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, literal, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.store.tables import events, jobs, schedule_runs, schedules, webhook_deliveries, webhooks
@@ -71,15 +71,21 @@ def delete_(session: Session, hook_id: str, *, project: str | None) -> bool:
     return True
 
 
+# Built once: it runs in every transition's transaction (the same statement, its values bound).
+_ENQUEUE = insert(webhook_deliveries).from_select(
+    ["hook_id", "event_id", "job_id", "status", "attempts", "next_at", "created_at"],
+    select(webhooks.c.id, bindparam("event_id", type_=webhook_deliveries.c.event_id.type),
+           bindparam("job_id", type_=webhook_deliveries.c.job_id.type), literal(PENDING), literal(0),
+           bindparam("next_at", type_=webhook_deliveries.c.next_at.type),
+           bindparam("created_at", type_=webhook_deliveries.c.created_at.type))
+    .select_from(webhooks.join(jobs, jobs.c.project == webhooks.c.project))
+    .where(jobs.c.id == bindparam("job_id"), webhooks.c.statuses.like(bindparam("wanted"))))
+
+
 def enqueue(session: Session, *, job_id: str, event_id: int, to_status: str, now: datetime) -> None:
     """One delivery per hook of the job's project that wants ``to_status``."""
-    wanted = webhooks.c.statuses.like("%," + to_status + ",%")
-    chosen = (select(webhooks.c.id, literal(event_id), literal(job_id), literal(PENDING), literal(0), literal(now,
-                     type_=webhook_deliveries.c.next_at.type), literal(now, type_=webhook_deliveries.c.created_at.type))
-              .select_from(webhooks.join(jobs, jobs.c.project == webhooks.c.project))
-              .where(jobs.c.id == job_id, wanted))
-    session.execute(insert(webhook_deliveries).from_select(
-        ["hook_id", "event_id", "job_id", "status", "attempts", "next_at", "created_at"], chosen))
+    session.execute(_ENQUEUE, {"event_id": event_id, "job_id": job_id, "next_at": now, "created_at": now,
+                               "wanted": "%," + to_status + ",%"})
 
 
 def enqueue_tick(session: Session, *, schedule_id: str, project: str, tick: datetime, outcome: str,
