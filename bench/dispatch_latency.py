@@ -7,7 +7,10 @@ reconciler -> DB -> REST; the direct path is JobSubmissionClient -> Ray.
 Both ask for the same driver resources on the same node group. Paths alternate
 so drift on a shared machine hits both alike.
 
-    python bench/dispatch_latency.py [--n 20] [--burst 200]
+    python bench/dispatch_latency.py [--n 20] [--burst 200] [--pairs 3] [--queue-ahead 8]
+
+Bursts run in --pairs alternated pairs (direct first in odd pairs); the median
+ratio and its spread are reported with the machine's load.
 """
 
 from __future__ import annotations
@@ -65,13 +68,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--burst", type=int, default=200)
+    ap.add_argument("--pairs", type=int, default=3, help="bursts per path, alternated (direct first in odd pairs)")
+    ap.add_argument("--queue-ahead", type=int, default=8, help="RAYLANE_QUEUE_AHEAD_JOBS of the server")
     args = ap.parse_args()
 
     from ray.job_submission import JobSubmissionClient
 
     bench = _server.start_cluster_and_server({
         "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL", "RAYLANE_MAX_CONCURRENT_DRIVERS": "1000",
-        "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
+        "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0",
+        "RAYLANE_QUEUE_AHEAD_JOBS": str(args.queue_ahead)})
     state, url, head_pgid = bench.state, bench.url, bench.head_pgid
     http = httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
     ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
@@ -125,13 +131,28 @@ def main() -> None:
             mon.join()
             return time.perf_counter() - t, mon.peak
 
-        bd, bd_mem = burst(direct_submit, direct_done)
-        br, br_mem = burst(raylane_submit, raylane_done)
+        load_before = os.getloadavg()
+        pairs = []  # (direct s, raylane s, direct peak RSS, raylane peak RSS), the order flipped every pair
+        for i in range(args.pairs):
+            if i % 2 == 0:
+                bd, bd_mem = burst(direct_submit, direct_done)
+                br, br_mem = burst(raylane_submit, raylane_done)
+            else:
+                br, br_mem = burst(raylane_submit, raylane_done)
+                bd, bd_mem = burst(direct_submit, direct_done)
+            pairs.append((bd, br, bd_mem, br_mem))
+            print(f"pair {i + 1}: direct {bd:.1f} s, raylane {br:.1f} s, ratio {br / bd:.3f}", file=sys.stderr)
+        ratios = sorted(br / bd for bd, br, _, _ in pairs)
+        bd, br = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+        bd_mem, br_mem = max(p[2] for p in pairs), max(p[3] for p in pairs)
         out = {
             "single_n": args.n, "direct_p50_s": dp50, "raylane_p50_s": rp50, "added_p50_ms": (rp50 - dp50) * 1000,
             "ratio_p50": rp50 / dp50, "direct_p90_s": sorted(d)[int(0.9 * len(d))],
             "raylane_p90_s": sorted(r)[int(0.9 * len(r))],
-            "burst": args.burst, "direct_makespan_s": bd, "raylane_makespan_s": br, "burst_ratio": br / bd,
+            "burst": args.burst, "pairs": args.pairs, "direct_makespan_s": bd, "raylane_makespan_s": br,
+            "burst_ratio_median": statistics.median(ratios), "burst_ratio_min": ratios[0], "burst_ratio_max": ratios[-1],
+            "burst_pairs": [{"direct_s": p[0], "raylane_s": p[1], "ratio": p[1] / p[0]} for p in pairs],
+            "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "queue_ahead_jobs": args.queue_ahead,
             "direct_head_peak_rss_mb": bd_mem / 2**20, "raylane_head_peak_rss_mb": br_mem / 2**20,
         }
         print(json.dumps(out, indent=2))

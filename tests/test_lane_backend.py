@@ -31,8 +31,9 @@ class Gcs:
         self.d[key] = value
         return True
 
-    def kv_del(self, key):
-        self.d.pop(key, None)
+    def kv_del(self, key, *, prefix=False):
+        for k in [k for k in self.d if (k.startswith(key) if prefix else k == key)]:
+            del self.d[k]
 
 
 class Ray:
@@ -165,3 +166,24 @@ def test_many_attempts_are_read_in_two_calls_whatever_their_number(lb, ray):
     assert seen["a-0"].status == "RUNNING" and seen["a-0"].metadata["raylane_lane_host"] == "raylane-lane-cpu-1"
     assert {seen[f"a-{i}"].status for i in range(1, 50)} == {"PENDING"}
     assert all(seen[f"a-{i}"].__dict__ == lb.get(f"a-{i}").__dict__ for i in (0, 1, 49))
+
+
+def test_an_ended_attempt_brings_its_log_tail_and_is_then_forgotten_in_one_call(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="echo hi", env={})
+    lb.submit(submission_id="b-1", group="cpu", command="sleep 9", env={})
+    gcs = ray.gcs
+    gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1")  # the host took it (and its todo item)
+    gcs.kv_del(lanes.todo_key("cpu", "a-1"))
+    gcs.kv_put(lanes.status_key("a-1"), LaneStatus("SUCCEEDED", group="cpu", host="raylane-lane-cpu-1",
+                                                   exit_code=0).encode())
+    gcs.kv_put(lanes.logs_key("a-1"), b"hi\n")
+    seen = lb.get_many(["a-1", "b-1"])
+    assert seen["a-1"].log_tail == "hi\n" and seen["b-1"].log_tail is None  # only an ended one's
+    lb.forget("a-1")
+    assert not [k for k in gcs.d if "a-1" in k]  # status, claim and logs: gone
+    assert lb.get("a-1") is None and lb.logs("a-1") is None
+    assert lb.get("b-1").status == "PENDING"  # the other attempt's keys stay
+    gcs.kv_put(lanes.stop_key("b-1"), b"1")
+    gcs.kv_del(lanes.todo_key("cpu", "b-1"))
+    lb.forget("b-1", stopped=True)
+    assert not [k for k in gcs.d if "b-1" in k]

@@ -152,8 +152,14 @@ class LaneBackend:
                 unclaimed_groups.add(statuses[sid].group)
         for group in sorted(unclaimed_groups):
             self.ensure_host(group)
-        return {sid: self._view(sid, statuses[sid], hosts.get(sid, statuses[sid].host)) if sid in statuses else None
-                for sid in submission_ids}
+        out = {sid: self._view(sid, statuses[sid], hosts.get(sid, statuses[sid].host)) if sid in statuses else None
+               for sid in submission_ids}
+        ended = [sid for sid, rj in out.items() if rj is not None and rj.status not in HOST_LIVE]
+        if ended:  # their log tails go to the database with their outcomes (``forget``)
+            tails = self._kv("kv_multi_get", [lanes.logs_key(sid) for sid in ended])
+            for sid in ended:
+                out[sid].log_tail = tails.get(lanes.logs_key(sid), b"").decode(errors="replace")
+        return out
 
     def _view(self, submission_id: str, st: LaneStatus, host: str | None) -> RayJob:
         hj = self.host(host) if host else None
@@ -196,7 +202,10 @@ class LaneBackend:
             return None if self._status(submission_id) is None else ""
         return value.decode(errors="replace")
 
-    def forget(self, submission_id: str) -> None:
-        """The outcome is stored: the stop request goes. Status, claim and log tail
-        stay (the claim keeps the attempt from ever running again; the tail is its log)."""
-        self._kv("kv_del", lanes.stop_key(submission_id))
+    def forget(self, submission_id: str, *, stopped: bool = False) -> None:
+        """The outcome and the log tail are stored in the database: the attempt's
+        keys go in one call (its claim is no longer needed: a stored outcome is
+        never dispatched again), and with ``stopped`` its stop request."""
+        self._kv("kv_del", lanes.attempt_prefix(submission_id), prefix=True)
+        if stopped:
+            self._kv("kv_del", lanes.stop_key(submission_id))

@@ -169,6 +169,7 @@ class RayGcs:
             key=key.encode(), value=value, overwrite=overwrite, namespace=KV_NAMESPACE))
         return bool(reply.added)
 
-    def kv_del(self, key: str) -> None:
+    def kv_del(self, key: str, *, prefix: bool = False) -> None:
+        """Delete ``key``, or with ``prefix`` every key that starts with it (one call)."""
         self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
-            key=key.encode(), namespace=KV_NAMESPACE))
+            key=key.encode(), namespace=KV_NAMESPACE, del_by_prefix=prefix))

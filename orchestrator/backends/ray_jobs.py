@@ -70,6 +70,7 @@ class RayJob:
     driver_exit_code: int | None
     metadata: dict[str, str]
     ray_job_id: str | None = None  # Ray's own job id (hex), once the driver started
+    log_tail: str | None = None  # a warm lane's ended attempt: its output's tail (``backends.lanes``)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "RayJob":

@@ -9,20 +9,22 @@ visible in Ray's dashboard) that runs small jobs as processes it starts itself.
 Words:
 - *lane*: the node group whose host runs a job (``Placement.lane``).
 - *todo*: ``lane/<group>/todo/<sid>``, written by the dispatcher: what to run.
-- *claim*: ``lane/claim/<sid>``, written once with overwrite off by whoever
+- *claim*: ``lane/a/<sid>/claim``, written once with overwrite off by whoever
   takes the item: a host (to run it) or the control plane (to stop it before
   it runs). Ray's KV put with overwrite off is atomic, so an item is taken once.
-- *status*: ``lane/status/<sid>``, a ``LaneStatus`` as JSON; PENDING written by
+- *status*: ``lane/a/<sid>/status``, a ``LaneStatus`` as JSON; PENDING written by
   the dispatcher (with overwrite off: a second dispatch of the same attempt
   adopts the first), the rest by the host that claimed it.
-- *logs*: ``lane/logs/<sid>``, the last ``MAX_LOG_BYTES`` of the process's
+- *logs*: ``lane/a/<sid>/logs``, the last ``MAX_LOG_BYTES`` of the process's
   output, refreshed while it runs.
 - *stop*: ``lane/stop/<sid>``: the control plane asks the host to stop it.
 - *host key*: ``lane/host/<group>``: the submission id of the group's current host.
 
 Invariants:
 - One attempt runs at most once: its submission id is claimed once, and the
-  claim stays until the attempt's outcome is in the database.
+  claim stays until the attempt's outcome is in the database. Then the
+  attempt's keys (``attempt_prefix``) go, its log tail kept in the database
+  (``store.lane_logs``): Ray's store holds live lane attempts, not history.
 - A lane job holds what its placement says (admission counts it as for any
   job) but no Ray driver: a host reserves no Ray resources of its own.
 """
@@ -81,16 +83,22 @@ def todo_key(group: str, sid: str) -> str:
     return f"{todo_prefix(group)}{sid}"
 
 
+def attempt_prefix(sid: str) -> str:
+    """Every key of one attempt but its stop request: one delete by prefix clears
+    them once its outcome (and its log tail) is in the database."""
+    return f"lane/a/{sid}/"
+
+
 def claim_key(sid: str) -> str:
-    return f"lane/claim/{sid}"
+    return f"{attempt_prefix(sid)}claim"
 
 
 def status_key(sid: str) -> str:
-    return f"lane/status/{sid}"
+    return f"{attempt_prefix(sid)}status"
 
 
 def logs_key(sid: str) -> str:
-    return f"lane/logs/{sid}"
+    return f"{attempt_prefix(sid)}logs"
 
 
 def stop_key(sid: str) -> str:

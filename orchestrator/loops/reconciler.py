@@ -40,7 +40,7 @@ from raylane.orchestrator.loops.classify import _tail, classify
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
-from raylane.orchestrator.store import db, lifecycle
+from raylane.orchestrator.store import db, lane_logs, lifecycle
 from raylane.orchestrator.store.jobs import save_trials, set_result
 from raylane.orchestrator.store.transitions import record_event, utcnow
 
@@ -59,6 +59,12 @@ def reports_result(r) -> bool:
     """Only Raylane's runner leaves a result in Ray's store; a command job (no
     runner) never does, so its end needs no GCS at all."""
     return traits(r["spec"]["kind"]).runner is not None
+
+
+def _keep_log(s, r, rj: RayJob | None) -> None:
+    """A lane attempt's log tail goes to the database with its outcome (Ray's store forgets it after)."""
+    if rj is not None and rj.log_tail is not None:
+        lane_logs.save(s, r["job_id"], r["number"], rj.log_tail)
 
 
 class Reconciler(LoopService):
@@ -304,8 +310,11 @@ class Reconciler(LoopService):
         """The attempt's outcome is stored: what it and the dispatcher left in Ray's
         store goes (its result, its inputs; a command job has neither)."""
         in_lane = self._via(r) is self.lanes
-        if in_lane and (r["job_status"] == JobStatus.CANCELLING.value or r["cause"]):
-            self.lanes.forget(r["submission_id"])  # only a stop (a cancel, a timeout) leaves a request behind
+        if in_lane:
+            # Its keys go (its log tail is in the database now); a stop request only
+            # if one may have been made (a cancel, a timeout).
+            self.lanes.forget(r["submission_id"],
+                              stopped=r["job_status"] == JobStatus.CANCELLING.value or bool(r["cause"]))
         if reports_result(r):
             self.backend.forget_result(r["submission_id"])
             if not in_lane:  # a lane's item carried its inputs: none were left in the store
@@ -316,9 +325,13 @@ class Reconciler(LoopService):
 
     def _succeeded(self, r, rj: RayJob) -> None:
         result = self.backend.result(r["submission_id"]) if reports_result(r) else None
-        self._later(lambda s: lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
-                                                          driver_node_id=rj.driver_node_id, result=result),
-                    after=lambda: self._after_success(r))
+
+        def write(s):
+            lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
+                                        driver_node_id=rj.driver_node_id, result=result)
+            _keep_log(s, r, rj)
+
+        self._later(write, after=lambda: self._after_success(r))
 
     def _after_success(self, r) -> None:
         self._forget(r)
@@ -342,6 +355,7 @@ class Reconciler(LoopService):
                 s, r["job_id"], r["number"], status=AttemptStatus.LOST if rj is None else AttemptStatus(rj.status),
                 cause=cause, message=msg, headline=_tail(msg), exit_code=rj.driver_exit_code if rj else None,
                 driver_node_id=rj.driver_node_id if rj else None)
+            _keep_log(s, r, rj)
         self.wake.set()
         if self.on_ended:
             self.on_ended()

@@ -22,7 +22,7 @@ from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.views import ArrayAction, Attempt, Job, JobArray, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import MAX_NAME_LEN, JobSpec
-from raylane.orchestrator.store import arrays as store_arrays, db, jobs as store_jobs, migrate, stats
+from raylane.orchestrator.store import arrays as store_arrays, db, jobs as store_jobs, lane_logs as store_lane_logs, migrate, stats
 from raylane.orchestrator.store.groupcommit import GroupCommit
 
 if TYPE_CHECKING:  # the store alone imports SQLAlchemy
@@ -373,13 +373,27 @@ class ControlPlane:
             return "", job
         if n > job.attempts or n < 1:
             raise Invalid(f"job has {job.attempts} attempts; there is no attempt {n}", field="attempt")
+        if job.placement is not None and job.placement.lane:
+            kept = self._kept_lane_log(job_id, n)
+            if kept is not None:
+                return kept, job
         self._require_ray()
-        return self._attempt_logs(submission_id(job_id, n), job.placement) or "", job
+        return self._attempt_logs(job_id, n, job.placement) or "", job
 
-    def _attempt_logs(self, sid: str, placement: Placement | None) -> str | None:
-        """An attempt's log: its lane's tail of the output (``domain.lanes``), else Ray's driver log."""
+    def _kept_lane_log(self, job_id: str, number: int) -> str | None:
+        """An ended lane attempt's log tail, kept in the database (``store.lane_logs``)."""
+        with db.transaction(self.sessions) as s:
+            return store_lane_logs.read(s, job_id, number)
+
+    def _attempt_logs(self, job_id: str, number: int, placement: Placement | None) -> str | None:
+        """An attempt's log: its lane's tail of the output (``domain.lanes``; once
+        ended, the database's copy), else Ray's driver log."""
+        from raylane.orchestrator.domain.ids import submission_id
+
+        sid = submission_id(job_id, number)
         if placement is not None and placement.lane and self.lanes is not None:
-            return self.lanes.logs(sid)
+            live = self.lanes.logs(sid)
+            return self._kept_lane_log(job_id, number) if live is None else live  # None: ended, moved
         return self.backend.logs(sid)
 
     def progress(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, int]]:
@@ -397,7 +411,7 @@ class ControlPlane:
         if self.lanes is not None:  # which backend holds its log is in its placement
             with db.transaction(self.sessions) as s:
                 placement = store_jobs.get_job(s, job_id, project=None, dashboard_url=None).placement
-        return self._attempt_logs(submission_id(job_id, attempt), placement) or ""
+        return self._attempt_logs(job_id, attempt, placement) or ""
 
     def start_loops(self) -> None:
         # Re-attach to every attempt Ray may be running before dispatching anything new.

@@ -449,3 +449,14 @@ attempt_usage = Table(
 Index("ix_attempt_usage_held_to", attempt_usage.c.held_to)
 # The report's candidates for a cheaper placement, by window.
 Index("ix_attempt_usage_review_held_to", attempt_usage.c.review, attempt_usage.c.held_to)
+
+# A warm lane's attempt's output, the last ``domain.lanes.MAX_LOG_BYTES`` of it,
+# moved here from Ray's KV store with the attempt's outcome (``loops.reconciler``):
+# Ray's store then holds only live lane attempts, and the log outlives the lane's node.
+lane_logs = Table(
+    "lane_logs",
+    metadata,
+    Column("job_id", String(26), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("number", Integer, primary_key=True),
+    Column("tail", Text, nullable=False),
+)

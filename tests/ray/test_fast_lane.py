@@ -81,15 +81,18 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert done["dashboard_url"].endswith("/#/jobs")  # Ray's job list, where its lane's host is
     # No Ray job of its own: its host's Ray job ran it, on a cpu node.
     assert ray_job(ray_cluster, sid) is None
-    st = lane_status(gcs, sid)
-    assert st.status == "SUCCEEDED" and st.exit_code == 0 and st.host.startswith("raylane-lane-cpu-")
-    host = ray_job(ray_cluster, st.host)
+    # Its outcome and log are in the database: its keys have left Ray's store (which keeps live attempts only).
+    assert lane_status(gcs, sid) is None and not gcs.kv_get(lanes.logs_key(sid))
+    assert not gcs.kv_get(lanes.claim_key(sid))
+    host_sid = gcs.kv_get(lanes.host_key("cpu")).decode()
+    assert host_sid.startswith("raylane-lane-cpu-")
+    host = ray_job(ray_cluster, host_sid)
     assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
     att = lapi.get(f"/v1/jobs/{job['id']}/attempts").json()[0]
-    assert att["driver_node_id"] == host["driver_node_id"]
+    assert att["driver_node_id"] == host["driver_node_id"] and att["exit_code"] == 0
     # The host reads its own Ray job's status where Ray's job manager keeps it (its self-check).
     probe = lapi.post("/v1/jobs", json={"name": "probe", "kind": "command", "entrypoint":
-                                        f"python -c 'from raylane.jobs.lane import _probe; print(_probe(\"{st.host}\"))'"}).json()
+                                        f"python -c 'from raylane.jobs.lane import _probe; print(_probe(\"{host_sid}\"))'"}).json()
     assert wait_status(lapi, probe["id"], TERMINAL, timeout=60)["status"] == "SUCCEEDED"
     assert lapi.get(f"/v1/jobs/{probe['id']}/logs").text.strip() == "RUNNING"
     evs = lapi.get(f"/v1/jobs/{job['id']}/events").json()
@@ -132,7 +135,8 @@ def test_cancel_stops_the_running_process(lapi, tmp_path, gcs):
     done = wait_status(lapi, j["id"], {"CANCELLED"}, timeout=60)
     assert done["status"] == "CANCELLED"
     assert gone(pid)
-    assert lane_status(gcs, f"raylane-{j['id']}-1").status == "STOPPED"
+    assert lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[0]["status"] == "STOPPED"
+    assert lane_status(gcs, f"raylane-{j['id']}-1") is None and not gcs.kv_get(lanes.stop_key(f"raylane-{j['id']}-1"))
 
 
 def test_timeout_stops_it_and_fails_it_with_cause_timeout(lapi, tmp_path):
@@ -227,7 +231,7 @@ def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, tmp_path, g
     first, second = lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[:2]
     assert first["cause"] == "LOST" and host_sid in first["message"], first
     assert second["status"] == "SUCCEEDED"
-    assert lane_status(gcs, f"raylane-{j['id']}-2").host != host_sid  # a new host replaced the lost one
+    assert gcs.kv_get(lanes.host_key("cpu")).decode() != host_sid  # a new host replaced the lost one
     wait_for(lambda: gone(pid), timeout=10, what="the lost host's command to die with it")
 
 
