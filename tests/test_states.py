@@ -202,6 +202,9 @@ class FakeRay:
     def get(self, sid):
         return self.answers.get(sid)
 
+    def get_many(self, sids):
+        return {sid: self.answers.get(sid) for sid in sids}
+
     def list(self):
         return [j for j in self.answers.values() if j is not None]
 

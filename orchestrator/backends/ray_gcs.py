@@ -37,6 +37,12 @@ KV_NAMESPACE = protocol.KV_NAMESPACE.encode()
 RPC_TIMEOUT_S = 5.0
 
 
+# Where Ray's job manager keeps each job's record (ray.dashboard.modules.job.common.
+# JobInfoStorageClient.JOB_DATA_KEY, namespace ray_constants.KV_NAMESPACE_JOB).
+JOB_INFO_PREFIX = "_ray_internal_job_info_"
+JOB_INFO_NAMESPACE = b"job"
+
+
 def checkpoint_key(submission_id: str) -> bytes:
     return protocol.checkpoint_key(submission_id).encode()
 
@@ -162,6 +168,18 @@ class RayGcs:
         reply = self._call(self._kv.InternalKVMultiGet, gcs_service_pb2.InternalKVMultiGetRequest(
             keys=[k.encode() for k in keys], namespace=KV_NAMESPACE))
         return {e.key.decode(): e.value for e in reply.results if e.value}
+
+    def job_infos(self, submission_ids: list[str]) -> dict[str, dict]:
+        """Ray's records of those jobs (its job manager's ``JobInfo``, where the
+        dashboard's job API reads them too), in one call: what a pass over many
+        live attempts needs, at the cost of the live ones, not of every job Ray
+        ever ran (``GET /api/jobs/`` lists them all). Missing: Ray has no such job."""
+        if not submission_ids:
+            return {}
+        keys = {f"{JOB_INFO_PREFIX}{sid}".encode(): sid for sid in submission_ids}
+        reply = self._call(self._kv.InternalKVMultiGet, gcs_service_pb2.InternalKVMultiGetRequest(
+            keys=list(keys), namespace=JOB_INFO_NAMESPACE))
+        return {keys[e.key]: json.loads(e.value) for e in reply.results if e.value and e.key in keys}
 
     def kv_put(self, key: str, value: bytes, *, overwrite: bool = True) -> bool:
         """True if the key was added (with overwrite off: this caller took it)."""

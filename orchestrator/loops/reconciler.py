@@ -47,10 +47,9 @@ from raylane.orchestrator.store.transitions import record_event, utcnow
 log = logging.getLogger(__name__)
 
 # While attempts are live, Ray is polled this often: completion shows within
-# ~25 ms on average. One GET per live attempt (or one list above LIST_THRESHOLD).
+# ~25 ms on average: one read of Ray's GCS for all live attempts.
 FAST_POLL_S = 0.05
 LIVE_TRIALS_EVERY_S = 1.0  # a running sweep's finished trials are read from Ray's store at most this often
-LIST_THRESHOLD = 16  # above this many live attempts, one list call beats many gets
 WRITE_BATCH = 200  # most outcomes written in one transaction (``_flush``)
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
 
@@ -102,12 +101,8 @@ class Reconciler(LoopService):
         if not live:
             return
         try:
-            in_ray = [r for r in live if self._via(r) is self.backend]
-            if len(in_ray) > LIST_THRESHOLD:
-                by_id = {j.submission_id: j for j in self.backend.list()}
-                ray_jobs = {r["submission_id"]: by_id.get(r["submission_id"]) for r in in_ray}
-            else:
-                ray_jobs = {r["submission_id"]: self.backend.get(r["submission_id"]) for r in in_ray}
+            # One read of Ray's job records for all of them (its GCS), not of every job it ever ran.
+            ray_jobs = self.backend.get_many([r["submission_id"] for r in live if self._via(r) is self.backend])
             # Lane attempts: a few reads of Ray's KV store, whatever their number (domain.lanes).
             in_lanes = [r["submission_id"] for r in live if self._via(r) is not self.backend]
             if in_lanes:
@@ -207,7 +202,11 @@ class Reconciler(LoopService):
         # Only kinds whose row says they checkpoint can act on the request (kinds.py says why).
         running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == AttemptStatus.RUNNING
                    and traits(r["spec"]["kind"]).checkpoints]
-        by_ray_job = {rj.ray_job_id: r for r, rj in running if rj.ray_job_id}
+        # Ray's own job id (whose actors may sit on the node) is in its Jobs API, not
+        # in the record a pass reads: asked here, only while a node drains.
+        ids = {r["submission_id"]: rj.ray_job_id or (self._via(r).get(r["submission_id"]) or rj).ray_job_id
+               for r, rj in running}
+        by_ray_job = {ids[r["submission_id"]]: r for r, _ in running if ids[r["submission_id"]]}
         labels = {n.node_id: n for n in self.backend.nodes(draining=draining)}
         for node_id in sorted(draining):
             affected = {r["submission_id"]: r for r, rj in running if rj.driver_node_id == node_id}
