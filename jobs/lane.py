@@ -149,8 +149,7 @@ class Host:
 
     def run(self) -> int:
         if self.workers is None:
-            self.workers = Workers(self.slots)
-        self.workers.start()
+            self.workers = Workers(self.slots)  # its fork server starts with the first function job
         try:
             return self._loop()
         finally:

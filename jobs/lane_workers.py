@@ -95,6 +95,9 @@ def _worker(sock: socket.socket) -> None:
 
     import faulthandler
 
+    null = os.open(os.devnull, os.O_RDONLY)  # as a command's stdin: a call has no terminal to read
+    os.dup2(null, 0)
+    os.close(null)
     faulthandler.enable(file=2)  # a crash's Python traceback goes to the log of the call it ended
     calls = 0
     while True:
