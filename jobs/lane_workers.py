@@ -121,8 +121,8 @@ def _serve(req: dict, call, encode_result) -> bool:
     os.dup2(fd, 2)
     os.close(fd)
     # print() and tracebacks go to the job's log, whatever sys.stdout was in the host
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    mine = open(1, "w", buffering=1, closefd=False), open(2, "w", buffering=1, closefd=False)
+    sys.stdout, sys.stderr = mine
     try:
         os.environ.update(req["env"])
         os.chdir(req["cwd"])
@@ -134,7 +134,7 @@ def _serve(req: dict, call, encode_result) -> bool:
         traceback.print_exc()
         return False
     finally:
-        for s in (sys.stdout, sys.stderr):
+        for s in {*mine, sys.stdout, sys.stderr}:  # the call may have replaced them
             try:
                 s.flush()
             except (OSError, ValueError):
