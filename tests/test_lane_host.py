@@ -121,8 +121,6 @@ def test_a_command_leads_a_session_of_its_own_with_or_without_setpriv(tmp_path, 
 
     if not setpriv:
         monkeypatch.setattr(lane, "SETPRIV", None)  # a node without util-linux's setpriv: a fork, as before
-    elif lane.SETPRIV is None:
-        pytest.skip("no setpriv on this machine")
     store = MemoryStore()
     enqueue(store, "cmd", "ps -o pid=,pgid= -p $$")
     Host(store, "cpu", "raylane-lane-cpu-1", slots=1, idle_s=0.2, workdir=tmp_path).run()
