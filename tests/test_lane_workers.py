@@ -108,6 +108,18 @@ def test_a_call_that_leaves_a_thread_retires_its_worker(tmp_path):
     assert result(store, "after")["pid"] != result(store, "threads")["pid"]
 
 
+def test_a_worker_is_retired_after_max_calls(tmp_path, monkeypatch):
+    from raylane.jobs import lane_workers
+
+    monkeypatch.setattr(lane_workers, "MAX_CALLS", 2)  # read in the worker, a fork of this process
+    store = MemoryStore()
+    for sid in "abc":
+        fn(store, sid, "report")
+    host(store, tmp_path).run()
+    a, b, c = (result(store, sid)["pid"] for sid in "abc")
+    assert a == b != c
+
+
 def test_workers_end_with_their_host(tmp_path):
     # A host that exits: its workers go with it.
     store = MemoryStore()
