@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,6 +128,7 @@ def one(kind: str, n: int, slots: int) -> dict:
     t0 = time.perf_counter()
     host.run()
     r1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(workdir, ignore_errors=True)
     assert store.ended == n and store.last_end is not None, (store.ended, n)
     host_cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     children_cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
@@ -186,6 +188,7 @@ def main() -> None:
                 print(f"{kind:8} {name:4} {what:16} median {statistics.median(v):8.3f}  "
                       f"range {min(v):.3f}-{max(v):.3f}", flush=True)
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
