@@ -419,6 +419,3 @@ class WarmCall:
     def signal(self, sig: int) -> None:
         self._signalled = True
         _killpg(self.pid, sig)
-
-    def release(self) -> None:
-        """After the call: nothing to kill (the worker cleans up after each call itself)."""
