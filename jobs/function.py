@@ -4,8 +4,9 @@ the spec's ``args`` as keyword arguments; its return value is the job's result
 
 As a Ray job, the runner (``python -m raylane.jobs.run``) calls it in its
 driver after ``ray.init``, so the function may use Ray. In a warm lane
-(``raylane.jobs.lane``) the lane host forks and the child calls it: no
-interpreter start, no ``import ray`` (docs/fast-lane.md).
+(``raylane.jobs.lane``) one of the host's warm workers calls it
+(``raylane.jobs.lane_workers``): no interpreter start, no ``import ray``, no
+fork per call (docs/fast-lane.md).
 """
 
 from __future__ import annotations

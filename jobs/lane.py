@@ -9,13 +9,19 @@ Ray's job supervisor does for a Ray job's entrypoint. A process, not a Ray
 task: a command is a shell line that may start anything, and a task would hold
 a Ray worker (and its runtime env) per command while the shell does the work.
 The process gets SIGKILL if the host dies (``PR_SET_PDEATHSIG``), so a lost host
-leaves no command running that a retry would run again beside it.
+leaves no command running that a retry would run again beside it. It is set by
+``setpriv --pdeathsig`` in front of the shell, not by a ``preexec_fn``: with
+no ``preexec_fn`` Python starts the child with ``vfork``, which costs the same
+whatever the host's size, where a ``fork`` of the ~170 MB host cost ~1.6 ms of
+the host's CPU per command (docs/benchmarks.md, "the lane host alone").
 
-A function job (``raylane.jobs.function``) is a call in a fork of the host:
-the interpreter and Raylane are already loaded, so a call costs a fork and
-the import of the user's module. The child leads its own session too, writes
-its result to a file, and the host leaves it in the store under
-``protocol.result_key``, where the reconciler reads any runner's result.
+A function job (``raylane.jobs.function``) is a call in a warm worker
+(``raylane.jobs.lane_workers``): a process forked once, from a fork server the
+host starts before its GCS client exists, that runs one call after another;
+the interpreter, Raylane and the modules of earlier calls are loaded already.
+The worker leads its own session (a stop kills it like a command, and it is
+replaced), writes the result to a file, and the host leaves it in the store
+under ``protocol.result_key``, where the reconciler reads any runner's result.
 
 It writes each item's status and a bounded tail of its output back to the
 store, honours stop requests, and exits after ``--idle-s`` without work; the
@@ -29,6 +35,7 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from raylane.jobs.function import call  # loaded once here, so a forked call does not load it again
+from raylane.jobs import function  # noqa: F401 (loaded once here, so a worker forked later has it)
+from raylane.jobs.lane_workers import WarmCall, Workers, WorkersLost
 from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.lanes import LaneStatus
 
@@ -52,9 +60,10 @@ STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long (Ray's job stop wait
 KV_TIMEOUT_S = 10
 PR_SET_PDEATHSIG = 1
 FAILED_TAIL_CHARS = 4000  # of the output kept in a failed item's message
+SETPRIV = shutil.which("setpriv")  # util-linux; without it, a command's child is a fork of the host
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent() -> None:  # runs in the child between fork and exec (no setpriv here)
     os.setsid()
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -113,52 +122,10 @@ def still_wanted(store: Store, host_id: str) -> Callable[[], str | None]:
     return check
 
 
-class ForkedCall:
-    """A function job: ``entrypoint(**args)`` in a fork of the host. Quacks like
-    ``Popen`` where the host needs it (``pid``, ``poll``)."""
-
-    def __init__(self, entrypoint: str, args: dict, env: dict[str, str], log_path: Path, result_path: Path,
-                 cwd: Path):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns
-            code = 1
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the host's handler
-                _die_with_parent()
-                fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                # print() and tracebacks go to the job's log, whatever sys.stdout was in the host
-                sys.stdout = open(1, "w", buffering=1, closefd=False)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                os.environ.update(env)
-                os.chdir(cwd)
-                result_path.write_bytes(protocol.encode_result(call(entrypoint, args)))
-                code = 0
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
 @dataclass
 class Running:
     sid: str
-    proc: subprocess.Popen | ForkedCall
+    proc: subprocess.Popen | WarmCall
     log_path: Path
     status: LaneStatus
     log_sent: int = -1  # bytes of output when the tail was last written
@@ -177,8 +144,18 @@ class Host:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="raylane-lane-")))
     running: dict[str, Running] = field(default_factory=dict)
     wanted: Callable[[], str | None] | None = None  # still_wanted, where Ray runs the host
+    workers: Workers | None = None  # function workers; started in main() before the GCS client, else here
+    lost: str | None = None  # why this host can run no more functions (its fork server died)
 
     def run(self) -> int:
+        if self.workers is None:
+            self.workers = Workers(self.slots)  # its fork server starts with the first function job
+        try:
+            return self._loop()
+        finally:
+            self.workers.close()
+
+    def _loop(self) -> int:
         log.info("lane host %s for group %s: %d slots, exits after %.0f s idle", self.host_id, self.group,
                  self.slots, self.idle_s)
         last_work = checked = time.monotonic()
@@ -191,6 +168,9 @@ class Host:
                     self.abandon(why)
                     return 1
             took = self._take() if len(self.running) < self.slots else 0
+            if self.lost:
+                self.abandon(self.lost)
+                return 1
             self._watch()
             now = time.monotonic()
             if took or self.running:
@@ -221,16 +201,27 @@ class Host:
         st = LaneStatus("RUNNING", group=self.group, host=self.host_id, start_time=int(time.time() * 1000))
         if "call" in item:
             out.close()
-            proc = ForkedCall(item["command"], item["call"], item["env"], log_path, self._result_path(sid),
-                              self.workdir)
+            try:
+                proc = self.workers.call(entrypoint=item["command"], args=item["call"], env=item["env"],
+                                         log_path=log_path, result_path=self._result_path(sid), cwd=self.workdir)
+            except WorkersLost as e:  # a host that cannot run functions goes: the control plane starts another
+                self.lost = f"lost its function workers ({e})"
+                st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, st.start_time
+                st.message = f"lane host {self.host_id} {self.lost}"
+                self.store.put(lanes.status_key(sid), st.encode())
+                return
             st.pid = proc.pid
             self.store.put(lanes.status_key(sid), st.encode())
             self.running[sid] = Running(sid, proc, log_path, st)
             return
+        if SETPRIV:
+            how = dict(args=[SETPRIV, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", item["command"]],
+                       start_new_session=True)
+        else:
+            how = dict(args=item["command"], shell=True, preexec_fn=_die_with_parent)
         try:
-            proc = subprocess.Popen(item["command"], shell=True, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env={**os.environ, **item["env"]},
-                                    cwd=self.workdir, preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(**how, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **item["env"]}, cwd=self.workdir)
         except OSError as e:
             out.close()
             st.status, st.exit_code, st.message, st.end_time = "FAILED", 127, f"could not start: {e}", st.start_time
@@ -259,10 +250,10 @@ class Host:
                 continue
             if sid in stops and r.stop_at is None:
                 r.stop_at = now
-                _signal(r.proc.pid, signal.SIGTERM)
+                _signal(r.proc, signal.SIGTERM)
             elif r.stop_at is not None and now - r.stop_at > STOP_GRACE_S and not r.killed:
                 r.killed = True
-                _signal(r.proc.pid, signal.SIGKILL)
+                _signal(r.proc, signal.SIGKILL)
             if now - r.log_at > LOG_EVERY_S:
                 self._send_log(r)
 
@@ -279,7 +270,8 @@ class Host:
         return tail.decode(errors="replace")
 
     def _finish(self, r: Running, rc: int) -> None:
-        _signal(r.proc.pid, signal.SIGKILL)  # what the shell left behind in its group
+        if not isinstance(r.proc, WarmCall):  # a worker cleans up after its own calls, and lives on
+            _signal(r.proc, signal.SIGKILL)  # what the shell left behind in its group
         r.log_at = 0.0
         self._send_log(r)
         st = r.status
@@ -304,7 +296,7 @@ class Host:
         """The host is going away (its Ray job was stopped): its items end FAILED
         as lost with their host, so the control plane retries them."""
         for r in self.running.values():
-            _signal(r.proc.pid, signal.SIGKILL)
+            _signal(r.proc, signal.SIGKILL)
             st = r.status
             st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, int(time.time() * 1000)
             st.message = f"lane host {self.host_id} {why}"
@@ -314,9 +306,12 @@ class Host:
                 log.exception("could not record %s as lost", r.sid)
 
 
-def _signal(pid: int, sig: int) -> None:
+def _signal(proc: subprocess.Popen | WarmCall, sig: int) -> None:
+    if isinstance(proc, WarmCall):
+        proc.signal(sig)  # and the worker is not reused
+        return
     try:
-        os.killpg(pid, sig)  # the child leads its own session: its pid is its group's id
+        os.killpg(proc.pid, sig)  # the child leads its own session: its pid is its group's id
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -334,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-s", type=float, default=60.0)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    workers = Workers(a.slots)
+    workers.start()  # before the GCS client: the fork server must not copy Ray's gRPC threads
     store = Store(os.environ["RAY_ADDRESS"])
-    host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host))
+    host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host), workers=workers)
 
     def on_term(signum, _frame):
         host.abandon("was stopped")

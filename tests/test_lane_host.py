@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from raylane.jobs.lane import Host
 from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.lanes import LaneStatus
@@ -111,3 +113,17 @@ def _exists(pid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "preexec_fn"])
+def test_a_command_leads_a_session_of_its_own_with_or_without_setpriv(tmp_path, monkeypatch, setpriv):
+    from raylane.jobs import lane
+
+    if not setpriv:
+        monkeypatch.setattr(lane, "SETPRIV", None)  # a node without util-linux's setpriv: a fork, as before
+    store = MemoryStore()
+    enqueue(store, "cmd", "ps -o pid=,pgid= -p $$")
+    Host(store, "cpu", "raylane-lane-cpu-1", slots=1, idle_s=0.2, workdir=tmp_path).run()
+    assert status(store, "cmd").status == "SUCCEEDED"
+    pid, pgid = store.d[lanes.logs_key("cmd")].split()
+    assert pid == pgid  # its own process group: what a stop kills

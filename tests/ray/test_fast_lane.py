@@ -275,3 +275,24 @@ def test_a_lane_whose_spot_node_is_killed_mid_job_is_preempted_retried_and_succe
     assert out.read_text() == "ran\n"
     assert [a["cause"] for a in attempts] == ["PREEMPTED", None], [(a["cause"], a["message"]) for a in attempts]
     assert done["preemptions"] == 1
+
+
+def test_a_lane_function_is_cancelled_or_crashes_alone_and_the_lane_runs_on(lapi, gcs):
+    # Standard library functions only: a lane takes no working_dir, and the nodes need not have the tests.
+    hung = lapi.post("/v1/jobs", json={"name": "hung", "kind": "function", "entrypoint": "subprocess:run",
+                                       "args": {"args": ["sleep", "600"]}}).json()
+    assert hung["placement"]["lane"] == "cpu"
+    wait_status(lapi, hung["id"], {"RUNNING"}, timeout=60)
+    worker = wait_for(lambda: (st := lane_status(gcs, f"raylane-{hung['id']}-1")) and st.pid, timeout=30,
+                      what="the call's worker")
+    assert lapi.post(f"/v1/jobs/{hung['id']}/cancel").json()["job"]["status"] == "CANCELLING"
+    assert wait_status(lapi, hung["id"], {"CANCELLED"}, timeout=60)["status"] == "CANCELLED"
+    wait_for(lambda: gone(worker), timeout=10, what="the worker, killed with its process group")
+    crash = lapi.post("/v1/jobs", json={"name": "abort", "kind": "function", "entrypoint": "os:abort"}).json()
+    assert wait_status(lapi, crash["id"], TERMINAL, timeout=60)["status"] == "FAILED"
+    assert lapi.get(f"/v1/jobs/{crash['id']}/attempts").json()[0]["exit_code"] == -signal.SIGABRT
+    after = lapi.post("/v1/jobs", json={"name": "after", "kind": "function", "entrypoint": "json:dumps",
+                                        "args": {"obj": "still here"}}).json()
+    done = wait_status(lapi, after["id"], TERMINAL, timeout=60)
+    assert done["status"] == "SUCCEEDED" and done["result"] == {"value": '"still here"'}, done["status_reason"]
+    assert lane_status(gcs, f"raylane-{after['id']}-1").pid not in (worker, None)  # a fresh worker
