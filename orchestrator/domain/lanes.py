@@ -42,7 +42,7 @@ HOST_MODULE = "raylane.jobs.lane"
 MAX_LANE_CPUS = 1.0  # more than one core is a job worth its own Ray job (and its own cgroup of resources)
 MAX_LOG_BYTES = 64 * 1024  # of one job's output kept in Ray's KV store: a tail, not an archive
 # Lane kinds: a shell command (a process of the host's) and a function (a call in a
-# fork of the host). Other kinds place actors and trials: they need a Ray driver.
+# warm worker of the host: raylane.jobs.lane_workers). Other kinds place actors and trials: they need a Ray driver.
 LANE_KINDS = frozenset({"command", "function"})
 # What a lane's status says when its host's Ray job ended under a running item:
 # ``loops.classify`` reads it as node loss (the node died) or LOST (the host did).
