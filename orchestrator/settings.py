@@ -100,10 +100,10 @@ class Settings(BaseSettings):
         900.0, gt=0, description="A job submitted ahead of a scale-up whose driver has not started after this long "
         "fails with cause SCALE_UP_TIMEOUT and a reason naming the group.")
     queue_ahead_jobs: int = Field(
-        8, ge=0, le=1000, description="Per node group, most jobs submitted to Ray beyond what fits now (waiting in "
-        "Ray's queue for running jobs to end), so that Ray starts the next job the moment one ends. Only on groups "
-        "the autoscaler cannot grow (autoscale_ahead_jobs governs those). A warm lane queues up to lane_slots ahead "
-        "the same way. 0: admit only what fits now.")
+        0, ge=0, le=1000, description="Per node group, most command jobs submitted to Ray beyond what fits now "
+        "(waiting in Ray's queue for running jobs to end), so that Ray starts the next the moment one ends. Only "
+        "commands without GPUs, never past a waiting job of the group, never in a group where warm-lane jobs run, "
+        "nor in one the autoscaler may grow. 0: admit only what fits now.")
     fast_lane: bool = Field(
         False, description="Small jobs (a command of one worker, at most 1 CPU, no GPU, no working_dir/pip/py_modules, "
         "not `lane: isolated`) run in a warm lane per node group instead of a Ray job each (docs/fast-lane.md). Needs "

@@ -219,14 +219,32 @@ def test_a_group_the_autoscaler_may_grow_scales_ahead_instead_of_queueing_ahead(
     assert isinstance(out[2], Wait)
 
 
-def test_lane_jobs_queue_ahead_in_their_lane_by_their_own_bound():
-    rules = Rules(max_concurrent_drivers=64, starvation_skips=3, fast_lane=True, lane_ahead=3)
-    jobs = []
-    for i in range(10):
-        spec = JobSpec(name=f"l{i}", kind="command", entrypoint="true", resources={"cpus_per_worker": 1})
-        jobs.append(Queued(id=f"l{i}", project="default", status=JobStatus.PENDING, status_reason=None, spec=spec,
-                           placement=None, attempts=0, skips=0, preemptions=0))
-    out = decide(jobs, CPU_ROOM, PROFILE, rules, used={"cpu": {"CPU": 4}}, drivers=0, limits={}, project_used={})
-    assert [type(d).__name__ for d in out] == ["Admit"] * 3 + ["Wait"] * 7
-    assert all(d.placement.lane == "cpu" for d in out[:3])
-    assert out[0].queued.startswith("queued ahead in warm lane of group cpu until a running job ends")
+def test_only_commands_queue_ahead_never_past_a_waiting_job_nor_beside_lane_jobs():
+    full = {"cpu": {"CPU": 4}}
+
+    def run_full(queue, rules=QUEUE_AHEAD, waiting=None):
+        return decide(queue, CPU_ROOM, PROFILE, rules, used=full, drivers=0, limits={}, project_used={},
+                      waiting=waiting)
+
+    # A sweep's driver would start on 0.1 CPU in Ray while its trials compete later: it waits here.
+    assert [type(d) for d in run_full([sweep("s")])] == [Wait]
+    # A waiting job ahead of it in the group: Ray's queue knows no priority, so none jumps it.
+    big = cpu_job("big", cpus=4, priority=90)
+    out = run_full([big, cpu_job("small")])
+    # The head itself may go ahead; a smaller job never queues behind it in Ray,
+    # where it would take the room the big one waits for, again and again.
+    assert [type(d) for d in out] == [Admit, Wait] and out[0].queued
+    later = decide([cpu_job("small")], CPU_ROOM, PROFILE, QUEUE_AHEAD, used=full, drivers=0, limits={},
+                   project_used={}, waiting={("cpu", False): 1}, waiting_need={"cpu": 4.0})
+    assert [type(d) for d in later] == [Wait]
+    two = {"cpu": GroupState(alive_nodes=1, total={"CPU": 2, "memory": 2 * 1024**3})}
+    blocked = decide([cpu_job("too-big", cpus=4), cpu_job("small")], two, PROFILE, QUEUE_AHEAD,
+                     used={"cpu": {"CPU": 2}}, drivers=0, limits={}, project_used={})
+    assert [type(d) for d in blocked] == [Wait, Wait]  # one that cannot go ahead still holds the others back
+    # Lane jobs run in the group: they hold CPUs Ray does not see, so Ray's queue is no guide there.
+    assert [type(d) for d in run_full([cpu_job("c")], waiting={("cpu", True): 1})] == [Wait]
+    lane_rules = Rules(max_concurrent_drivers=64, starvation_skips=3, fast_lane=True, queue_ahead=8)
+    lane_job = JobSpec(name="l", kind="command", entrypoint="true", resources={"cpus_per_worker": 1})
+    lane = run_full([Queued(id="l", project="default", status=JobStatus.PENDING, status_reason=None, spec=lane_job,
+                            placement=None, attempts=0, skips=0, preemptions=0)], rules=lane_rules)
+    assert [type(d) for d in lane] == [Wait]  # a lane's host counts slots, not CPUs: never ahead

@@ -93,3 +93,9 @@ def test_a_runner_of_another_version_is_a_runtime_env_failure_not_the_jobs():
     cause, why = classify(job(msg, exit_code=protocol.EXIT_VERSION_MISMATCH), {})
     assert cause is FailureCause.RUNTIME_ENV and why == line
     assert classify(job("exit 78", exit_code=protocol.EXIT_VERSION_MISMATCH), {})[0] is FailureCause.APP_ERROR
+
+
+def test_a_job_ray_did_not_start_in_time_is_lost_not_an_app_error():
+    rj = job("Job supervisor actor failed to start within 900.0 seconds.",
+             error_type="JOB_SUPERVISOR_ACTOR_START_TIMEOUT", exit_code=None, driver=None)
+    assert classify(rj, {})[0] is FailureCause.LOST

@@ -202,10 +202,13 @@ class LaneBackend:
             return None if self._status(submission_id) is None else ""
         return value.decode(errors="replace")
 
-    def forget(self, submission_id: str, *, stopped: bool = False) -> None:
-        """The outcome and the log tail are stored in the database: the attempt's
-        keys go in one call (its claim is no longer needed: a stored outcome is
-        never dispatched again), and with ``stopped`` its stop request."""
+    def forget(self, submission_id: str, *, group: str | None = None, stopped: bool = False) -> None:
+        """The outcome and the log tail are stored in the database: its status and
+        tail go in one call, a todo item of ``group`` a late redispatch may have put
+        back, and with ``stopped`` its stop request. The claim stays: a tombstone,
+        so nothing re-put can run it again."""
         self._kv("kv_del", lanes.attempt_prefix(submission_id), prefix=True)
+        if group:
+            self._kv("kv_del", lanes.todo_key(group, submission_id))
         if stopped:
             self._kv("kv_del", lanes.stop_key(submission_id))

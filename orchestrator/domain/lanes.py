@@ -9,7 +9,7 @@ visible in Ray's dashboard) that runs small jobs as processes it starts itself.
 Words:
 - *lane*: the node group whose host runs a job (``Placement.lane``).
 - *todo*: ``lane/<group>/todo/<sid>``, written by the dispatcher: what to run.
-- *claim*: ``lane/a/<sid>/claim``, written once with overwrite off by whoever
+- *claim*: ``lane/claim/<sid>``, written once with overwrite off by whoever
   takes the item: a host (to run it) or the control plane (to stop it before
   it runs). Ray's KV put with overwrite off is atomic, so an item is taken once.
 - *status*: ``lane/a/<sid>/status``, a ``LaneStatus`` as JSON; PENDING written by
@@ -22,9 +22,9 @@ Words:
 
 Invariants:
 - One attempt runs at most once: its submission id is claimed once, and the
-  claim stays until the attempt's outcome is in the database. Then the
-  attempt's keys (``attempt_prefix``) go, its log tail kept in the database
-  (``store.lane_logs``): Ray's store holds live lane attempts, not history.
+  claim stays for good (a tombstone). Once the outcome is in the database the
+  attempt's status and log tail (``attempt_prefix``) and any todo item go, the
+  tail kept in the database (``store.lane_logs``).
 - A lane job holds what its placement says (admission counts it as for any
   job) but no Ray driver: a host reserves no Ray resources of its own.
 """
@@ -84,13 +84,15 @@ def todo_key(group: str, sid: str) -> str:
 
 
 def attempt_prefix(sid: str) -> str:
-    """Every key of one attempt but its stop request: one delete by prefix clears
-    them once its outcome (and its log tail) is in the database."""
+    """An attempt's status and log tail: one delete by prefix clears them once its
+    outcome (and the tail) is in the database."""
     return f"lane/a/{sid}/"
 
 
 def claim_key(sid: str) -> str:
-    return f"{attempt_prefix(sid)}claim"
+    """Outside ``attempt_prefix``: the claim stays after the outcome, a tombstone
+    (~60 bytes) that keeps a todo item re-put by a late redispatch from ever running."""
+    return f"lane/claim/{sid}"
 
 
 def status_key(sid: str) -> str:

@@ -14,14 +14,12 @@ Per pass, in priority order then age:
 - a job that does not fit keeps its reason ("waiting for 2 GPUs in group gpu: 0
   free"); lower-priority jobs may backfill past it, but once it has been passed
   over ``starvation_skips`` times its group is reserved for it until it fits;
-- *queued ahead*: a CPU job that does not fit what is free now, but fits the
-  group's live capacity, is admitted while fewer than ``queue_ahead`` jobs of
-  the group wait to start (``lane_ahead`` for a warm lane's jobs): Ray (or the
-  lane's host) starts it the moment a running job ends, instead of one
-  reconcile-and-admit cycle later. Not for GPU jobs (their start-up dwarfs the
-  cycle; in Raylane's queue priority and reservation still order them), nor
-  where Ray's autoscaler may add nodes (pending jobs there are demand:
-  ``scale_ahead`` bounds those);
+- *queued ahead* (``queue_ahead`` > 0): a command job that does not fit what is
+  free now, but fits the group's live capacity, is admitted while fewer than
+  ``queue_ahead`` jobs of the group wait to start in Ray: Ray starts it the
+  moment a running job ends, instead of one reconcile-and-admit cycle later.
+  Only where Ray's own accounting matches Raylane's (``_queue_ahead`` says
+  where), and never past a job of the group that waits;
 - with ``scale_ahead`` > 0 (a cluster whose groups Ray's autoscaler or KubeRay
   scales), a job that does not fit what is live but fits what the autoscaler may
   add (``max_nodes`` minus the group's nodes, times the profile's node) is
@@ -64,10 +62,9 @@ class Rules:
     starvation_skips: int
     scale_ahead: int = 0  # most jobs per group admitted ahead of a scale-up; 0: live nodes only
     fast_lane: bool = False  # small jobs may take a warm lane (domain.lanes), which holds no driver
-    # Most jobs per group waiting to start (admitted, not yet running) beyond what
-    # fits now: Ray's queue for Ray jobs, the host's todo for a lane's.
+    # Most command jobs per group waiting to start in Ray's queue (admitted, not
+    # yet running) beyond what fits now (``_queue_ahead``); 0: none.
     queue_ahead: int = 0
-    lane_ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,13 +178,16 @@ def placement_for(job: Queued, profile: Profile, view: ClusterView, *, fast_lane
 def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rules, *, used: Held, drivers: int,
            limits: Mapping[tuple[str, str], Limits], project_used: Mapping[tuple[str, str], Usage],
            ahead: Mapping[str, int] | None = None,
-           waiting: Mapping[tuple[str, bool], int] | None = None) -> list[Decision]:
+           waiting: Mapping[tuple[str, bool], int] | None = None,
+           waiting_need: Mapping[str, float] | None = None) -> list[Decision]:
     """One pass over the queue's head, in its order; the decisions in the order to write them.
     ``ahead``: per group, jobs already admitted ahead of a scale-up and not yet running.
-    ``waiting``: per (group, in a lane), jobs admitted and not yet running (``stats.waiting_by_group``)."""
+    ``waiting``: per group, Ray jobs admitted and not yet running, and (key ``(group, True)``)
+    active lane jobs (``stats.waiting_by_group``)."""
     used = {g: dict(r) for g, r in used.items()}
     ahead = dict(ahead or {})
     waiting = dict(waiting or {})
+    waiting_need = dict(waiting_need or {})
     project_used = {k: Usage(u.gpus, u.cpus, u.jobs) for k, u in project_used.items()}
     out: list[Decision] = []
     reserved: set[str] = set()  # groups held for a starving job this pass
@@ -210,7 +210,9 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
         elif group in reserved:
             reason = f"waiting: group {group} is reserved for an older job that has waited longest"
         else:
-            reason, scale_up, placement = _fits(job, placement, view, profile, used, ahead, rules, waiting)
+            reason, scale_up, placement = _fits(job, placement, view, profile, used, ahead, rules, waiting,
+                                                waits_before=bool(passed_over.get(group)),
+                                                waiting_need=waiting_need.get(group, 0.0))
             group = placement.node_group
             if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
                 dgroup = placement.driver_label_selector["ray.io/node-group"]
@@ -239,8 +241,10 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
         passed_over[group] = []
         if scale_up is not None:
             ahead[group] = ahead.get(group, 0) + 1
-        wkey = (group, bool(placement.lane))
+        wkey = (group, bool(placement.lane))  # Ray jobs waiting to start; lane jobs active
         waiting[wkey] = waiting.get(wkey, 0) + 1
+        if not placement.lane:
+            waiting_need[group] = max(waiting_need.get(group, 0.0), placement.total.get("CPU", 0))
         for k, v in placement.total.items():
             used.setdefault(group, {})[k] = used.get(group, {}).get(k, 0) + v
         drivers += 0 if placement.lane else 1
@@ -255,29 +259,40 @@ QUEUED_AHEAD = "queued ahead in "  # a _fits scale-up note with this prefix: adm
 
 def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile, used: Held,
           ahead: Mapping[str, int], rules: Rules,
-          waiting: Mapping[tuple[str, bool], int] | None = None) -> tuple[str | None, str | None, Placement]:
+          waiting: Mapping[tuple[str, bool], int] | None = None,
+          waits_before: bool = False, waiting_need: float = 0.0) -> tuple[str | None, str | None, Placement]:
     """(why the job waits, or None; the scale-up reason when it is admitted ahead
     of one; the placement it is admitted with)."""
     reason, scale_up, moved = _fits_live(job, placement, view, profile, used, ahead, rules)
-    if reason is not None and not reason.startswith(NEVER) and \
-            _queue_ahead(job, placement, view, profile, rules, waiting or {}):
-        where = f"warm lane of group {placement.node_group}" if placement.lane else "Ray"
-        return None, f"{QUEUED_AHEAD}{where} until a running job ends ({reason})", placement
+    if reason is not None and not reason.startswith(NEVER) and not waits_before and \
+            placement.total.get("CPU", 0) >= waiting_need - EPS and \
+            _queue_ahead(job, placement, view, profile, rules, waiting or {}, used):
+        # (Never smaller than a job already waiting in Ray's queue: Ray would start
+        # it first in the room that one waits for, again and again.)
+        return None, f"{QUEUED_AHEAD}Ray until a running job ends ({reason})", placement
     return reason, scale_up, moved
 
 
 def _queue_ahead(job: Queued, placement: Placement, view: ClusterView, profile: Profile, rules: Rules,
-                 waiting: Mapping[tuple[str, bool], int]) -> bool:
-    """Whether a job that does not fit now is admitted to wait in Ray's queue (or
-    its lane's) for the next job of the group to end."""
-    group, lane = placement.node_group, bool(placement.lane)
-    if placement.total.get("GPU", 0) > EPS:
-        return False  # GPU jobs wait in Raylane's queue, where priority and reservation still apply
-    cap = rules.lane_ahead if lane else rules.queue_ahead
-    if cap <= 0 or waiting.get((group, lane), 0) >= cap:
+                 waiting: Mapping[tuple[str, bool], int], used: Held) -> bool:
+    """Whether a job that does not fit now is admitted to wait in Ray's queue for
+    the next job of the group to end. Only where Ray's accounting is Raylane's:
+    a command (Ray reserves its whole need for its entrypoint; a runner's driver
+    would start on 0.1 CPU and its workers compete later), no GPUs (those wait
+    here, where priority and reservation order them), never in a warm lane (its
+    host counts slots, not CPUs), never in a group where lane jobs hold CPUs
+    that Ray does not see, and never past a job of the group that waits
+    (``waits_before``: Ray does not order its queue by priority)."""
+    group = placement.node_group
+    if placement.lane or job.spec.kind.value != "command" or placement.total.get("GPU", 0) > EPS:
         return False
-    if not lane and rules.scale_ahead > 0 and sum(room(view, profile, group)[2].get(k, 0) for k in ("CPU", "GPU")):
-        return False  # Ray would read the wait as demand for another node: scale-ahead's rules decide
+    if rules.queue_ahead <= 0 or waiting.get((group, False), 0) >= rules.queue_ahead:
+        return False
+    if waiting.get((group, True), 0):
+        return False
+    g = profile.group(group)
+    if rules.scale_ahead > 0 and g is not None and g.max_nodes > g.min_nodes:
+        return False  # Ray's autoscaler reads a pending job as demand for a node: scale-ahead's rules decide
     st = view.get(group)
     live = {k: st.total.get(k, 0) for k in ("CPU", "GPU", "memory")} if st else {}
     return shortfall(needed(job.spec, placement), live, group) is None  # it fits the group once jobs end

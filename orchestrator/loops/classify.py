@@ -55,6 +55,10 @@ def classify(rj: RayJob | None, nodes: dict[str, RayNode], *, timed_out: bool = 
                                            f"{(node.death_message or node.death_reason or msg) if node else msg or 'node died'}"
         where = node_name if node else "its node"
         return FailureCause.NODE_LOST, f"driver's {where} died: {(node.death_message if node else msg) or msg}"[:2000]
+    if rj.error_type == "JOB_SUPERVISOR_ACTOR_START_TIMEOUT":
+        # It waited in Ray's queue past RAY_JOB_START_TIMEOUT_SECONDS (a job queued
+        # ahead behind long ones): no code of the job ran, so it is retried as lost.
+        return FailureCause.LOST, msg or "Ray did not start it in time"
     if rj.error_type == lanes.HOST_LOST:
         # A warm lane's host ended under the attempt with its node alive (the host
         # was killed or stopped): the attempt is lost with it, not the code's fault.

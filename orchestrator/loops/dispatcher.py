@@ -91,17 +91,17 @@ class Dispatcher(LoopService):
         lease_until = now + timedelta(seconds=self.settings.lease_s)
         rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
                                 self.settings.autoscale_ahead_jobs, fast_lane=self.settings.fast_lane and self.lanes is not None,
-                                queue_ahead=self.settings.queue_ahead_jobs, lane_ahead=self.settings.lane_slots)
+                                queue_ahead=self.settings.queue_ahead_jobs)
         with db.transaction(self.sessions) as s:
             claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until)
             used, drivers = stats.used_by_active(s)
             limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
             project_used = store_quotas.usage(s) if limits else {}
             ahead = stats.ahead_by_group(s) if rules.scale_ahead else {}
-            waiting = stats.waiting_by_group(s) if rules.queue_ahead or rules.fast_lane else {}
+            waiting, waiting_need = stats.waiting_by_group(s) if rules.queue_ahead else ({}, {})
             for d in admission.decide(queue.queued(s, now=now), view, self.profile, rules, used=used,
                                       drivers=drivers, limits=limits, project_used=project_used, ahead=ahead,
-                                      waiting=waiting):
+                                      waiting=waiting, waiting_need=waiting_need):
                 if isinstance(d, admission.Fail):
                     queue.fail_unroutable(s, d.job, d.message, now=now)
                 elif isinstance(d, admission.Wait):

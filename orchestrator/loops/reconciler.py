@@ -312,7 +312,7 @@ class Reconciler(LoopService):
         if in_lane:
             # Its keys go (its log tail is in the database now); a stop request only
             # if one may have been made (a cancel, a timeout).
-            self.lanes.forget(r["submission_id"],
+            self.lanes.forget(r["submission_id"], group=(r["placement"] or {}).get("lane"),
                               stopped=r["job_status"] == JobStatus.CANCELLING.value or bool(r["cause"]))
         if reports_result(r):
             self.backend.forget_result(r["submission_id"])

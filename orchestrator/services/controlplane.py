@@ -373,10 +373,9 @@ class ControlPlane:
             return "", job
         if n > job.attempts or n < 1:
             raise Invalid(f"job has {job.attempts} attempts; there is no attempt {n}", field="attempt")
-        if job.placement is not None and job.placement.lane:
-            kept = self._kept_lane_log(job_id, n)
-            if kept is not None:
-                return kept, job
+        kept = self._kept_lane_log(job_id, n)  # an ended lane attempt's (any attempt's: placements change)
+        if kept is not None:
+            return kept, job
         self._require_ray()
         return self._attempt_logs(job_id, n, job.placement) or "", job
 

@@ -115,13 +115,15 @@ SPEC_CACHE_MAX = 20_000
 
 
 def _specs(session: Session, ids: list[str]) -> dict[str, JobSpec]:
-    missing = [i for i in ids if i not in _SPECS]
+    """The specs of ``ids``, parsed once per process. Shared: read them, never change them."""
+    out = {i: spec for i in ids if (spec := _SPECS.get(i)) is not None}
+    missing = [i for i in ids if i not in out]
     if missing:
         if len(_SPECS) + len(missing) > SPEC_CACHE_MAX:
             _SPECS.clear()  # the head moves on; what it held is read again when needed
         for jid, spec in session.execute(select(jobs.c.id, jobs.c.spec).where(jobs.c.id.in_(missing))):
-            _SPECS[jid] = JobSpec.from_stored(spec)
-    return {i: _SPECS[i] for i in ids if i in _SPECS}
+            out[jid] = _SPECS[jid] = JobSpec.from_stored(spec)
+    return out
 
 
 def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list[Queued]:
@@ -129,6 +131,7 @@ def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list
     cols = [c for c in jobs.c if c.name != "spec"]
     rows = _head(session, cols, or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), *NOT_HELD, limit=limit)
     specs = _specs(session, [r.id for r in rows])
+    rows = [r for r in rows if r.id in specs]  # a job deleted between the two reads
     return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
                    spec=specs[r["id"]],
                    placement=Placement.model_validate(r["placement"]) if r["placement"] else None,

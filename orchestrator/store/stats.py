@@ -50,16 +50,23 @@ def used_by_active(session: Session) -> tuple[dict[str, dict[str, float]], int]:
     return used, n
 
 
-def waiting_by_group(session: Session) -> dict[tuple[str, bool], int]:
-    """Jobs admitted and not yet running (DISPATCHING: waiting in Ray, or in a
-    warm lane's queue), per (node group, whether in a lane)."""
+def waiting_by_group(session: Session) -> tuple[dict[tuple[str, bool], int], dict[str, float]]:
+    """Per node group: ``(group, False)``, Ray jobs admitted and not yet running
+    (DISPATCHING: waiting in Ray's queue); ``(group, True)``, active jobs in a
+    warm lane (they hold CPUs that Ray does not see: admission's queue-ahead
+    keeps out of such a group). And per group the most CPUs one of those Ray
+    jobs waits for (a smaller job queued behind it could take its place)."""
     out: dict[tuple[str, bool], int] = {}
-    for group, placement in session.execute(
-        select(jobs.c.node_group, jobs.c.placement).where(jobs.c.status == JobStatus.DISPATCHING.value)
+    need: dict[str, float] = {}
+    for group, status, placement in session.execute(
+        select(jobs.c.node_group, jobs.c.status, jobs.c.placement).where(jobs.c.status.in_(_ACTIVE))
     ):
-        key = (group, bool((placement or {}).get("lane")))
-        out[key] = out.get(key, 0) + 1
-    return out
+        lane = bool((placement or {}).get("lane"))
+        if lane or status == JobStatus.DISPATCHING.value:
+            out[(group, lane)] = out.get((group, lane), 0) + 1
+        if not lane and status == JobStatus.DISPATCHING.value:
+            need[group] = max(need.get(group, 0.0), float(((placement or {}).get("total") or {}).get("CPU", 0)))
+    return out, need
 
 
 def ahead_by_group(session: Session) -> dict[str, int]:
