@@ -119,9 +119,12 @@ def list_tokens(session: Session, *, project: str | None = None, include_revoked
     return [_token(r) for r in session.execute(q).mappings()]
 
 
+_EPOCH = select(auth_epoch.c.n).where(auth_epoch.c.id == 1)  # read on every request: built once
+
+
 def epoch(conn) -> int:
     """The auth epoch (one primary-key read; ``conn``: a Session or a Connection)."""
-    return conn.execute(select(auth_epoch.c.n).where(auth_epoch.c.id == 1)).scalar_one()
+    return conn.execute(_EPOCH).scalar_one()
 
 
 def revoke_token(session: Session, token_id: str, *, actor: str) -> Token:
