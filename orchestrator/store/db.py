@@ -53,10 +53,23 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
         def _on_begin(conn):
             conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
+        _plain_savepoints(engine)
         return engine
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2)
     _ping_when_idle(engine)
+    _plain_savepoints(engine)
     return engine
+
+
+def _plain_savepoints(engine: Engine) -> None:
+    """SAVEPOINT, RELEASE and ROLLBACK TO as plain SQL. SQLAlchemy compiles a new
+    clause for each (every savepoint has a new name), ~6% of a submit's CPU on
+    SQLite, where the group commit opens one per unit. Its names
+    (``sa_savepoint_<n>``) need no quoting."""
+    d = engine.dialect
+    d.do_savepoint = lambda conn, name: conn.exec_driver_sql(f"SAVEPOINT {name}")
+    d.do_release_savepoint = lambda conn, name: conn.exec_driver_sql(f"RELEASE SAVEPOINT {name}")
+    d.do_rollback_to_savepoint = lambda conn, name: conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {name}")
 
 
 def _ping_when_idle(engine: Engine) -> None:
