@@ -138,7 +138,7 @@ def test_a_pooled_connection_killed_while_idle_is_replaced_before_use(pg_templat
         with engine.connect() as conn:
             pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
         with _pg_admin() as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))  # waits until it is gone
         with engine.connect() as conn:  # no error: the dead one was pinged and replaced
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
     finally:
