@@ -159,7 +159,7 @@ class ControlPlane:
                 s, spec, project=project, actor=actor, idempotency_key=idempotency_key, placement=placement,
                 dashboard_url=self.link)
             if audit is not None:
-                store_tokens.record(s, {**audit(job, created), "at": utcnow()})
+                store_tokens.append(s, {**audit(job, created), "at": utcnow()})
             return job, created
 
         job, created = self._write(unit)
