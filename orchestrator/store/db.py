@@ -6,8 +6,9 @@ take the write lock only at the first write, and a reader upgrading to a writer
 can fail with "database is locked" without waiting; IMMEDIATE makes writers
 queue on the busy timeout instead. A ``read`` that never writes begins deferred
 (``READ_ONLY``): it reads its WAL snapshot without queueing for the write lock,
-so the per-request token lookup does not wait behind every submit's commit. PostgreSQL: psycopg 3, a pool, READ COMMITTED,
-and ``FOR UPDATE SKIP LOCKED`` where work is claimed.
+so the per-request token lookup does not wait behind every submit's commit. PostgreSQL: psycopg 3, a pool (a connection idle over
+``PING_IDLE_S`` pinged before use), READ COMMITTED, and ``FOR UPDATE SKIP LOCKED``
+where work is claimed.
 """
 
 from __future__ import annotations
