@@ -14,7 +14,8 @@ It resolves ``Authorization: Bearer <token>`` to a ``Caller`` (one indexed read 
 the token's sha256: a revoked token is refused on its next request) and leaves
 it in the request state. Every mutating request (POST, PUT, PATCH, DELETE) with
 a valid token, also a refused one, writes an audit row: who, which action on
-what, from where, and the status code, committed before the response goes out.
+what, from where, and the status code, committed before the response goes out
+(by this middleware, or by the route in its own transaction: ``audit_entry``).
 
 The refusal path is cheap: a request without a token this replica has seen
 valid first passes the address gate (``api.ratelimit.AddressGate``, memory
@@ -129,9 +130,14 @@ class AuthMiddleware:
             if mutating:
                 await audit(cp, scope, caller, 403)
             return
-        scope.setdefault("state", {})["caller"] = caller
+        state = scope.setdefault("state", {})
+        state["caller"] = caller
         if not mutating:
             return await self.app(scope, receive, send)
+        # A route may write its own audit row in its own transaction (a submit:
+        # one commit for the job and its row, not two): it builds the row with
+        # ``audit_entry`` and sets ``audited`` once that transaction committed.
+        state["audit_entry"] = lambda status, target=None: _entry(scope, caller, status, target)
 
         audited = False
 
@@ -139,14 +145,15 @@ class AuthMiddleware:
             nonlocal audited
             if message["type"] == "http.response.start" and not audited:
                 audited = True
-                # Before the response leaves: whoever sees the answer finds the row.
-                await audit(cp, scope, caller, message["status"])
+                if not state.get("audited"):
+                    # Before the response leaves: whoever sees the answer finds the row.
+                    await audit(cp, scope, caller, message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_audit)
         except Exception:
-            if not audited:
+            if not audited and not state.get("audited"):
                 await audit(cp, scope, caller, 500)
             raise
 
@@ -180,8 +187,8 @@ def _address(scope) -> str:
     return client[0] if client else "-"
 
 
-def _entry(scope, caller: Caller | None, status: int) -> dict:
-    """The audit row of a request."""
+def _entry(scope, caller: Caller | None, status: int, target: str | None = None) -> dict:
+    """The audit row of a request (``target``: the object acted on, when the route names it)."""
     client = scope.get("client")
     return {
         "actor": caller.name if caller else ANONYMOUS,
@@ -191,7 +198,7 @@ def _entry(scope, caller: Caller | None, status: int) -> dict:
         "action": _action(scope),
         "method": scope["method"][:8],
         "path": scope["path"][:512],
-        "target": _target(scope),
+        "target": target[:512] if target else _target(scope),
         "status_code": status,
         "client": f"{client[0]}"[:128] if client else None,
     }

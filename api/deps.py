@@ -70,8 +70,33 @@ def get_admin(request: Request) -> Caller:
     return caller
 
 
-CP = Annotated[ControlPlane, Depends(get_cp)]
-CallerDep = Annotated[Caller, Depends(get_caller)]
-ReaderDep = Annotated[Caller, Depends(get_reader)]
-MemberDep = Annotated[Caller, Depends(get_member)]
-AdminDep = Annotated[Caller, Depends(get_admin)]
+# The dependencies themselves are async: FastAPI runs a sync dependency in the
+# thread pool, a round trip through a worker thread for a few attribute reads
+# (three of them on every submit). None of them blocks.
+
+
+async def _cp(request: Request) -> ControlPlane:
+    return get_cp(request)
+
+
+async def _reader(request: Request) -> Caller:
+    return get_reader(request)
+
+
+async def _caller(request: Request) -> Caller:
+    return get_caller(request)
+
+
+async def _member(request: Request) -> Caller:
+    return get_member(request)
+
+
+async def _admin(request: Request) -> Caller:
+    return get_admin(request)
+
+
+CP = Annotated[ControlPlane, Depends(_cp)]
+CallerDep = Annotated[Caller, Depends(_caller)]
+ReaderDep = Annotated[Caller, Depends(_reader)]
+MemberDep = Annotated[Caller, Depends(_member)]
+AdminDep = Annotated[Caller, Depends(_admin)]

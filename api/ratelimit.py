@@ -35,6 +35,8 @@ import math
 import time
 from collections import OrderedDict
 
+import anyio
+
 from fastapi import Request
 from limits import RateLimitItemPerSecond
 from limits.storage import storage_from_string
@@ -112,14 +114,16 @@ class SubmitLimit:
         return max(reset_at - time.time(), 0.001)
 
 
-def submit_limit(request: Request) -> None:
-    """Dependency of the submit endpoints (after the caller is known)."""
+async def submit_limit(request: Request) -> None:
+    """Dependency of the submit endpoints (after the caller is known). Async, so
+    that no limit costs no thread hop; a limit's storage may block (the
+    database, Redis), so ``take`` runs in a worker thread."""
     limit: SubmitLimit | None = getattr(request.app.state, "submit_limit", None)
     caller = getattr(request.state, "caller", None)
-    if limit is None or caller is None:
+    if limit is None or caller is None or not limit.limited:
         return
     key = caller.token_id or f"{caller.name}@{request.client.host if request.client else '-'}"
-    wait = limit.take(key)
+    wait = await anyio.to_thread.run_sync(limit.take, key)
     if wait > 0:
         raise RateLimited(f"too many submits with this token: at most {limit.rate:g}/s "
                           f"(bursts of {limit.burst}); retry in {wait:.1f}s", retry_after_s=math.ceil(wait))

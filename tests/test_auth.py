@@ -517,6 +517,26 @@ def test_every_mutating_request_is_audited(world):
     assert api.get("/v1/audit", params={"cursor": "garbage"}).status_code == 422
 
 
+def test_a_submit_writes_one_audit_row_with_its_job_and_a_replay_or_conflict_one_each(world):
+    """A submit's row is written in the job's own transaction (api.auth's
+    ``audit_entry``); the middleware then writes no second one. A replay with the
+    same Idempotency-Key is a 200 row naming the same job; a conflict is a 409 row."""
+    api, member = world.api, bearer(world.tokens["member"])
+    before = len(api.get("/v1/audit", params={"limit": 500}).json()["items"])
+    key = {**member, "Idempotency-Key": "audit-once"}
+    first = api.post("/v1/jobs", json=HELLO, headers=key)
+    again = api.post("/v1/jobs", json=HELLO, headers=key)
+    clash = api.post("/v1/jobs", json={**HELLO, "name": "other"}, headers=key)
+    assert (first.status_code, again.status_code, clash.status_code) == (201, 200, 409)
+    items = api.get("/v1/audit", params={"limit": 500}).json()["items"]
+    new = list(reversed(items[: len(items) - before]))
+    assert [(e["action"], e["status_code"], e["target"]) for e in new] == [
+        ("submit_job", 201, first.json()["id"]),
+        ("submit_job", 200, first.json()["id"]),
+        ("submit_job", 409, None),
+    ]
+
+
 def test_audit_rows_are_committed_before_the_response(api, cp):
     r = api.post("/v1/projects", json={"name": "gamma"})
     assert r.status_code == 201

@@ -123,3 +123,23 @@ def test_only_transitions_module_writes_status():
         if re.search(r"update\(jobs\)[^\n]*\.values\([^)\n]*\bstatus\s*=[^=]", text) or re.search(r"\"status\":\s*JobStatus\.(?!PENDING)", text):
             offenders.append(str(path))
     assert not offenders
+
+
+def test_a_pooled_connection_killed_while_idle_is_replaced_before_use(pg_template, monkeypatch):
+    """db.make_engine pings a PostgreSQL connection idle longer than PING_IDLE_S
+    (not every checkout): one the server dropped meanwhile is never handed out."""
+    from sqlalchemy import text
+
+    from tests.conftest import _pg_admin, fresh_pg_database
+
+    monkeypatch.setattr(db, "PING_IDLE_S", 0.0)  # every connection counts as idle
+    engine = db.make_engine(fresh_pg_database(pg_template), pool_size=1)
+    try:
+        with engine.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with _pg_admin() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))  # waits until it is gone
+        with engine.connect() as conn:  # no error: the dead one was pinged and replaced
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+    finally:
+        engine.dispose()

@@ -65,13 +65,21 @@ def _fits(spec: JobSpec, field: str, *, array: bool = False) -> None:
 def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request,
                idempotency_key: IdemKey = None) -> Response:
     _fits(spec, "spec")
+    entry = getattr(request.state, "audit_entry", None)  # api.auth: this request's audit row
     job, created = cp.submit(spec, project=_project(caller, spec.project), actor=caller.name,
-                             idempotency_key=idempotency_key)
+                             idempotency_key=idempotency_key,
+                             audit=(lambda j, new: entry(_status(new), j.id)) if entry else None)
+    # Committed with the job: the middleware writes no second row. A refusal
+    # (raised above) is audited by the middleware, with its status.
+    request.state.audited = entry is not None
     request.state.audit_target = job.id
     # The Job is built by the store already: encoded once here, not dumped,
     # validated against response_model and encoded again by FastAPI.
-    return Response(job.model_dump_json(), media_type="application/json",
-                    status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+    return Response(job.model_dump_json(), media_type="application/json", status_code=_status(created))
+
+
+def _status(created: bool) -> int:
+    return status.HTTP_201_CREATED if created else status.HTTP_200_OK
 
 
 @router.post("/batch", status_code=201, response_model=BatchSubmitResponse, dependencies=[Depends(submit_limit)],

@@ -23,6 +23,8 @@ from raylane.orchestrator.domain.views import ArrayAction, Attempt, Job, JobArra
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import MAX_NAME_LEN, JobSpec
 from raylane.orchestrator.store import arrays as store_arrays, db, jobs as store_jobs, lane_logs as store_lane_logs, migrate, stats
+from raylane.orchestrator.store import tokens as store_tokens
+from raylane.orchestrator.store.transitions import utcnow
 from raylane.orchestrator.store.groupcommit import GroupCommit
 
 if TYPE_CHECKING:  # the store alone imports SQLAlchemy
@@ -144,13 +146,23 @@ class ControlPlane:
     def _route(self, spec: JobSpec) -> Placement | None:
         return self.router(spec) if self.router else None
 
-    def submit(self, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    def submit(self, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None = None,
+               audit: Callable[[Job, bool], dict[str, Any]] | None = None) -> tuple[Job, bool]:
+        """Store the job; ``audit(job, created)``: the request's audit row, written in
+        the same transaction (one commit for both, instead of one each)."""
         policy.check(spec, self.settings)
         self.packages.claim_for(spec)
         placement = self._route(spec)
-        job, created = self._write(lambda s: store_jobs.submit_view(
-            s, spec, project=project, actor=actor, idempotency_key=idempotency_key, placement=placement,
-            dashboard_url=self.link))
+
+        def unit(s):
+            job, created = store_jobs.submit_view(
+                s, spec, project=project, actor=actor, idempotency_key=idempotency_key, placement=placement,
+                dashboard_url=self.link)
+            if audit is not None:
+                store_tokens.append(s, {**audit(job, created), "at": utcnow()})
+            return job, created
+
+        job, created = self._write(unit)
         if created:
             self.new_work.set()
         return job, created

@@ -104,18 +104,21 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
     row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
                    idempotency_key=idempotency_key, reason=reason)
     _wait_for(row, deps)
-    try:
-        with session.begin_nested():
-            # The row as parameters, not .values(**row): one statement compiled
-            # once, instead of a new one built and keyed per submit.
-            session.execute(insert(jobs), row)
-    except IntegrityError:
-        if idempotency_key is None:
-            raise
-        existing = _by_key(session, project, idempotency_key)
-        if existing is None:  # pragma: no cover - the unique index said it exists
-            raise
-        return _check_same(existing, spec), False, None
+    # The row as parameters, not .values(**row): one statement compiled
+    # once, instead of a new one built and keyed per submit.
+    if idempotency_key is None:
+        # No unique key to lose a race on: no savepoint (two round trips on
+        # PostgreSQL); any error rolls the caller's unit back.
+        session.execute(insert(jobs), row)
+    else:
+        try:
+            with session.begin_nested():
+                session.execute(insert(jobs), row)
+        except IntegrityError:
+            existing = _by_key(session, project, idempotency_key)
+            if existing is None:  # pragma: no cover - the unique index said it exists
+                raise
+            return _check_same(existing, spec), False, None
     dependencies.record(session, job_id, deps)
     _tally_new(session, row)
     if spec.labels:
