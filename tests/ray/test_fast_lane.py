@@ -291,8 +291,11 @@ def test_a_lane_function_is_cancelled_or_crashes_alone_and_the_lane_runs_on(lapi
     crash = lapi.post("/v1/jobs", json={"name": "abort", "kind": "function", "entrypoint": "os:abort"}).json()
     assert wait_status(lapi, crash["id"], TERMINAL, timeout=60)["status"] == "FAILED"
     assert lapi.get(f"/v1/jobs/{crash['id']}/attempts").json()[0]["exit_code"] == -signal.SIGABRT
-    after = lapi.post("/v1/jobs", json={"name": "after", "kind": "function", "entrypoint": "json:dumps",
-                                        "args": {"obj": "still here"}}).json()
+    after = lapi.post("/v1/jobs", json={"name": "after", "kind": "function", "entrypoint": "subprocess:check_output",
+                                        "args": {"args": ["sh", "-c", "sleep 3; echo still-here"]}}).json()
+    # Read while it runs: once its outcome is stored, its status leaves Ray's store.
+    pid = wait_for(lambda: (st := lane_status(gcs, f"raylane-{after['id']}-1")) and st.pid, timeout=60,
+                   what="the next call's worker")
+    assert pid != worker  # a fresh worker
     done = wait_status(lapi, after["id"], TERMINAL, timeout=60)
-    assert done["status"] == "SUCCEEDED" and done["result"] == {"value": '"still here"'}, done["status_reason"]
-    assert lane_status(gcs, f"raylane-{after['id']}-1").pid not in (worker, None)  # a fresh worker
+    assert done["status"] == "SUCCEEDED" and "still-here" in done["result"]["value"], done["status_reason"]
