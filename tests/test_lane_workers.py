@@ -128,7 +128,8 @@ def test_workers_end_with_their_host(tmp_path):
     h = host(store, tmp_path, slots=3)
     h.run()
     pids = {result(store, f"j{i}")["pid"] for i in range(3)}
-    wait_for(lambda: all(gone(p) for p in pids), timeout=10, what="the workers to end")
+    assert pids and os.getpid() not in pids  # the calls ran in workers, not in this process
+    assert wait_for(lambda: all(gone(p) for p in pids), timeout=10, what="the workers to end")
     # A host killed without a word (SIGKILL): its worker dies too (PR_SET_PDEATHSIG, twice over).
     pidfile = tmp_path / "pid"
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from tests.lane_funcs import host_main; "
@@ -140,7 +141,7 @@ def test_workers_end_with_their_host(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-    wait_for(lambda: gone(pid), timeout=10, what="the worker to die with its host")
+    assert wait_for(lambda: gone(pid), timeout=10, what="the worker to die with its host")
 
 
 def test_a_host_that_lost_its_fork_server_gives_up_its_item_as_lost_and_exits(tmp_path):

@@ -199,7 +199,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
             out.append(Fail(job, e.message))
             continue
         group = placement.node_group
-        scale_up = None
+        scale_up = queued = None
         key = (job.project, group)
         quota = over_quota(limits.get(key), project_used.get(key), placement.total,
                            project=job.project, group=group) if key in limits else None
@@ -210,9 +210,10 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
         elif group in reserved:
             reason = f"waiting: group {group} is reserved for an older job that has waited longest"
         else:
-            reason, scale_up, placement = _fits(job, placement, view, profile, used, ahead, rules, waiting,
-                                                waits_before=bool(passed_over.get(group)),
-                                                waiting_need=waiting_need.get(group, 0.0))
+            reason, scale_up, placement = _fits(job, placement, view, profile, used, ahead, rules)
+            if reason is not None and not reason.startswith(NEVER) and not passed_over.get(group) and \
+                    _queue_ahead(job, placement, view, profile, rules, waiting, waiting_need.get(group, 0.0)):
+                queued, reason = f"queued ahead in Ray until a running job ends ({reason})", None
             group = placement.node_group
             if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
                 dgroup = placement.driver_label_selector["ray.io/node-group"]
@@ -234,9 +235,6 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
                 reserved.add(group)
             continue
         # Everyone of lower priority order that waited in this group was passed over by a later job.
-        queued = None
-        if scale_up is not None and scale_up.startswith(QUEUED_AHEAD):
-            queued, scale_up = scale_up, None
         out.append(Admit(job, placement, passed_over.get(group, []), scale_up, queued))
         passed_over[group] = []
         if scale_up is not None:
@@ -254,40 +252,26 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
 
 
 NEVER = "never: "  # a _fits reason with this prefix fails the job instead of keeping it waiting
-QUEUED_AHEAD = "queued ahead in "  # a _fits scale-up note with this prefix: admitted to wait in Ray's queue (or a lane's)
-
-
-def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile, used: Held,
-          ahead: Mapping[str, int], rules: Rules,
-          waiting: Mapping[tuple[str, bool], int] | None = None,
-          waits_before: bool = False, waiting_need: float = 0.0) -> tuple[str | None, str | None, Placement]:
-    """(why the job waits, or None; the scale-up reason when it is admitted ahead
-    of one; the placement it is admitted with)."""
-    reason, scale_up, moved = _fits_live(job, placement, view, profile, used, ahead, rules)
-    if reason is not None and not reason.startswith(NEVER) and not waits_before and \
-            placement.total.get("CPU", 0) >= waiting_need - EPS and \
-            _queue_ahead(job, placement, view, profile, rules, waiting or {}, used):
-        # (Never smaller than a job already waiting in Ray's queue: Ray would start
-        # it first in the room that one waits for, again and again.)
-        return None, f"{QUEUED_AHEAD}Ray until a running job ends ({reason})", placement
-    return reason, scale_up, moved
 
 
 def _queue_ahead(job: Queued, placement: Placement, view: ClusterView, profile: Profile, rules: Rules,
-                 waiting: Mapping[tuple[str, bool], int], used: Held) -> bool:
+                 waiting: Mapping[tuple[str, bool], int], waiting_need: float) -> bool:
     """Whether a job that does not fit now is admitted to wait in Ray's queue for
     the next job of the group to end. Only where Ray's accounting is Raylane's:
     a command (Ray reserves its whole need for its entrypoint; a runner's driver
     would start on 0.1 CPU and its workers compete later), no GPUs (those wait
     here, where priority and reservation order them), never in a warm lane (its
     host counts slots, not CPUs), never in a group where lane jobs hold CPUs
-    that Ray does not see, and never past a job of the group that waits
-    (``waits_before``: Ray does not order its queue by priority)."""
+    that Ray does not see, and never smaller than a job already waiting there.
+    (``decide`` also never queues one past a job of the group that waits: Ray
+    does not order its queue by priority.)"""
     group = placement.node_group
     if placement.lane or job.spec.kind.value != "command" or placement.total.get("GPU", 0) > EPS:
         return False
     if rules.queue_ahead <= 0 or waiting.get((group, False), 0) >= rules.queue_ahead:
         return False
+    if placement.total.get("CPU", 0) < waiting_need - EPS:
+        return False  # smaller than a job waiting in Ray's queue: Ray would start it in that one's room, again and again
     if waiting.get((group, True), 0):
         return False
     g = profile.group(group)
@@ -298,8 +282,10 @@ def _queue_ahead(job: Queued, placement: Placement, view: ClusterView, profile: 
     return shortfall(needed(job.spec, placement), live, group) is None  # it fits the group once jobs end
 
 
-def _fits_live(job: Queued, placement: Placement, view: ClusterView, profile: Profile, used: Held,
-               ahead: Mapping[str, int], rules: Rules) -> tuple[str | None, str | None, Placement]:
+def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile, used: Held,
+          ahead: Mapping[str, int], rules: Rules) -> tuple[str | None, str | None, Placement]:
+    """(why the job waits, or None; the scale-up reason when it is admitted ahead
+    of one; the placement it is admitted with)."""
     group = placement.node_group
     need = needed(job.spec, placement)
     free_now = free(view, used, group)
