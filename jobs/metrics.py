@@ -157,36 +157,93 @@ def trial_callback():
 
 # Trials as they finish ------------------------------------------------------------
 
-_finished: dict[str, dict] = {}
 MAX_LIVE_TRIALS_BYTES = 512 * 1024  # past this, the live list keeps the newest trials; the final result has all
+# The live list is written at most this often: the reconciler reads it at most
+# once a second (``LIVE_TRIALS_EVERY_S``), and each write encodes the whole list in
+# Tune's driver loop, which also starts every next trial (per trial, that was
+# quadratic in the sweep's size: 10,000 trials encoded 50 million entries).
+LIVE_TRIALS_WRITE_S = 1.0
+
+
+class LiveTrials:
+    """The finished trials so far, written to Ray's store (``put(value)``) at most
+    once per ``every_s``; a change inside the interval is written by a timer at
+    its end, so the last trials show within ``every_s`` even if none follow."""
+
+    def __init__(self, put, *, every_s: float = LIVE_TRIALS_WRITE_S, clock=time.monotonic):
+        self._put, self._every, self._clock = put, every_s, clock
+        self._items: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._written_at = float("-inf")
+        self._dirty = False
+        self._timer: threading.Timer | None = None
+
+    def add(self, item: dict) -> None:
+        with self._lock:
+            self._items[item["trial_id"]] = item
+            self._dirty = True
+            wait = self._written_at + self._every - self._clock()
+            if wait > 0:
+                if self._timer is None:
+                    self._timer = threading.Timer(wait, self.flush)
+                    self._timer.daemon = True
+                    self._timer.start()
+                return
+        self.flush()
+
+    def encoded(self) -> bytes:
+        import json
+
+        items = list(self._items.values())
+        value = json.dumps(items).encode()
+        while len(value) > MAX_LIVE_TRIALS_BYTES and len(items) > 1:
+            items = items[len(items) // 4:]
+            value = json.dumps(items).encode()
+        return value
+
+    def flush(self) -> None:
+        with self._lock:
+            self._timer = None
+            if not self._dirty:
+                return
+            self._dirty = False
+            self._written_at = self._clock()
+            value = self.encoded()
+        try:
+            self._put(value)
+        except Exception as e:  # pragma: no cover - live progress is a nicety, never a failure
+            log.warning("raylane: could not report finished trials: %s", e)
+
+
+_live: LiveTrials | None = None
+
+
+def _put_live_trials(value: bytes) -> None:
+    from ray.experimental import internal_kv
+
+    from raylane.orchestrator.domain import ids, protocol
+
+    if not internal_kv._internal_kv_initialized():
+        return
+    sid = ids.submission_id(os.environ[protocol.Env.JOB_ID], int(os.environ[protocol.Env.ATTEMPT]))
+    internal_kv._internal_kv_put(protocol.trials_key(sid), value, overwrite=True, namespace=protocol.KV_NAMESPACE)
 
 
 def trial_finished(trial, *, error: bool) -> None:
     """Leave the finished trials in Ray's store (``protocol.trials_key``) for the
     reconciler, which shows them while the sweep runs. Never fails the sweep."""
     import json
-    import os
 
-    from raylane.orchestrator.domain import ids, protocol
-
+    global _live
     try:
+        if _live is None:
+            _live = LiveTrials(_put_live_trials)
         res = dict(getattr(trial, "last_result", None) or {})
-        _finished[str(trial.trial_id)[:64]] = {
+        _live.add({
             "trial_id": str(trial.trial_id)[:64], "config": json.loads(json.dumps(trial.config, default=str)),
             "status": "ERROR" if error else "TERMINATED", "node_id": res.get("node_id"),
             "node_group": res.get("node_group"),
             "metrics": {k: v for k, v in res.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)},
-            "error": str(getattr(trial, "error_file", "") or "")[:500] or None if error else None}
-        items = list(_finished.values())
-        value = json.dumps(items).encode()
-        while len(value) > MAX_LIVE_TRIALS_BYTES and len(items) > 1:
-            items = items[len(items) // 4:]
-            value = json.dumps(items).encode()
-        from ray.experimental import internal_kv
-
-        if not internal_kv._internal_kv_initialized():
-            return
-        sid = ids.submission_id(os.environ[protocol.Env.JOB_ID], int(os.environ[protocol.Env.ATTEMPT]))
-        internal_kv._internal_kv_put(protocol.trials_key(sid), value, overwrite=True, namespace=protocol.KV_NAMESPACE)
+            "error": str(getattr(trial, "error_file", "") or "")[:500] or None if error else None})
     except Exception as e:  # pragma: no cover - live progress is a nicety, never a failure
         log.warning("raylane: could not report a finished trial: %s", e)

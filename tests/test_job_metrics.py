@@ -79,3 +79,56 @@ def test_tune_callback_pickles_while_a_job_runs():
     cb.on_trial_complete(0, [], None)
     assert m.trials_counted == 1
     m.finish({})
+
+
+# The live list of finished trials --------------------------------------------
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def trial(i: int) -> dict:
+    return {"trial_id": f"t{i}", "config": {"x": i}, "status": "TERMINATED"}
+
+
+def test_live_trials_are_written_at_most_once_per_interval_and_the_last_change_is_not_lost():
+    import json
+
+    writes: list[list[dict]] = []
+    clock = FakeClock()
+    live = metrics.LiveTrials(lambda v: writes.append(json.loads(v)), every_s=0.2, clock=clock)
+    live.add(trial(1))
+    assert [[t["trial_id"] for t in w] for w in writes] == [["t1"]]  # the first is written at once
+    for i in range(2, 50):  # a burst inside the interval: no write per trial
+        live.add(trial(i))
+    assert len(writes) == 1
+    clock.t += 0.2  # the interval ends: the timer writes everything seen, once
+    wait_for(lambda: len(writes) == 2, timeout=5)
+    assert [t["trial_id"] for t in writes[-1]] == [f"t{i}" for i in range(1, 50)]
+    live.flush()  # nothing new: no write
+    assert len(writes) == 2
+
+
+def test_live_trials_keep_the_newest_under_the_size_cap(monkeypatch):
+    import json
+
+    monkeypatch.setattr(metrics, "MAX_LIVE_TRIALS_BYTES", 2_000)
+    writes: list[list[dict]] = []
+    live = metrics.LiveTrials(lambda v: writes.append(json.loads(v)), every_s=0)
+    for i in range(200):
+        live.add(trial(i))
+    last = writes[-1]
+    assert len(json.dumps(last)) <= 2_000 and last[-1]["trial_id"] == "t199"
+
+
+def test_a_failing_store_never_fails_the_sweep():
+    def put(_):
+        raise RuntimeError("GCS down")
+
+    live = metrics.LiveTrials(put, every_s=0)
+    live.add(trial(1))  # logged, not raised
