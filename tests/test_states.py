@@ -140,6 +140,36 @@ def test_an_attempt_observed_from_claim_to_success(cp):
         JobStatus.PENDING, JobStatus.DISPATCHING, JobStatus.RUNNING, JobStatus.SUCCEEDED]
 
 
+def test_a_lane_attempt_names_the_host_that_ran_it(cp):
+    """A warm lane's attempt is no Ray job of its own: the reconciler records the
+    host that took it (``ray_job``); its link stays Ray's job list, which works
+    for every role (a host's page serves every project: admins only)."""
+    ray = "http://ray:8265"
+    jid = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        s.execute(update(jobs).where(jobs.c.id == jid).values(placement={
+            "node_group": "cpu", "market": "ON_DEMAND", "strategy": "PACK", "colocate": False, "num_workers": 1,
+            "worker_resources": {"CPU": 1}, "label_selector": {"ray.io/node-group": "cpu"}, "reasons": [],
+            "lane": "cpu"}))
+        assert lifecycle.attempt_submitted(s, jid, 1, owner="me", note="queued in the lane")
+    with db.transaction(cp.sessions) as s:
+        lifecycle.attempt_running(s, jid, 1, driver_node_id="n1", ray_job="raylane-lane-cpu-3")
+    with db.transaction(cp.sessions) as s:
+        lifecycle.attempt_succeeded(s, jid, 1, exit_code=0, driver_node_id="n1", result=None)  # not named again
+    with db.transaction(cp.sessions) as s:
+        job = store.get_job(s, jid, project=None, dashboard_url=ray)
+        att = store.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
+    assert att.ray_job == "raylane-lane-cpu-3"
+    assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs"
+    # A Ray job's attempt runs in its own Ray job: no ray_job, a link to its page.
+    other = _dispatched(cp, attempt=AttemptStatus.SUBMITTED)
+    with db.transaction(cp.sessions) as s:
+        lifecycle.attempt_running(s, other, 1, driver_node_id="n1")
+    with db.transaction(cp.sessions) as s:
+        att = store.list_attempts(s, other, project=None, dashboard_url=ray)[0]
+    assert att.ray_job is None and att.dashboard_url == f"{ray}/#/jobs/{submission_id(other, 1)}"
+
+
 def test_an_attempt_and_its_job_change_together_or_not_at_all(cp):
     """A refused job arrow rolls the attempt's write back with it."""
     jid = _dispatched(cp, attempt=AttemptStatus.RUNNING)

@@ -49,6 +49,7 @@ class Attempt(BaseModel):
     cause: FailureCause | None = None
     message: str | None = None
     exit_code: int | None = None
+    ray_job: str | None = Field(None, description="The Ray job it ran in, when not its own: a warm lane's host")
     dashboard_url: str | None = None
 
 

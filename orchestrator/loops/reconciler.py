@@ -60,6 +60,11 @@ def reports_result(r) -> bool:
     return traits(r["spec"]["kind"]).runner is not None
 
 
+def _ray_job(rj: RayJob | None) -> str | None:
+    """The Ray job an attempt runs in when not its own: the lane host that took it."""
+    return (rj.metadata or {}).get("raylane_lane_host") or None if rj is not None else None
+
+
 def _keep_log(s, r, rj: RayJob | None) -> None:
     """A lane attempt's log tail goes to the database with its outcome (Ray's store forgets it after)."""
     if rj is not None and rj.log_tail is not None:
@@ -274,7 +279,7 @@ class Reconciler(LoopService):
         if r["status"] == AttemptStatus.RUNNING.value and r["job_status"] == JobStatus.RUNNING.value:
             return
         self._later(lambda s: lifecycle.attempt_running(s, r["job_id"], r["number"],
-                                                        driver_node_id=rj.driver_node_id))
+                                                        driver_node_id=rj.driver_node_id, ray_job=_ray_job(rj)))
 
     def _service_route(self, r) -> None:
         """A service reports its route while it runs; read it once it appears."""
@@ -327,7 +332,7 @@ class Reconciler(LoopService):
 
         def write(s):
             lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
-                                        driver_node_id=rj.driver_node_id, result=result)
+                                        driver_node_id=rj.driver_node_id, result=result, ray_job=_ray_job(rj))
             _keep_log(s, r, rj)
 
         self._later(write, after=lambda: self._after_success(r))
@@ -353,7 +358,7 @@ class Reconciler(LoopService):
             lifecycle.attempt_ended(
                 s, r["job_id"], r["number"], status=AttemptStatus.LOST if rj is None else AttemptStatus(rj.status),
                 cause=cause, message=msg, headline=_tail(msg), exit_code=rj.driver_exit_code if rj else None,
-                driver_node_id=rj.driver_node_id if rj else None)
+                driver_node_id=rj.driver_node_id if rj else None, ray_job=_ray_job(rj))
             _keep_log(s, r, rj)
         self.wake.set()
         if self.on_ended:

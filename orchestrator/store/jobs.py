@@ -352,8 +352,10 @@ def job_dashboard_url(base: str | None, sid: str | None, *, lane: str | None = N
     if not base or not sid:
         return None
     if lane:
-        # A warm lane's attempt is no Ray job of its own: its lane's host
-        # (raylane-lane-<group>-<n>) is in Ray's job list (docs/fast-lane.md).
+        # A warm lane's attempt is no Ray job of its own, and its host's page
+        # (``ray_job``) serves every project, so it is an admin's read through
+        # /ray (api/rayscope.py): the link is Ray's job list, which works for
+        # whoever may see the job (docs/fast-lane.md).
         return f"{base.rstrip('/')}/#/jobs"
     return f"{base.rstrip('/')}/#/jobs/{sid}"
 
@@ -372,13 +374,15 @@ def _views(session: Session, rows, dashboard_url: str | None) -> list[Job]:
 
 def _view(r, labels: dict[str, str], result, dashboard_url: str | None, *, spec: JobSpec | None = None) -> Job:
     sid = submission_id(r["id"], r["attempts"]) if r["attempts"] else None
+    lane = (r["placement"] or {}).get("lane")
     return Job(
         id=r["id"], name=r["name"], kind=r["kind"], project=r["project"], status=r["status"],
         status_reason=r["status_reason"], priority=r["priority"], labels=labels,
         created_at=r["created_at"], updated_at=r["updated_at"], started_at=r["started_at"],
         finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
         preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
-        placement=r["placement"], ray_submission_id=sid, dashboard_url=job_dashboard_url(dashboard_url, sid, lane=(r["placement"] or {}).get("lane")),
+        placement=r["placement"], ray_submission_id=sid,
+        dashboard_url=job_dashboard_url(dashboard_url, sid, lane=lane),
         result=result, spec=spec if spec is not None else JobSpec.from_stored(r["spec"]),
     )
 

@@ -132,26 +132,33 @@ def attempt_pending(s: Session, job_id: str, number: int) -> None:
     set_attempt(s, job_id, number, AttemptStatus.PENDING, expected={AttemptStatus.SUBMITTED})
 
 
-def attempt_running(s: Session, job_id: str, number: int, *, driver_node_id: str | None) -> None:
+def _ray_job(ray_job: str | None) -> dict[str, Any]:
+    """``ray_job``: the Ray job the attempt runs in when not its own (a lane's host)."""
+    return {"ray_job": ray_job} if ray_job else {}
+
+
+def attempt_running(s: Session, job_id: str, number: int, *, driver_node_id: str | None,
+                    ray_job: str | None = None) -> None:
     """The attempt's driver runs; a DISPATCHING job becomes RUNNING."""
     now = utcnow()
     if _attempt_status(s, job_id, number) is not AttemptStatus.RUNNING:
         # message: its wait for a scale-up (``queue.admit``) is over.
         set_attempt(s, job_id, number, AttemptStatus.RUNNING,
-                    values={"started_at": now, "driver_node_id": driver_node_id, "message": None})
+                    values={"started_at": now, "driver_node_id": driver_node_id, "message": None, **_ray_job(ray_job)})
     if _job_status(s, job_id) is JobStatus.DISPATCHING:
         transition(s, job_id, JobStatus.RUNNING, reason=f"attempt {number} running on Ray", actor="reconciler",
                    attempt=number, expected={JobStatus.DISPATCHING}, values={"started_at": now, "lease_owner": None})
 
 
 def attempt_succeeded(s: Session, job_id: str, number: int, *, exit_code: int | None,
-                      driver_node_id: str | None, result: dict[str, Any] | None) -> JobStatus:
+                      driver_node_id: str | None, result: dict[str, Any] | None,
+                      ray_job: str | None = None) -> JobStatus:
     """The attempt finished cleanly; its result (if any) is stored with it.
     Returns the job's new status: SUCCEEDED, or CANCELLED when a cancel came first."""
     now = utcnow()
     set_attempt(s, job_id, number, AttemptStatus.SUCCEEDED, expected=ATTEMPT_LIVE,
                 values={"ended_at": now, "exit_code": exit_code if exit_code is not None else 0,
-                        "driver_node_id": driver_node_id})
+                        "driver_node_id": driver_node_id, **_ray_job(ray_job)})
     if result is not None:
         if isinstance(result.get("trials"), list):
             # Trials go to their own table (served at /trials); the result keeps the summary.
@@ -173,7 +180,7 @@ def attempt_succeeded(s: Session, job_id: str, number: int, *, exit_code: int | 
 
 def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus, cause: FailureCause,
                   message: str, headline: str, exit_code: int | None = None,
-                  driver_node_id: str | None = None) -> Decision:
+                  driver_node_id: str | None = None, ray_job: str | None = None) -> Decision:
     """The attempt ended badly (``status``: FAILED, STOPPED or LOST, as Ray
     reported it) with ``cause``; ``headline`` is the message in one line. The job
     goes where ``states.decide`` says: RETRYING after a backoff, FAILED, or
@@ -181,7 +188,7 @@ def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus
     now = utcnow()
     set_attempt(s, job_id, number, status, expected=ATTEMPT_LIVE,
                 values={"ended_at": now, "cause": cause.value, "message": message,
-                        "exit_code": exit_code, "driver_node_id": driver_node_id})
+                        "exit_code": exit_code, "driver_node_id": driver_node_id, **_ray_job(ray_job)})
     job_status = _job_status(s, job_id)
     job = s.execute(select(jobs.c.preemptions, jobs.c.attempts, jobs.c.spec).where(jobs.c.id == job_id)).one()
     d = decide(cause, JobSpec.from_stored(job.spec).retry, attempts_done=job.attempts,

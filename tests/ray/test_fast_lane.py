@@ -78,7 +78,6 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert f"lane-says-{job['id']}-hello" in lapi.get(f"/v1/jobs/{job['id']}/logs").text
     sid = f"raylane-{job['id']}-1"
-    assert done["dashboard_url"].endswith("/#/jobs")  # Ray's job list, where its lane's host is
     # No Ray job of its own: its host's Ray job ran it, on a cpu node.
     assert ray_job(ray_cluster, sid) is None
     # Its outcome and log are in the database: its keys have left Ray's store (which keeps live attempts only).
@@ -90,6 +89,9 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
     att = lapi.get(f"/v1/jobs/{job['id']}/attempts").json()[0]
     assert att["driver_node_id"] == host["driver_node_id"] and att["exit_code"] == 0
+    # It names the Ray job that ran it (its lane's host); its link is Ray's job list, where that host is.
+    assert att["ray_job"] == host_sid
+    assert done["dashboard_url"].endswith("/#/jobs") and att["dashboard_url"] == done["dashboard_url"]
     # The host reads its own Ray job's status where Ray's job manager keeps it (its self-check).
     probe = lapi.post("/v1/jobs", json={"name": "probe", "kind": "command", "entrypoint":
                                         f"python -c 'from raylane.jobs.lane import _probe; print(_probe(\"{host_sid}\"))'"}).json()
