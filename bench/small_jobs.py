@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--direct", type=int, default=100)
     ap.add_argument("--single", type=int, default=30)
     ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--profile", metavar="FILE",
+                    help="sample the server with py-spy (GIL holders, raw) during the function burst into FILE")
     args = ap.parse_args()
 
     from ray.job_submission import JobSubmissionClient
@@ -146,7 +148,18 @@ def main() -> None:
         idle_rss = rss_of_group(head_pgid)
         single = [lane_one() for _ in range(args.single)]
         lane_s, lane_mon = measured(lane_burst, args.lane, "commands")
+        spy = None
+        if args.profile:
+            import shutil
+            import subprocess
+
+            exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+            spy = subprocess.Popen([exe, "record", "-p", str(bench.server.pid), "-r", "100", "--gil", "--nonblocking",
+                                    "--format", "raw", "-o", args.profile], stdout=subprocess.DEVNULL)
         fn_s, fn_mon = measured(lambda n: lane_burst(n, fn_spec), args.functions, "functions")
+        if spy is not None:
+            spy.send_signal(2)  # py-spy writes its samples on SIGINT
+            spy.wait(timeout=60)
         failed = http.get("/v1/jobs", params=[("label", f"bench={run}"), ("status", "FAILED"), ("limit", 500)]).json()
         assert not failed["items"], failed["items"][:3]
         direct_s, direct_mon = measured(direct_burst, args.direct)
