@@ -25,7 +25,10 @@ under ``protocol.result_key``, where the reconciler reads any runner's result.
 
 It writes each item's status and a bounded tail of its output back to the
 store, honours stop requests, and exits after ``--idle-s`` without work; the
-control plane starts another when work comes (``backends.lanes``).
+control plane starts another when work comes (``backends.lanes``). It lists
+only the todo items of its protocol version (``lanes.PROTOCOL_VERSION``), and
+an item that says another version is left, unclaimed, for a host of that
+version, with one warning.
 """
 
 from __future__ import annotations
@@ -146,6 +149,7 @@ class Host:
     wanted: Callable[[], str | None] | None = None  # still_wanted, where Ray runs the host
     workers: Workers | None = None  # function workers; started in main() before the GCS client, else here
     lost: str | None = None  # why this host can run no more functions (its fork server died)
+    foreign: set[str] = field(default_factory=set)  # todo keys of another protocol version, left alone (logged once)
 
     def run(self) -> int:
         if self.workers is None:
@@ -182,15 +186,25 @@ class Host:
 
     def _take(self) -> int:
         took = 0
-        for key in self.store.keys(lanes.todo_prefix(self.group)):
+        keys = self.store.keys(lanes.todo_prefix(self.group))
+        self.foreign &= set(keys)  # bounded by what is listed
+        for key in keys:
             if len(self.running) >= self.slots:
                 break
+            if key in self.foreign:
+                continue
             sid = key[len(lanes.todo_prefix(self.group)):]
             value = self.store.get(key)
-            mine = value is not None and self.store.put(lanes.claim_key(sid), self.host_id.encode(), overwrite=False)
+            item = lanes.decode_item(value) if value is not None else None
+            if item is not None and lanes.version_of(item) != lanes.PROTOCOL_VERSION:
+                self.foreign.add(key)
+                log.warning("%s: an item of lane protocol version %s; this host speaks version %d and leaves it "
+                            "for a host that speaks its version", sid, lanes.version_of(item), lanes.PROTOCOL_VERSION)
+                continue
+            mine = item is not None and self.store.put(lanes.claim_key(sid), self.host_id.encode(), overwrite=False)
             self.store.delete(key)  # taken, by this host or an earlier one (a re-dispatched attempt)
             if mine:
-                self._start(lanes.decode_item(value))
+                self._start(item)
                 took += 1
         return took
 

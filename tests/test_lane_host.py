@@ -127,3 +127,17 @@ def test_a_command_leads_a_session_of_its_own_with_or_without_setpriv(tmp_path, 
     assert status(store, "cmd").status == "SUCCEEDED"
     pid, pgid = store.d[lanes.logs_key("cmd")].split()
     assert pid == pgid  # its own process group: what a stop kills
+
+
+def test_an_item_of_another_protocol_version_is_left_unclaimed_for_a_host_of_its_version(tmp_path, caplog):
+    store = MemoryStore()
+    enqueue(store, "ours", "true")
+    newer = json.dumps({"v": lanes.PROTOCOL_VERSION + 1, "sid": "newer", "run": ["what", "v1 cannot read"]})
+    store.put(lanes.todo_key("cpu", "newer"), newer.encode())
+    with caplog.at_level("WARNING", logger="raylane.lane"):
+        Host(store, "cpu", "raylane-lane-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path).run()
+    assert status(store, "ours").status == "SUCCEEDED"
+    assert store.d[lanes.todo_key("cpu", "newer")] == newer.encode()  # still there, for a host that reads it
+    assert lanes.claim_key("newer") not in store.d and lanes.status_key("newer") not in store.d
+    said = [r.getMessage() for r in caplog.records if "newer" in r.getMessage()]
+    assert len(said) == 1 and f"lane protocol version {lanes.PROTOCOL_VERSION + 1}" in said[0]  # once, not per poll

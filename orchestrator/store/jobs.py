@@ -353,7 +353,7 @@ def job_dashboard_url(base: str | None, sid: str | None, *, lane: str | None = N
         return None
     if lane:
         # A warm lane's attempt is no Ray job of its own: its lane's host
-        # (raylane-lane-<group>-<n>) is in Ray's job list (docs/fast-lane.md).
+        # (raylane-lane-v<protocol>-<group>-<n>) is in Ray's job list (docs/fast-lane.md).
         return f"{base.rstrip('/')}/#/jobs"
     return f"{base.rstrip('/')}/#/jobs/{sid}"
 
