@@ -28,7 +28,10 @@ store, honours stop requests, and exits after ``--idle-s`` without work; the
 control plane starts another when work comes (``backends.lanes``). It lists
 only the todo items of its protocol version (``lanes.PROTOCOL_VERSION``), and
 an item that says another version is left, unclaimed, for a host of that
-version, with one warning.
+version, with one warning. After its last write for an item it reads the
+item's claim: if the control plane has forgotten the attempt meanwhile (its
+outcome is stored, or it was cancelled before it was recorded), the host
+deletes what it wrote, so a late write cannot bring a forgotten attempt back.
 """
 
 from __future__ import annotations
@@ -222,7 +225,7 @@ class Host:
                 self.lost = f"lost its function workers ({e})"
                 st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, st.start_time
                 st.message = f"lane host {self.host_id} {self.lost}"
-                self.store.put(lanes.status_key(sid), st.encode())
+                self._last_write(sid, st)
                 return
             st.pid = proc.pid
             self.store.put(lanes.status_key(sid), st.encode())
@@ -239,7 +242,7 @@ class Host:
         except OSError as e:
             out.close()
             st.status, st.exit_code, st.message, st.end_time = "FAILED", 127, f"could not start: {e}", st.start_time
-            self.store.put(lanes.status_key(sid), st.encode())
+            self._last_write(sid, st)
             return
         finally:
             out.close()  # the child holds its own copy
@@ -302,9 +305,19 @@ class Host:
             tail = r.log_path.read_bytes()[-FAILED_TAIL_CHARS:].decode(errors="replace")
             st.status = "FAILED"
             st.message = f"Job entrypoint command failed with exit code {rc}, last available logs:\n{tail}"
-        self.store.put(lanes.status_key(r.sid), st.encode())
+        self._last_write(r.sid, st)
         r.log_path.unlink(missing_ok=True)
         log.info("%s: %s (exit code %d)", r.sid, st.status, rc)
+
+    def _last_write(self, sid: str, st: LaneStatus) -> None:
+        """An item's final status, then a look at its claim: the control plane marks
+        it ``FORGOTTEN`` before it deletes the attempt's keys, so either this read
+        sees the mark or this write came before that delete (``domain.lanes``)."""
+        self.store.put(lanes.status_key(sid), st.encode())
+        if self.store.get(lanes.claim_key(sid)) == lanes.FORGOTTEN:
+            for key in (lanes.status_key(sid), lanes.logs_key(sid), lanes.stop_key(sid), protocol.result_key(sid)):
+                self.store.delete(key)
+            log.info("%s: %s, but the control plane had forgotten it meanwhile: its keys deleted", sid, st.status)
 
     def abandon(self, why: str) -> None:
         """The host is going away (its Ray job was stopped): its items end FAILED
@@ -315,7 +328,7 @@ class Host:
             st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, int(time.time() * 1000)
             st.message = f"lane host {self.host_id} {why}"
             try:
-                self.store.put(lanes.status_key(r.sid), st.encode())
+                self._last_write(r.sid, st)
             except Exception:  # the reconciler sees the host gone all the same
                 log.exception("could not record %s as lost", r.sid)
 

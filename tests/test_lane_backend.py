@@ -187,12 +187,13 @@ def test_an_ended_attempt_brings_its_log_tail_and_is_then_forgotten_but_its_clai
     gcs.kv_put(lanes.todo_key("cpu", "a-1"), b"again")
     lb.forget("a-1", group="cpu")
     # Status, log tail and the re-put item go; the claim stays, so no host could ever run it again.
-    assert [k for k in gcs.d if "a-1" in k] == [lanes.claim_key("a-1")]
+    assert {k: v for k, v in gcs.d.items() if "a-1" in k} == {lanes.claim_key("a-1"): lanes.FORGOTTEN}
     assert lb.get("a-1") is None and lb.logs("a-1") is None
     assert lb.get("b-1").status == "PENDING"  # the other attempt's keys stay
     gcs.kv_put(lanes.stop_key("b-1"), b"1")
     lb.forget("b-1", group="cpu", stopped=True)
-    assert not [k for k in gcs.d if "b-1" in k]  # never claimed: nothing left
+    # Never claimed: the tombstone alone is left, so no host can take it later either.
+    assert {k: v for k, v in gcs.d.items() if "b-1" in k} == {lanes.claim_key("b-1"): lanes.FORGOTTEN}
 
 
 def test_a_status_of_another_protocol_version_is_left_alone_and_said_once(lb, ray, caplog):
@@ -217,3 +218,22 @@ def test_a_status_written_before_statuses_carried_a_version_is_read_as_version_1
     ray.gcs.kv_put(lanes.status_key("o-1"), json.dumps({"status": "RUNNING", "group": "cpu", "host": HOST1}).encode())
     rj = lb.get("o-1")
     assert rj.status == "RUNNING" and rj.driver_node_id == "node-1"
+
+
+def test_discard_takes_an_unclaimed_attempt_and_leaves_only_its_tombstone(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    lb.discard("a-1", group="cpu")
+    assert {k: v for k, v in ray.gcs.d.items() if "a-1" in k} == {lanes.claim_key("a-1"): lanes.FORGOTTEN}
+    assert not ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)  # no host can take it
+
+
+@pytest.mark.parametrize("status", ["SUCCEEDED", "RUNNING"])
+def test_discard_of_an_item_whose_host_is_done_with_it_or_gone_deletes_every_key(lb, ray, status):
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus(status, group="cpu", host=HOST1).encode())
+    ray.gcs.kv_put(lanes.logs_key("a-1"), b"out\n")
+    if status == "RUNNING":
+        ray.end(HOST1)  # its host's Ray job ended under it: no host will write or delete again
+    lb.discard("a-1")  # the group read from its status
+    assert {k: v for k, v in ray.gcs.d.items() if "a-1" in k} == {lanes.claim_key("a-1"): lanes.FORGOTTEN}

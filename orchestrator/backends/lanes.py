@@ -223,15 +223,45 @@ class LaneBackend:
         return value.decode(errors="replace")
 
     def forget(self, submission_id: str, *, group: str | None = None, stopped: bool = False) -> None:
-        """The outcome and the log tail are stored in the database: its status and
-        tail go in one call, a todo item of ``group`` a late redispatch may have put
-        back, and with ``stopped`` its stop request. The claim stays: a tombstone,
-        so nothing re-put can run it again."""
+        """The outcome and the log tail are stored in the database: the claim is
+        marked ``FORGOTTEN`` (a tombstone that stays, so nothing re-put can run it
+        again), then its status and tail go in one call, a todo item of ``group`` a
+        late redispatch may have put back, and with ``stopped`` its stop request.
+        The mark comes first: a host that writes after this (one Ray counted lost
+        that ran on) reads it after its last write and deletes what it wrote."""
+        self._kv("kv_put", lanes.claim_key(submission_id), lanes.FORGOTTEN)
         self._kv("kv_del", lanes.attempt_prefix(submission_id), prefix=True)
         if group:
             self._kv("kv_del", lanes.todo_key(group, submission_id))
         if stopped:
             self._kv("kv_del", lanes.stop_key(submission_id))
+
+    def discard(self, submission_id: str, *, group: str | None = None) -> None:
+        """The attempt was cancelled before it was recorded as submitted: nothing
+        will look at it again, so it is stopped and forgotten here. Unclaimed, it
+        is taken here (no host ever runs it) and its keys go. Claimed by a host,
+        that host is asked to stop it and the claim is marked ``FORGOTTEN``; if the
+        host is done with it (or gone) its keys go now, else the host deletes them
+        itself after its last write, stop request included (``jobs.lane``), since
+        deleting that request here could come before the host saw it."""
+        sid = submission_id
+        holder, st = "", None
+        if not self._kv("kv_put", lanes.claim_key(sid), lanes.FORGOTTEN, overwrite=False):
+            holder = (self._kv("kv_get", lanes.claim_key(sid)) or b"").decode(errors="replace")
+            if holder.startswith(lanes.HOST_ID_PREFIX):
+                self._kv("kv_put", lanes.stop_key(sid), b"1")
+            self._kv("kv_put", lanes.claim_key(sid), lanes.FORGOTTEN)
+            st = self._status(sid)  # read after the mark: a host that writes later sees the mark
+        hj = self.host(holder) if holder.startswith(lanes.HOST_ID_PREFIX) else None
+        host_busy = st is not None and st.status in HOST_LIVE and hj is not None and hj.status in HOST_LIVE
+        group = group or (st.group if st else None)
+        self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
+        if group:
+            self._kv("kv_del", lanes.todo_key(group, sid))
+        if holder.startswith(lanes.HOST_ID_PREFIX) and not host_busy:
+            self._kv("kv_del", lanes.stop_key(sid))
+        log.info("%s: cancelled before it was recorded; %s", sid,
+                 f"its host {holder} asked to stop it" if host_busy else "its lane keys deleted")
 
 
 def _left_alone(submission_id: str, st: LaneStatus) -> RayJob:

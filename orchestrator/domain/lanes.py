@@ -3,7 +3,7 @@ control plane and a lane host say to each other through Ray's KV store.
 
 A Ray job per job costs a job supervisor actor (~85 MB) and 1-2 s before the
 first line of user code. A *lane host* is one long-lived Ray job per node
-group (``python -m raylane.jobs.lane``, submission id ``raylane-lane-<group>-<n>``,
+group (``python -m raylane.jobs.lane``, submission id ``raylane-lane-v<N>-<group>-<n>``,
 visible in Ray's dashboard) that runs small jobs as processes it starts itself.
 
 Words:
@@ -20,6 +20,7 @@ Words:
 - *claim*: ``lane/claim/<sid>``, written once with overwrite off by whoever
   takes the item: a host (to run it) or the control plane (to stop it before
   it runs). Ray's KV put with overwrite off is atomic, so an item is taken once.
+  Once the attempt is forgotten the claim says ``FORGOTTEN`` (a tombstone).
 - *status*: ``lane/a/<sid>/status``, a ``LaneStatus`` as JSON; PENDING written by
   the dispatcher (with overwrite off: a second dispatch of the same attempt
   adopts the first), the rest by the host that claimed it.
@@ -27,12 +28,20 @@ Words:
   output, refreshed while it runs.
 - *stop*: ``lane/stop/<sid>``: the control plane asks the host to stop it.
 - *host key*: ``lane/v<N>/host/<group>``: the submission id of the group's current host.
+- *forget*: the control plane is done with an attempt (its outcome is in the
+  database, or it was cancelled before it was recorded): it marks the claim
+  ``FORGOTTEN``, then deletes the attempt's keys.
 
 Invariants:
 - One attempt runs at most once: its submission id is claimed once, and the
   claim stays for good (a tombstone). Once the outcome is in the database the
   attempt's status and log tail (``attempt_prefix``) and any todo item go, the
   tail kept in the database (``store.lane_logs``).
+- A forgotten attempt's keys stay gone: after its last write for an item a host
+  reads the claim, and if it says ``FORGOTTEN`` it deletes what it wrote. The
+  control plane marks the claim before it deletes, so either the host's read
+  sees the mark or its write came before the delete (Ray's KV store is one
+  ordered server: a check and a put cannot be one step, this pair of orders is).
 - A lane job holds what its placement says (admission counts it as for any
   job) but no Ray driver: a host reserves no Ray resources of its own.
 """
@@ -58,6 +67,8 @@ HOST_LOST = "RAYLANE_LANE_HOST_LOST"
 # Bump when a key a host lists, or what an item or a status holds, changes meaning. Records
 # written before the field existed (no ``v``) are version 1: the same format.
 PROTOCOL_VERSION = 1
+# What a claim says once the control plane is done with the attempt (``forget``).
+FORGOTTEN = b"forgotten"
 
 
 def decide(spec: JobSpec, *, enabled: bool) -> tuple[bool, str]:

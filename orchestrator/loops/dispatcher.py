@@ -229,11 +229,15 @@ class Dispatcher(LoopService):
             if recorded:
                 continue
             # A cancel stopped the attempt while Ray was accepting it: no one else
-            # knows this Ray job exists, so stop it here.
+            # knows this Ray job exists, so stop it here (in a lane, its keys go too:
+            # the reconciler never looks at it again to forget them).
             sid = submission_id(c.job_id, c.attempt)
             log.info("%s was cancelled while being submitted; stopping it in Ray", sid)
             try:
-                (self.lanes if c.placement.lane and self.lanes is not None else self.backend).stop(sid)
+                if c.placement.lane and self.lanes is not None:
+                    self.lanes.discard(sid, group=c.placement.lane)
+                else:
+                    self.backend.stop(sid)
             except RayUnavailable as e:
                 log.warning("could not stop %s, cancelled while being submitted: %s", sid, e)
             self.backend.forget_inputs(sid)

@@ -95,9 +95,9 @@ class Reconciler(LoopService):
         self._live = len(live)
         live_ids = {r["job_id"] for r in live}
         # A job cancelled before its attempt reached Ray: nothing to stop.
-        for jid, n in cancelling_unsubmitted:
+        for jid, n, lane in cancelling_unsubmitted:
             if jid not in live_ids:
-                self._cancel_unsubmitted(jid, n)
+                self._cancel_unsubmitted(jid, n, lane)
         if not live:
             return
         try:
@@ -359,15 +359,17 @@ class Reconciler(LoopService):
         if self.on_ended:
             self.on_ended()
 
-    def _cancel_unsubmitted(self, job_id: str, n: int) -> None:
+    def _cancel_unsubmitted(self, job_id: str, n: int, lane: str | None) -> None:
         with db.transaction(self.sessions) as s:
             stopped = lifecycle.cancelled_before_submit(s, job_id, n)
         if stopped and n:
             # A dispatcher that died mid-submit may have left the attempt in Ray;
             # no one would stop it (a live dispatcher stops its own, see submit).
             try:
-                self.backend.stop(submission_id(job_id, n))
-                if self.lanes is not None:
-                    self.lanes.stop(submission_id(job_id, n))  # ... or in a lane: taken there, it never runs
+                if lane and self.lanes is not None:
+                    # ... or in its lane: taken there it never runs, and its keys go (none will look again).
+                    self.lanes.discard(submission_id(job_id, n), group=lane)
+                else:
+                    self.backend.stop(submission_id(job_id, n))
             except RayUnavailable as e:
                 log.warning("could not stop attempt %s of cancelled job %s: %s", n, job_id, e)
