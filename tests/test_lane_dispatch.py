@@ -1,7 +1,8 @@
 """The loops' side of a warm lane, on SQLite and PostgreSQL, against the
 in-memory stand-ins for Ray's KV store and Jobs API of tests/test_lane_backend.py:
 an attempt cancelled before it was recorded as submitted leaves no lane keys
-behind but its claim."""
+behind but its claim, and an error in a dispatch pass is the error raised,
+with the lane attempts it queued recorded all the same."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.domain.routing import route
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.domain.states import AttemptStatus, JobStatus
 from raylane.orchestrator.loops.dispatcher import Dispatcher
 from raylane.orchestrator.loops.reconciler import Reconciler
 from raylane.orchestrator.store import db, jobs as store, lifecycle
@@ -117,3 +118,25 @@ def test_a_job_cancelled_after_its_dispatcher_died_mid_submit_leaves_only_its_cl
     assert lane.get(jid, project=None).status is JobStatus.CANCELLED
     assert keys_of(lane, sid) == {lanes.claim_key(sid): lanes.FORGOTTEN}
     assert lane.ray.stopped == []  # no Ray job of its own to stop
+
+
+class Broken(Exception):
+    pass
+
+
+def test_an_error_in_a_pass_is_the_one_raised_and_the_lane_attempts_it_queued_are_recorded(lane):
+    first, second = submit(lane, "a"), submit(lane, "b")
+
+    def after_submit(c):
+        if c.job_id == second:
+            raise Broken("the pass broke here")
+
+    def on_submitted():
+        raise RuntimeError("recording's own hook failed too")
+
+    lane.dispatcher.after_submit_hook = after_submit
+    lane.dispatcher.on_submitted = on_submitted
+    with pytest.raises(Broken, match="the pass broke here"):
+        lane.dispatcher.run_once()
+    with db.transaction(lane.sessions) as s:
+        assert lifecycle._attempt_status(s, first, 1) is AttemptStatus.SUBMITTED

@@ -268,14 +268,21 @@ class Dispatcher(LoopService):
         except RayUnavailable as e:
             self.ray_unreachable(e)
             return
-        lane_submitted: list[tuple[Claimed, str]] = []
+        lane_submitted: list[tuple[Claimed, str]] = []  # lane attempts: queued in microseconds, recorded together
         try:
             for c in self.claim(view):
                 logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
                 self.submit(c, lane_submitted)
-        finally:
-            self.record_submitted(lane_submitted)  # lane attempts: queued in microseconds, recorded together
-
+        except BaseException:
+            # Those queued before the error are recorded still, but the error raised
+            # is the pass's own: a failure to record them must not take its place.
+            try:
+                self.record_submitted(lane_submitted)
+            except Exception:
+                log.exception("recording %d lane attempts after a failed pass failed too; their leases expire "
+                              "and they are adopted", len(lane_submitted))
+            raise
+        self.record_submitted(lane_submitted)
 
     def ray_unreachable(self, e: RayUnavailable) -> None:
         """No admission without Ray's view: the queue says why, once per job per outage."""
