@@ -203,8 +203,10 @@ class Reconciler(LoopService):
         running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == AttemptStatus.RUNNING
                    and traits(r["spec"]["kind"]).checkpoints]
         # Ray's own job id (whose actors may sit on the node) is in its Jobs API, not
-        # in the record a pass reads: asked here, only while a node drains.
-        ids = {r["submission_id"]: rj.ray_job_id or (self._via(r).get(r["submission_id"]) or rj).ray_job_id
+        # in the record a pass reads: asked only while a node drains, once per attempt
+        # (the backend keeps it). A lane attempt has none of its own (and no lane kind checkpoints).
+        ids = {r["submission_id"]: rj.ray_job_id or (self.backend.ray_job_id(r["submission_id"])
+                                                     if self._via(r) is self.backend else None)
                for r, rj in running}
         by_ray_job = {ids[r["submission_id"]]: r for r, _ in running if ids[r["submission_id"]]}
         labels = {n.node_id: n for n in self.backend.nodes(draining=draining)}
