@@ -44,11 +44,9 @@ class BenchStore:
     lists todo items and stop requests every pass; a scan of every key would
     make the fake store the cost being measured)."""
 
-    LISTED = ("lane/cpu/todo/", "lane/stop/")
-
-    def __init__(self, n: int):
+    def __init__(self, n: int, listed: tuple[str, ...]):
         self.d: dict[str, bytes] = {}
-        self.listed: dict[str, dict[str, None]] = {p: {} for p in self.LISTED}
+        self.listed: dict[str, dict[str, None]] = {p: {} for p in listed}
         self.lock = threading.Lock()
         self.n, self.ended, self.failed = n, 0, 0
         self.last_end: float | None = None
@@ -64,7 +62,7 @@ class BenchStore:
             for p, keys in self.listed.items():
                 if key.startswith(p):
                     keys[key] = None
-        if key.startswith("lane/status/"):
+        if "/status" in key:  # lane/a/<sid>/status (lane/status/<sid> in older trees)
             status = json.loads(value)["status"]
             if status in ("SUCCEEDED", "FAILED", "STOPPED"):
                 self.ended += 1
@@ -103,7 +101,7 @@ def one(kind: str, n: int, slots: int) -> dict:
         workers.start()  # before Ray's libraries, as in lane.main
     import ray._raylet  # noqa: F401 (the host's size: grpc and Ray's core are loaded there)
 
-    store = BenchStore(n)
+    store = BenchStore(n, (lanes.todo_prefix("cpu"), "lane/stop/"))  # the measured tree's keys
     for i in range(n):
         sid = f"b{i:05d}"
         item = (lanes.encode_item(sid, "json:dumps", {}, args={"obj": [i]}) if kind == "function"

@@ -25,7 +25,13 @@ under ``protocol.result_key``, where the reconciler reads any runner's result.
 
 It writes each item's status and a bounded tail of its output back to the
 store, honours stop requests, and exits after ``--idle-s`` without work; the
-control plane starts another when work comes (``backends.lanes``).
+control plane starts another when work comes (``backends.lanes``). It lists
+only the todo items of its protocol version (``lanes.PROTOCOL_VERSION``), and
+an item that says another version is left, unclaimed, for a host of that
+version, with one warning. After its last write for an item it reads the
+item's claim: if the control plane has forgotten the attempt meanwhile (its
+outcome is stored, or it was cancelled before it was recorded), the host
+deletes what it wrote, so a late write cannot bring a forgotten attempt back.
 """
 
 from __future__ import annotations
@@ -146,6 +152,7 @@ class Host:
     wanted: Callable[[], str | None] | None = None  # still_wanted, where Ray runs the host
     workers: Workers | None = None  # function workers; started in main() before the GCS client, else here
     lost: str | None = None  # why this host can run no more functions (its fork server died)
+    foreign: set[str] = field(default_factory=set)  # todo keys of another protocol version, left alone (logged once)
 
     def run(self) -> int:
         if self.workers is None:
@@ -182,15 +189,25 @@ class Host:
 
     def _take(self) -> int:
         took = 0
-        for key in self.store.keys(lanes.todo_prefix(self.group)):
+        keys = self.store.keys(lanes.todo_prefix(self.group))
+        self.foreign &= set(keys)  # bounded by what is listed
+        for key in keys:
             if len(self.running) >= self.slots:
                 break
+            if key in self.foreign:
+                continue
             sid = key[len(lanes.todo_prefix(self.group)):]
             value = self.store.get(key)
-            mine = value is not None and self.store.put(lanes.claim_key(sid), self.host_id.encode(), overwrite=False)
+            item = lanes.decode_item(value) if value is not None else None
+            if item is not None and lanes.version_of(item) != lanes.PROTOCOL_VERSION:
+                self.foreign.add(key)
+                log.warning("%s: an item of lane protocol version %s; this host speaks version %d and leaves it "
+                            "for a host that speaks its version", sid, lanes.version_of(item), lanes.PROTOCOL_VERSION)
+                continue
+            mine = item is not None and self.store.put(lanes.claim_key(sid), self.host_id.encode(), overwrite=False)
             self.store.delete(key)  # taken, by this host or an earlier one (a re-dispatched attempt)
             if mine:
-                self._start(lanes.decode_item(value))
+                self._start(item)
                 took += 1
         return took
 
@@ -208,7 +225,7 @@ class Host:
                 self.lost = f"lost its function workers ({e})"
                 st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, st.start_time
                 st.message = f"lane host {self.host_id} {self.lost}"
-                self.store.put(lanes.status_key(sid), st.encode())
+                self._last_write(sid, st)
                 return
             st.pid = proc.pid
             self.store.put(lanes.status_key(sid), st.encode())
@@ -225,7 +242,7 @@ class Host:
         except OSError as e:
             out.close()
             st.status, st.exit_code, st.message, st.end_time = "FAILED", 127, f"could not start: {e}", st.start_time
-            self.store.put(lanes.status_key(sid), st.encode())
+            self._last_write(sid, st)
             return
         finally:
             out.close()  # the child holds its own copy
@@ -288,9 +305,19 @@ class Host:
             tail = r.log_path.read_bytes()[-FAILED_TAIL_CHARS:].decode(errors="replace")
             st.status = "FAILED"
             st.message = f"Job entrypoint command failed with exit code {rc}, last available logs:\n{tail}"
-        self.store.put(lanes.status_key(r.sid), st.encode())
+        self._last_write(r.sid, st)
         r.log_path.unlink(missing_ok=True)
         log.info("%s: %s (exit code %d)", r.sid, st.status, rc)
+
+    def _last_write(self, sid: str, st: LaneStatus) -> None:
+        """An item's final status, then a look at its claim: the control plane marks
+        it ``FORGOTTEN`` before it deletes the attempt's keys, so either this read
+        sees the mark or this write came before that delete (``domain.lanes``)."""
+        self.store.put(lanes.status_key(sid), st.encode())
+        if self.store.get(lanes.claim_key(sid)) == lanes.FORGOTTEN:
+            for key in (lanes.status_key(sid), lanes.logs_key(sid), lanes.stop_key(sid), protocol.result_key(sid)):
+                self.store.delete(key)
+            log.info("%s: %s, but the control plane had forgotten it meanwhile: its keys deleted", sid, st.status)
 
     def abandon(self, why: str) -> None:
         """The host is going away (its Ray job was stopped): its items end FAILED
@@ -301,7 +328,7 @@ class Host:
             st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, int(time.time() * 1000)
             st.message = f"lane host {self.host_id} {why}"
             try:
-                self.store.put(lanes.status_key(r.sid), st.encode())
+                self._last_write(r.sid, st)
             except Exception:  # the reconciler sees the host gone all the same
                 log.exception("could not record %s as lost", r.sid)
 

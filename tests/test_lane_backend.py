@@ -5,12 +5,16 @@ their host. The real thing is tests/ray/test_fast_lane.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from raylane.orchestrator.backends.lanes import LaneBackend
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJob
 from raylane.orchestrator.domain import lanes
 from raylane.orchestrator.domain.lanes import LaneStatus
+
+HOST1 = lanes.host_submission_id("cpu", 1)
 
 
 class Gcs:
@@ -73,19 +77,19 @@ def lb(ray, monkeypatch):
 
 def test_submit_starts_one_host_and_a_second_dispatch_is_adopted(lb, ray):
     lb.submit(submission_id="a-1", group="cpu", command="true", env={})
-    assert list(ray.jobs) == ["raylane-lane-cpu-1"]
+    assert list(ray.jobs) == [HOST1]
     assert lb.get("a-1").status == "PENDING"
     with pytest.raises(AlreadySubmitted):
         lb.submit(submission_id="a-1", group="cpu", command="true", env={})
     lb.submit(submission_id="b-1", group="cpu", command="true", env={})
-    assert list(ray.jobs) == ["raylane-lane-cpu-1"]  # the live host serves both
+    assert list(ray.jobs) == [HOST1]  # the live host serves both
 
 
 def test_a_dead_host_is_replaced_when_work_waits(lb, ray):
     lb.submit(submission_id="a-1", group="cpu", command="true", env={})
-    ray.end("raylane-lane-cpu-1", "SUCCEEDED", "idle: exited")
+    ray.end(HOST1, "SUCCEEDED", "idle: exited")
     assert lb.get("a-1").status == "PENDING"  # unclaimed: it waits for the next host
-    assert "raylane-lane-cpu-2" in ray.jobs
+    assert lanes.host_submission_id("cpu", 2) in ray.jobs
 
 
 def test_stop_before_a_host_takes_it_means_no_host_ever_will(lb, ray):
@@ -93,14 +97,14 @@ def test_stop_before_a_host_takes_it_means_no_host_ever_will(lb, ray):
     assert lb.stop("a-1")
     assert lb.get("a-1").status == "STOPPED"
     assert lanes.todo_key("cpu", "a-1") not in ray.gcs.d
-    assert not ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)  # a host's claim fails
+    assert not ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)  # a host's claim fails
     assert not lb.stop("a-1")  # ended: nothing to stop
 
 
 def test_stop_of_a_running_item_asks_its_host(lb, ray):
     lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
-    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
-    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
+    ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host=HOST1).encode())
     rj = lb.get("a-1")
     assert rj.status == "RUNNING" and rj.driver_node_id == "node-1"
     assert lb.stop("a-1") and lanes.stop_key("a-1") in ray.gcs.d
@@ -109,13 +113,13 @@ def test_stop_of_a_running_item_asks_its_host(lb, ray):
 @pytest.mark.parametrize("status", ["RUNNING", "PENDING"])
 def test_an_item_whose_host_ended_under_it_is_lost_with_it(lb, ray, status):
     lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
-    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)
     if status == "RUNNING":  # claimed and started; PENDING: claimed, the host died before it wrote RUNNING
-        ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
-    ray.end("raylane-lane-cpu-1")
+        ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host=HOST1).encode())
+    ray.end(HOST1)
     rj = lb.get("a-1")
     assert rj.status == "FAILED" and rj.error_type == lanes.HOST_LOST and rj.driver_node_id == "node-1"
-    assert "raylane-lane-cpu-1 ended (FAILED: driver exited with -9)" in rj.message
+    assert f"{HOST1} ended (FAILED: driver exited with -9)" in rj.message
 
 
 def test_logs_are_the_tail_or_empty_while_pending_or_none_when_unknown(lb, ray):
@@ -131,12 +135,12 @@ def test_a_host_gone_with_its_node_says_so_in_rays_words(lb, ray):
     from raylane.orchestrator.domain.states import FailureCause
 
     lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
-    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
-    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
-    ray.end("raylane-lane-cpu-1", message="Job supervisor actor died")
-    ray.jobs["raylane-lane-cpu-1"].error_type = "JOB_SUPERVISOR_ACTOR_DIED"
+    ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus("RUNNING", group="cpu", host=HOST1).encode())
+    ray.end(HOST1, message="Job supervisor actor died")
+    ray.jobs[HOST1].error_type = "JOB_SUPERVISOR_ACTOR_DIED"
     rj = lb.get("a-1")
-    assert rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED" and "raylane-lane-cpu-1" in rj.message
+    assert rj.error_type == "JOB_SUPERVISOR_ACTOR_DIED" and HOST1 in rj.message
     # The node is not declared dead yet: the group's market decides (spot: a preemption).
     assert classify(rj, {}, driver_market="SPOT")[0] is FailureCause.PREEMPTED
     assert classify(rj, {}, driver_market="ON_DEMAND")[0] is FailureCause.NODE_LOST
@@ -144,12 +148,12 @@ def test_a_host_gone_with_its_node_says_so_in_rays_words(lb, ray):
 
 def test_items_a_host_gave_up_wait_for_rays_word_on_the_host(lb, ray):
     lb.submit(submission_id="a-1", group="cpu", command="sleep 9", env={})
-    ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1", overwrite=False)
+    ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)
     ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus(
-        "FAILED", group="cpu", host="raylane-lane-cpu-1", error_type=lanes.HOST_LOST,
-        message="lane host raylane-lane-cpu-1 lost its Ray job supervisor").encode())
+        "FAILED", group="cpu", host=HOST1, error_type=lanes.HOST_LOST,
+        message=f"lane host {HOST1} lost its Ray job supervisor").encode())
     assert lb.get("a-1").status == "RUNNING"  # Ray still counts the host running
-    ray.end("raylane-lane-cpu-1")
+    ray.end(HOST1)
     rj = lb.get("a-1")
     assert rj.status == "FAILED" and rj.error_type == lanes.HOST_LOST
 
@@ -157,13 +161,13 @@ def test_items_a_host_gave_up_wait_for_rays_word_on_the_host(lb, ray):
 def test_many_attempts_are_read_in_two_calls_whatever_their_number(lb, ray):
     for i in range(50):
         lb.submit(submission_id=f"a-{i}", group="cpu", command="true", env={})
-    lb.ray.gcs.kv_put(lanes.claim_key("a-0"), b"raylane-lane-cpu-1", overwrite=False)
-    lb.ray.gcs.kv_put(lanes.status_key("a-0"), LaneStatus("RUNNING", group="cpu", host="raylane-lane-cpu-1").encode())
+    lb.ray.gcs.kv_put(lanes.claim_key("a-0"), HOST1.encode(), overwrite=False)
+    lb.ray.gcs.kv_put(lanes.status_key("a-0"), LaneStatus("RUNNING", group="cpu", host=HOST1).encode())
     before = ray.gcs.multi_gets
     seen = lb.get_many([f"a-{i}" for i in range(50)] + ["never-submitted"])
     assert ray.gcs.multi_gets - before == 2  # the statuses, then the claims of the PENDING ones
     assert seen["never-submitted"] is None
-    assert seen["a-0"].status == "RUNNING" and seen["a-0"].metadata["raylane_lane_host"] == "raylane-lane-cpu-1"
+    assert seen["a-0"].status == "RUNNING" and seen["a-0"].metadata["raylane_lane_host"] == HOST1
     assert {seen[f"a-{i}"].status for i in range(1, 50)} == {"PENDING"}
     assert all(seen[f"a-{i}"].__dict__ == lb.get(f"a-{i}").__dict__ for i in (0, 1, 49))
 
@@ -172,9 +176,9 @@ def test_an_ended_attempt_brings_its_log_tail_and_is_then_forgotten_but_its_clai
     lb.submit(submission_id="a-1", group="cpu", command="echo hi", env={})
     lb.submit(submission_id="b-1", group="cpu", command="sleep 9", env={})
     gcs = ray.gcs
-    gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-cpu-1")  # the host took it (and its todo item)
+    gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode())  # the host took it (and its todo item)
     gcs.kv_del(lanes.todo_key("cpu", "a-1"))
-    gcs.kv_put(lanes.status_key("a-1"), LaneStatus("SUCCEEDED", group="cpu", host="raylane-lane-cpu-1",
+    gcs.kv_put(lanes.status_key("a-1"), LaneStatus("SUCCEEDED", group="cpu", host=HOST1,
                                                    exit_code=0).encode())
     gcs.kv_put(lanes.logs_key("a-1"), b"hi\n")
     seen = lb.get_many(["a-1", "b-1"])
@@ -183,9 +187,53 @@ def test_an_ended_attempt_brings_its_log_tail_and_is_then_forgotten_but_its_clai
     gcs.kv_put(lanes.todo_key("cpu", "a-1"), b"again")
     lb.forget("a-1", group="cpu")
     # Status, log tail and the re-put item go; the claim stays, so no host could ever run it again.
-    assert [k for k in gcs.d if "a-1" in k] == [lanes.claim_key("a-1")]
+    assert {k: v for k, v in gcs.d.items() if "a-1" in k} == {lanes.claim_key("a-1"): lanes.FORGOTTEN}
     assert lb.get("a-1") is None and lb.logs("a-1") is None
     assert lb.get("b-1").status == "PENDING"  # the other attempt's keys stay
     gcs.kv_put(lanes.stop_key("b-1"), b"1")
     lb.forget("b-1", group="cpu", stopped=True)
-    assert not [k for k in gcs.d if "b-1" in k]  # never claimed: nothing left
+    # Never claimed: the tombstone alone is left, so no host can take it later either.
+    assert {k: v for k, v in gcs.d.items() if "b-1" in k} == {lanes.claim_key("b-1"): lanes.FORGOTTEN}
+
+
+def test_a_status_of_another_protocol_version_is_left_alone_and_said_once(lb, ray, caplog):
+    # A control plane of a newer version dispatched it (a rolling upgrade): its words may mean other things.
+    newer = {"v": lanes.PROTOCOL_VERSION + 1, "status": "SUCCEEDED", "group": "cpu", "host": "raylane-lane-v9-cpu-1"}
+    ray.gcs.kv_put(lanes.status_key("n-1"), json.dumps(newer).encode())
+    ray.gcs.kv_put(lanes.status_key("n-2"), json.dumps({**newer, "status": "RUNNING"}).encode())
+    with caplog.at_level("WARNING", logger="raylane.orchestrator.backends.lanes"):
+        seen = lb.get_many(["n-1", "n-2"])
+        assert not lb.stop("n-2")
+    assert {rj.status for rj in seen.values()} == {"PENDING"}  # not SUCCEEDED, not RUNNING: not read
+    assert "protocol version" in seen["n-1"].message and seen["n-1"].log_tail is None
+    assert lanes.stop_key("n-2") not in ray.gcs.d and lanes.claim_key("n-2") not in ray.gcs.d
+    assert not ray.jobs  # no host looked for or started on its account
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and f"lane protocol version {lanes.PROTOCOL_VERSION + 1}" in said[0]
+
+
+def test_a_status_written_before_statuses_carried_a_version_is_read_as_version_1(lb, ray):
+    ray.gcs.kv_put(lanes.claim_key("o-1"), HOST1.encode())
+    ray.jobs[HOST1] = RayJob(HOST1, "RUNNING", None, None, 1, None, "node-1", None, {})
+    ray.gcs.kv_put(lanes.status_key("o-1"), json.dumps({"status": "RUNNING", "group": "cpu", "host": HOST1}).encode())
+    rj = lb.get("o-1")
+    assert rj.status == "RUNNING" and rj.driver_node_id == "node-1"
+
+
+def test_discard_takes_an_unclaimed_attempt_and_leaves_only_its_tombstone(lb, ray):
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    lb.discard("a-1", group="cpu")
+    assert {k: v for k, v in ray.gcs.d.items() if "a-1" in k} == {lanes.claim_key("a-1"): lanes.FORGOTTEN}
+    assert not ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)  # no host can take it
+
+
+@pytest.mark.parametrize("status", ["SUCCEEDED", "RUNNING"])
+def test_discard_of_an_item_whose_host_is_done_with_it_or_gone_deletes_every_key(lb, ray, status):
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={})
+    ray.gcs.kv_put(lanes.claim_key("a-1"), HOST1.encode(), overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("a-1"), LaneStatus(status, group="cpu", host=HOST1).encode())
+    ray.gcs.kv_put(lanes.logs_key("a-1"), b"out\n")
+    if status == "RUNNING":
+        ray.end(HOST1)  # its host's Ray job ended under it: no host will write or delete again
+    lb.discard("a-1")  # the group read from its status
+    assert {k: v for k, v in ray.gcs.d.items() if "a-1" in k} == {lanes.claim_key("a-1"): lanes.FORGOTTEN}

@@ -127,3 +127,81 @@ def test_a_command_leads_a_session_of_its_own_with_or_without_setpriv(tmp_path, 
     assert status(store, "cmd").status == "SUCCEEDED"
     pid, pgid = store.d[lanes.logs_key("cmd")].split()
     assert pid == pgid  # its own process group: what a stop kills
+
+
+def test_an_item_of_another_protocol_version_is_left_unclaimed_for_a_host_of_its_version(tmp_path, caplog):
+    store = MemoryStore()
+    enqueue(store, "ours", "true")
+    newer = json.dumps({"v": lanes.PROTOCOL_VERSION + 1, "sid": "newer", "run": ["what", "v1 cannot read"]})
+    store.put(lanes.todo_key("cpu", "newer"), newer.encode())
+    with caplog.at_level("WARNING", logger="raylane.lane"):
+        Host(store, "cpu", "raylane-lane-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path).run()
+    assert status(store, "ours").status == "SUCCEEDED"
+    assert store.d[lanes.todo_key("cpu", "newer")] == newer.encode()  # still there, for a host that reads it
+    assert lanes.claim_key("newer") not in store.d and lanes.status_key("newer") not in store.d
+    said = [r.getMessage() for r in caplog.records if "newer" in r.getMessage()]
+    assert len(said) == 1 and f"lane protocol version {lanes.PROTOCOL_VERSION + 1}" in said[0]  # once, not per poll
+
+
+class ControlPlaneView:
+    """The same store through the calls ``backends.lanes.LaneBackend`` makes (Ray's
+    GCS client), and a Jobs API that counts the host running: both sides on one store."""
+
+    def __init__(self, store: MemoryStore):
+        self.store = store
+
+    def _find_gcs(self):
+        return self
+
+    def kv_get(self, key):
+        return self.store.get(key)
+
+    def kv_put(self, key, value, *, overwrite=True):
+        return self.store.put(key, value, overwrite=overwrite)
+
+    def kv_del(self, key, *, prefix=False):
+        for k in self.store.keys(key) if prefix else [key]:
+            self.store.delete(k)
+
+    def get(self, sid):
+        from raylane.orchestrator.backends.ray_jobs import RayJob
+
+        return RayJob(sid, "RUNNING", None, None, 1, None, "node-1", None, {})
+
+
+def keys_of(store, sid) -> dict[str, bytes]:
+    return {k: v for k, v in store.d.items() if sid in k.split("/")}
+
+
+def _run_host(store, tmp_path):
+    host = Host(store, "cpu", lanes.host_submission_id("cpu", 1), slots=1, idle_s=0.2, workdir=tmp_path)
+    t = threading.Thread(target=host.run)
+    t.start()
+    wait_for(lambda: lanes.status_key("x") in store.d and status(store, "x").status == "RUNNING", timeout=10,
+             what="the item running")
+    return t
+
+
+def test_a_host_that_writes_after_the_control_plane_forgot_the_attempt_brings_none_of_it_back(tmp_path):
+    """Its outcome is stored and its keys deleted while its host (one Ray counted lost) ran on."""
+    from raylane.orchestrator.backends.lanes import LaneBackend
+
+    store, gate = MemoryStore(), tmp_path / "gate"
+    enqueue(store, "x", f"while [ ! -e {gate} ]; do sleep 0.01; done; echo late")
+    t = _run_host(store, tmp_path)
+    LaneBackend(ControlPlaneView(store)).forget("x", group="cpu")
+    gate.touch()
+    t.join(30)
+    assert keys_of(store, "x") == {lanes.claim_key("x"): lanes.FORGOTTEN}
+
+
+def test_a_running_item_cancelled_before_it_was_recorded_is_stopped_and_leaves_only_its_claim(tmp_path):
+    from raylane.orchestrator.backends.lanes import LaneBackend
+
+    store = MemoryStore()
+    enqueue(store, "x", "sleep 300")
+    t = _run_host(store, tmp_path)
+    LaneBackend(ControlPlaneView(store)).discard("x", group="cpu")  # the dispatcher's cancel-before-record
+    t.join(30)
+    assert not t.is_alive()  # stopped: the host went idle and exited
+    assert keys_of(store, "x") == {lanes.claim_key("x"): lanes.FORGOTTEN}

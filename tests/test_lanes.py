@@ -60,7 +60,23 @@ def test_lane_status_round_trips_and_keys_are_per_attempt():
     assert lanes.todo_key("cpu", "raylane-x-1").startswith(lanes.todo_prefix("cpu"))
     assert lanes.stop_key("raylane-x-1").startswith(lanes.STOP_PREFIX)
     assert lanes.decode_item(lanes.encode_item("sid", "echo hi", {"A": "1"})) == {
-        "sid": "sid", "command": "echo hi", "env": {"A": "1"}}
+        "v": lanes.PROTOCOL_VERSION, "sid": "sid", "command": "echo hi", "env": {"A": "1"}}
+
+
+def test_what_a_host_lists_or_is_known_by_carries_the_protocol_version_and_records_say_theirs():
+    v = f"v{lanes.PROTOCOL_VERSION}"
+    # A host of another version lists other todo keys and is found under another host key, by another id.
+    assert lanes.todo_prefix("cpu") == f"lane/{v}/cpu/todo/" and lanes.host_key("cpu") == f"lane/{v}/host/cpu"
+    assert lanes.host_submission_id("cpu", 3) == f"raylane-lane-{v}-cpu-3"
+    # The per-attempt keys are every version's: one claim rules an attempt whoever dispatched it.
+    assert [lanes.claim_key("s"), lanes.status_key("s"), lanes.stop_key("s")] == [
+        "lane/claim/s", "lane/a/s/status", "lane/stop/s"]
+    # What they hold says its version; records from before the field are version 1 (the same format).
+    assert LaneStatus.decode(LaneStatus("RUNNING").encode()).v == lanes.PROTOCOL_VERSION
+    assert LaneStatus.decode(b'{"status": "RUNNING", "v": 7}').v == 7
+    assert LaneStatus.decode(b'{"status": "RUNNING", "group": "cpu"}') == LaneStatus("RUNNING", group="cpu", v=1)
+    assert lanes.version_of(lanes.decode_item(lanes.encode_item("s", "true", {}))) == lanes.PROTOCOL_VERSION
+    assert lanes.version_of({"sid": "s", "command": "true", "env": {}}) == 1
 
 
 def test_a_lost_lane_host_is_retried_as_lost_or_node_loss():

@@ -1,6 +1,8 @@
 """How Raylane reads Ray's node list: a node seen draining stays known as
 drained after it dies, its labels outlive it, and nothing is remembered of a
-node once Ray stops listing it (a long-lived control plane must not grow)."""
+node once Ray stops listing it (a long-lived control plane must not grow). A
+submission's Ray job id, wanted each pass while a node drains, is asked once
+and kept, a bounded number of them."""
 
 from __future__ import annotations
 
@@ -82,3 +84,45 @@ def test_one_gcs_answer_serves_every_caller_for_a_second_and_an_unreachable_gcs_
     now[0] += 0.1
     gcs.draining = {"b"}
     assert backend.draining() == {"b"} and gcs.calls == 4
+
+
+def test_ray_job_ids_are_asked_of_the_jobs_api_once_each_and_kept_bounded(monkeypatch):
+    """While a node drains the reconciler needs each running attempt's Ray job id
+    every pass; it never changes, so the Jobs API is asked once per submission."""
+    asked: list[str] = []
+
+    def jobs_api(req):
+        sid = req.url.path.rsplit("/", 1)[-1]
+        asked.append(sid)
+        if sid == "not-started":  # its driver has not started: no Ray job id yet
+            return httpx.Response(200, json={"submission_id": sid, "job_id": None, "status": "PENDING"})
+        return httpx.Response(200, json={"submission_id": sid, "job_id": f"0{len(sid)}000000", "status": "RUNNING"})
+
+    monkeypatch.setattr(ray_jobs, "RAY_JOB_IDS_KEPT", 2)
+    backend = RayJobsBackend("http://ray.invalid")
+    backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(jobs_api))
+    assert [backend.ray_job_id("a") for _ in range(3)] == ["01000000"] * 3
+    assert asked == ["a"]
+    assert backend.ray_job_id("not-started") is None and backend.ray_job_id("not-started") is None
+    assert asked == ["a", "not-started", "not-started"]  # unknown yet: asked again next time
+    backend.ray_job_id("bb")
+    backend.ray_job_id("a")  # asked last: kept over bb
+    backend.ray_job_id("ccc")  # one more than RAY_JOB_IDS_KEPT: the least recently asked (bb) goes
+    assert list(backend._ray_job_ids) == ["a", "ccc"]
+    asked.clear()
+    backend.ray_job_id("a"), backend.ray_job_id("ccc"), backend.ray_job_id("bb")
+    assert asked == ["bb"]
+
+
+def test_a_pass_read_through_the_gcs_carries_the_ray_job_ids_already_known():
+    class JobsGcs(FakeGcs):
+        def job_infos(self, sids):
+            return {sid: {"status": "RUNNING"} for sid in sids}
+
+    backend = RayJobsBackend("http://ray.invalid", gcs=JobsGcs())
+    backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
+        lambda req: httpx.Response(200, json={"submission_id": "a", "job_id": "02000000", "status": "RUNNING"})))
+    assert backend.get_many(["a"])["a"].ray_job_id is None  # not known yet
+    assert backend.ray_job_id("a") == "02000000"
+    seen = backend.get_many(["a", "b"])
+    assert seen["a"].ray_job_id == "02000000" and seen["b"].ray_job_id is None

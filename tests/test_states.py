@@ -153,13 +153,13 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
             "lane": "cpu"}))
         assert lifecycle.attempt_submitted(s, jid, 1, owner="me", note="queued in the lane")
     with db.transaction(cp.sessions) as s:
-        lifecycle.attempt_running(s, jid, 1, driver_node_id="n1", ray_job="raylane-lane-cpu-3")
+        lifecycle.attempt_running(s, jid, 1, driver_node_id="n1", ray_job="raylane-lane-v1-cpu-3")
     with db.transaction(cp.sessions) as s:
         lifecycle.attempt_succeeded(s, jid, 1, exit_code=0, driver_node_id="n1", result=None)  # not named again
     with db.transaction(cp.sessions) as s:
         job = store.get_job(s, jid, project=None, dashboard_url=ray)
         att = store.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
-    assert att.ray_job == "raylane-lane-cpu-3"
+    assert att.ray_job == "raylane-lane-v1-cpu-3"
     assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs"
     # A Ray job's attempt runs in its own Ray job: no ray_job, a link to its page.
     other = _dispatched(cp, attempt=AttemptStatus.SUBMITTED)

@@ -8,6 +8,11 @@ logs, stop); its host is a Ray job of its own, started here on demand
 ended while the item ran is reported FAILED with ``lanes.HOST_LOST`` and the
 host's node as its driver's node: ``loops.classify`` makes that node loss (or a
 preemption) if the node died, else LOST, and both are retried.
+
+A status of another protocol version (``lanes.PROTOCOL_VERSION``: a control
+plane of another version dispatched it, during a rolling upgrade) is not read:
+the attempt is reported PENDING, so nothing here acts on it, and the log says
+so once per version; stop leaves it alone too.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class LaneBackend:
         self._lock = threading.Lock()  # the dispatcher and the reconciler run in threads of their own
         self._hosts: dict[str, tuple[float, RayJob | None]] = {}  # host sid -> (asked at, Ray's answer)
         self._live_host: dict[str, tuple[float, str]] = {}  # group -> (found at, its live host's sid)
+        self._foreign_versions: set[int] = set()  # protocol versions of statuses seen and left alone (logged once)
 
     def _gcs(self):
         from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # noqa: F401 (Ray's protobufs)
@@ -58,6 +64,19 @@ class LaneBackend:
     def _status(self, sid: str) -> LaneStatus | None:
         value = self._kv("kv_get", lanes.status_key(sid))
         return LaneStatus.decode(value) if value else None
+
+    def _ours(self, sid: str, st: LaneStatus) -> bool:
+        """Whether this side may read ``st`` (its protocol version is ours)."""
+        if st.v == lanes.PROTOCOL_VERSION:
+            return True
+        with self._lock:
+            first = st.v not in self._foreign_versions
+            self._foreign_versions.add(st.v)
+        if first:
+            log.warning("lane attempt %s has a status of lane protocol version %s; this control plane speaks "
+                        "version %d and leaves such attempts alone (a control plane of their version reads them)",
+                        sid, st.v, lanes.PROTOCOL_VERSION)
+        return False
 
     # Hosts -------------------------------------------------------------------
 
@@ -141,19 +160,20 @@ class LaneBackend:
         raw = self._kv("kv_multi_get", [lanes.status_key(sid) for sid in submission_ids])
         statuses = {sid: LaneStatus.decode(v) for sid in submission_ids
                     if (v := raw.get(lanes.status_key(sid)))}
-        pending = [sid for sid, st in statuses.items() if st.status == "PENDING"]
+        foreign = {sid for sid, st in statuses.items() if not self._ours(sid, st)}
+        pending = [sid for sid, st in statuses.items() if st.status == "PENDING" and sid not in foreign]
         claims = self._kv("kv_multi_get", [lanes.claim_key(sid) for sid in pending]) if pending else {}
         unclaimed_groups: set[str] = set()
         hosts: dict[str, str | None] = {}
         for sid in pending:
             claim = claims.get(lanes.claim_key(sid), b"").decode()
-            hosts[sid] = claim if claim.startswith("raylane-lane-") else None
+            hosts[sid] = claim if claim.startswith(lanes.HOST_ID_PREFIX) else None
             if hosts[sid] is None and statuses[sid].group:
                 unclaimed_groups.add(statuses[sid].group)
         for group in sorted(unclaimed_groups):
             self.ensure_host(group)
-        out = {sid: self._view(sid, statuses[sid], hosts.get(sid, statuses[sid].host)) if sid in statuses else None
-               for sid in submission_ids}
+        out = {sid: None if sid not in statuses else _left_alone(sid, statuses[sid]) if sid in foreign
+               else self._view(sid, statuses[sid], hosts.get(sid, statuses[sid].host)) for sid in submission_ids}
         ended = [sid for sid, rj in out.items() if rj is not None and rj.status not in HOST_LIVE]
         if ended:  # their log tails go to the database with their outcomes (``forget``)
             tails = self._kv("kv_multi_get", [lanes.logs_key(sid) for sid in ended])
@@ -184,7 +204,7 @@ class LaneBackend:
 
     def stop(self, submission_id: str) -> bool:
         st = self._status(submission_id)
-        if st is None or st.status not in HOST_LIVE:
+        if st is None or st.status not in HOST_LIVE or not self._ours(submission_id, st):
             return False
         if st.status == "PENDING" and self._kv("kv_put", lanes.claim_key(submission_id),
                                                b"stopped before a host took it", overwrite=False):
@@ -203,12 +223,52 @@ class LaneBackend:
         return value.decode(errors="replace")
 
     def forget(self, submission_id: str, *, group: str | None = None, stopped: bool = False) -> None:
-        """The outcome and the log tail are stored in the database: its status and
-        tail go in one call, a todo item of ``group`` a late redispatch may have put
-        back, and with ``stopped`` its stop request. The claim stays: a tombstone,
-        so nothing re-put can run it again."""
+        """The outcome and the log tail are stored in the database: the claim is
+        marked ``FORGOTTEN`` (a tombstone that stays, so nothing re-put can run it
+        again), then its status and tail go in one call, a todo item of ``group`` a
+        late redispatch may have put back, and with ``stopped`` its stop request.
+        The mark comes first: a host that writes after this (one Ray counted lost
+        that ran on) reads it after its last write and deletes what it wrote."""
+        self._kv("kv_put", lanes.claim_key(submission_id), lanes.FORGOTTEN)
         self._kv("kv_del", lanes.attempt_prefix(submission_id), prefix=True)
         if group:
             self._kv("kv_del", lanes.todo_key(group, submission_id))
         if stopped:
             self._kv("kv_del", lanes.stop_key(submission_id))
+
+    def discard(self, submission_id: str, *, group: str | None = None) -> None:
+        """The attempt was cancelled before it was recorded as submitted: nothing
+        will look at it again, so it is stopped and forgotten here. Unclaimed, it
+        is taken here (no host ever runs it) and its keys go. Claimed by a host,
+        that host is asked to stop it and the claim is marked ``FORGOTTEN``; if the
+        host is done with it (or gone) its keys go now, else the host deletes them
+        itself after its last write, stop request included (``jobs.lane``), since
+        deleting that request here could come before the host saw it."""
+        sid = submission_id
+        holder, st = "", None
+        if not self._kv("kv_put", lanes.claim_key(sid), lanes.FORGOTTEN, overwrite=False):
+            holder = (self._kv("kv_get", lanes.claim_key(sid)) or b"").decode(errors="replace")
+            if holder.startswith(lanes.HOST_ID_PREFIX):
+                self._kv("kv_put", lanes.stop_key(sid), b"1")
+            self._kv("kv_put", lanes.claim_key(sid), lanes.FORGOTTEN)
+            st = self._status(sid)  # read after the mark: a host that writes later sees the mark
+        hj = self.host(holder) if holder.startswith(lanes.HOST_ID_PREFIX) else None
+        host_busy = st is not None and st.status in HOST_LIVE and hj is not None and hj.status in HOST_LIVE
+        group = group or (st.group if st else None)
+        self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
+        if group:
+            self._kv("kv_del", lanes.todo_key(group, sid))
+        if holder.startswith(lanes.HOST_ID_PREFIX) and not host_busy:
+            self._kv("kv_del", lanes.stop_key(sid))
+        log.info("%s: cancelled before it was recorded; %s", sid,
+                 f"its host {holder} asked to stop it" if host_busy else "its lane keys deleted")
+
+
+def _left_alone(submission_id: str, st: LaneStatus) -> RayJob:
+    """An attempt whose status is of another protocol version, as the loops see it:
+    PENDING, the status they act on least (a SUBMITTED attempt is recorded
+    PENDING; a stop of it does nothing here)."""
+    return RayJob(submission_id=submission_id, status="PENDING", error_type=None, start_time=None, end_time=None,
+                  message=f"its lane status is of protocol version {st.v} (this control plane speaks "
+                          f"{lanes.PROTOCOL_VERSION}): left to a control plane of its version",
+                  driver_node_id=None, driver_exit_code=None, metadata={"raylane_lane": st.group or ""})

@@ -12,6 +12,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ GCS_ADDRESS_FLAG = re.compile(r"--gcs-address=([^\s\"']+)")
 # rate (a slow link to the head) before it counts as unreachable.
 PACKAGE_UPLOAD_BYTES_PER_S = 1024 * 1024
 RESULT_RETRY_S = 1.0  # between reads of one result while the GCS fails (the reconciler polls every 50 ms)
+# Ray's own job id of a submission never changes once its driver started: kept for this
+# many submissions, the least recently asked forgotten first (more than run at once).
+RAY_JOB_IDS_KEPT = 4096
 
 
 class RayUnavailable(Exception):
@@ -126,7 +130,8 @@ class RayJobsBackend:
         self._sdk = None  # Ray's JobSubmissionClient, only for uploading local directories
         self._labels: dict[str, dict[str, str]] = {}  # node id -> group/market labels seen while alive
         self._drained: set[str] = set()  # node ids seen draining (a killed node's death info forgets it)
-        self._lock = threading.Lock()  # guards _labels, _drained and _draining_cache
+        self._lock = threading.Lock()  # guards _labels, _drained, _draining_cache and _ray_job_ids
+        self._ray_job_ids: OrderedDict[str, str] = OrderedDict()  # submission id -> Ray's job id, once known
         self._draining_cache: tuple[float, set[str]] = (0.0, set())  # (valid until, draining node ids)
         self.draining_ttl_s = DRAINING_TTL_S
         # submission id -> (first, last) failed read of its result, while the GCS cannot be asked
@@ -242,11 +247,34 @@ class RayJobsBackend:
             return None
         if r.status_code != 200:
             raise RayUnavailable(f"Ray Jobs API answered {r.status_code} for {submission_id}")
-        return RayJob.from_json(r.json())
+        rj = RayJob.from_json(r.json())
+        if rj.ray_job_id:
+            self._keep_ray_job_id(submission_id, rj.ray_job_id)
+        return rj
+
+    def _keep_ray_job_id(self, submission_id: str, ray_job_id: str) -> None:
+        with self._lock:
+            self._ray_job_ids[submission_id] = ray_job_id
+            self._ray_job_ids.move_to_end(submission_id)
+            while len(self._ray_job_ids) > RAY_JOB_IDS_KEPT:
+                self._ray_job_ids.popitem(last=False)
+
+    def ray_job_id(self, submission_id: str) -> str | None:
+        """Ray's own job id (hex) of a submission once its driver started, or None:
+        asked of the Jobs API until known, then kept (``RAY_JOB_IDS_KEPT``), as it
+        never changes. The reconciler needs it only while a node drains, every pass."""
+        with self._lock:
+            known = self._ray_job_ids.get(submission_id)
+            if known is not None:
+                self._ray_job_ids.move_to_end(submission_id)
+                return known
+        rj = self.get(submission_id)
+        return rj.ray_job_id if rj is not None else None
 
     def get_many(self, submission_ids: list[str]) -> dict[str, RayJob | None]:
-        """Each job as ``get`` sees it but for ``ray_job_id`` (None here: ask ``get``
-        for it), read in one call to Ray's GCS; through the Jobs API without one."""
+        """Each job as ``get`` sees it but for ``ray_job_id`` (only if already known
+        here: ask ``ray_job_id`` for it), read in one call to Ray's GCS; through the
+        Jobs API without one."""
         from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
 
         gcs = self._find_gcs()
@@ -259,8 +287,10 @@ class RayJobsBackend:
             infos = gcs.job_infos(submission_ids)
         except GcsUnavailable as e:
             raise RayUnavailable(str(e)) from e
-        return {sid: RayJob.from_json({**infos[sid], "submission_id": sid, "job_id": None}) if sid in infos else None
-                for sid in submission_ids}
+        with self._lock:
+            known = {sid: self._ray_job_ids.get(sid) for sid in submission_ids}
+        return {sid: RayJob.from_json({**infos[sid], "submission_id": sid, "job_id": known[sid]}) if sid in infos
+                else None for sid in submission_ids}
 
     def list(self) -> list[RayJob]:
         r = self._req("GET", "/api/jobs/")

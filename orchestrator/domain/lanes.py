@@ -3,28 +3,45 @@ control plane and a lane host say to each other through Ray's KV store.
 
 A Ray job per job costs a job supervisor actor (~85 MB) and 1-2 s before the
 first line of user code. A *lane host* is one long-lived Ray job per node
-group (``python -m raylane.jobs.lane``, submission id ``raylane-lane-<group>-<n>``,
+group (``python -m raylane.jobs.lane``, submission id ``raylane-lane-v<N>-<group>-<n>``,
 visible in Ray's dashboard) that runs small jobs as processes it starts itself.
 
 Words:
 - *lane*: the node group whose host runs a job (``Placement.lane``).
-- *todo*: ``lane/<group>/todo/<sid>``, written by the dispatcher: what to run.
+- *protocol version*: ``PROTOCOL_VERSION``, what a host and a control plane
+  both speak. Hosts outlive a control plane's upgrade (they are Ray jobs), so
+  every key a host lists or is known by carries it (todo prefix, host key, host
+  id): a host sees only items of its version, a control plane adopts only hosts
+  of its version. The per-attempt keys (claim, status, logs, stop) are shared by
+  every version, so one claim still rules an attempt whoever dispatched it, and
+  any control plane finds any attempt; what they hold says its version (``v``),
+  and a reader of another version leaves it alone and says so in its log.
+- *todo*: ``lane/v<N>/<group>/todo/<sid>``, written by the dispatcher: what to run.
 - *claim*: ``lane/claim/<sid>``, written once with overwrite off by whoever
   takes the item: a host (to run it) or the control plane (to stop it before
   it runs). Ray's KV put with overwrite off is atomic, so an item is taken once.
+  Once the attempt is forgotten the claim says ``FORGOTTEN`` (a tombstone).
 - *status*: ``lane/a/<sid>/status``, a ``LaneStatus`` as JSON; PENDING written by
   the dispatcher (with overwrite off: a second dispatch of the same attempt
   adopts the first), the rest by the host that claimed it.
 - *logs*: ``lane/a/<sid>/logs``, the last ``MAX_LOG_BYTES`` of the process's
   output, refreshed while it runs.
 - *stop*: ``lane/stop/<sid>``: the control plane asks the host to stop it.
-- *host key*: ``lane/host/<group>``: the submission id of the group's current host.
+- *host key*: ``lane/v<N>/host/<group>``: the submission id of the group's current host.
+- *forget*: the control plane is done with an attempt (its outcome is in the
+  database, or it was cancelled before it was recorded): it marks the claim
+  ``FORGOTTEN``, then deletes the attempt's keys.
 
 Invariants:
 - One attempt runs at most once: its submission id is claimed once, and the
   claim stays for good (a tombstone). Once the outcome is in the database the
   attempt's status and log tail (``attempt_prefix``) and any todo item go, the
   tail kept in the database (``store.lane_logs``).
+- A forgotten attempt's keys stay gone: after its last write for an item a host
+  reads the claim, and if it says ``FORGOTTEN`` it deletes what it wrote. The
+  control plane marks the claim before it deletes, so either the host's read
+  sees the mark or its write came before the delete (Ray's KV store is one
+  ordered server: a check and a put cannot be one step, this pair of orders is).
 - A lane job holds what its placement says (admission counts it as for any
   job) but no Ray driver: a host reserves no Ray resources of its own.
 """
@@ -47,6 +64,11 @@ LANE_KINDS = frozenset({"command", "function"})
 # What a lane's status says when its host's Ray job ended under a running item:
 # ``loops.classify`` reads it as node loss (the node died) or LOST (the host did).
 HOST_LOST = "RAYLANE_LANE_HOST_LOST"
+# Bump when a key a host lists, or what an item or a status holds, changes meaning. Records
+# written before the field existed (no ``v``) are version 1: the same format.
+PROTOCOL_VERSION = 1
+# What a claim says once the control plane is done with the attempt (``forget``).
+FORGOTTEN = b"forgotten"
 
 
 def decide(spec: JobSpec, *, enabled: bool) -> tuple[bool, str]:
@@ -76,7 +98,7 @@ def decide(spec: JobSpec, *, enabled: bool) -> tuple[bool, str]:
 
 
 def todo_prefix(group: str) -> str:
-    return f"lane/{group}/todo/"
+    return f"lane/v{PROTOCOL_VERSION}/{group}/todo/"
 
 
 def todo_key(group: str, sid: str) -> str:
@@ -111,11 +133,14 @@ STOP_PREFIX = "lane/stop/"
 
 
 def host_key(group: str) -> str:
-    return f"lane/host/{group}"
+    return f"lane/v{PROTOCOL_VERSION}/host/{group}"
+
+
+HOST_ID_PREFIX = "raylane-lane-"  # every version's host ids start so (a claim by a host)
 
 
 def host_submission_id(group: str, n: int) -> str:
-    return f"raylane-lane-{group}-{n}"
+    return f"{HOST_ID_PREFIX}v{PROTOCOL_VERSION}-{group}-{n}"
 
 
 # Records ----------------------------------------------------------------------
@@ -134,20 +159,22 @@ class LaneStatus:
     error_type: str | None = None  # HOST_LOST, or None
     start_time: int | None = None  # ms since the epoch, as Ray's job info
     end_time: int | None = None
+    v: int = PROTOCOL_VERSION  # the writer's protocol version
 
     def encode(self) -> bytes:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}).encode()
 
     @classmethod
     def decode(cls, value: bytes) -> "LaneStatus":
+        """Any version's status; only one whose ``v`` is ``PROTOCOL_VERSION`` may be read further."""
         d = json.loads(value)
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k != "v"}, v=d.get("v", 1))
 
 
 def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, Any] | None = None) -> bytes:
     """What a host needs to run an attempt: a shell command, or (``args`` given)
     a function's import path to call with ``args``."""
-    item: dict[str, Any] = {"sid": sid, "command": command, "env": env}
+    item: dict[str, Any] = {"v": PROTOCOL_VERSION, "sid": sid, "command": command, "env": env}
     if args is not None:
         item["call"] = args
     return json.dumps(item).encode()
@@ -155,3 +182,8 @@ def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, 
 
 def decode_item(value: bytes) -> dict[str, Any]:
     return json.loads(value)
+
+
+def version_of(item: dict[str, Any]) -> int:
+    """An item's protocol version (1 if written before items carried one)."""
+    return item.get("v", 1)

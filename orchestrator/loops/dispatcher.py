@@ -229,11 +229,15 @@ class Dispatcher(LoopService):
             if recorded:
                 continue
             # A cancel stopped the attempt while Ray was accepting it: no one else
-            # knows this Ray job exists, so stop it here.
+            # knows this Ray job exists, so stop it here (in a lane, its keys go too:
+            # the reconciler never looks at it again to forget them).
             sid = submission_id(c.job_id, c.attempt)
             log.info("%s was cancelled while being submitted; stopping it in Ray", sid)
             try:
-                (self.lanes if c.placement.lane and self.lanes is not None else self.backend).stop(sid)
+                if c.placement.lane and self.lanes is not None:
+                    self.lanes.discard(sid, group=c.placement.lane)
+                else:
+                    self.backend.stop(sid)
             except RayUnavailable as e:
                 log.warning("could not stop %s, cancelled while being submitted: %s", sid, e)
             self.backend.forget_inputs(sid)
@@ -264,14 +268,21 @@ class Dispatcher(LoopService):
         except RayUnavailable as e:
             self.ray_unreachable(e)
             return
-        lane_submitted: list[tuple[Claimed, str]] = []
+        lane_submitted: list[tuple[Claimed, str]] = []  # lane attempts: queued in microseconds, recorded together
         try:
             for c in self.claim(view):
                 logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
                 self.submit(c, lane_submitted)
-        finally:
-            self.record_submitted(lane_submitted)  # lane attempts: queued in microseconds, recorded together
-
+        except BaseException:
+            # Those queued before the error are recorded still, but the error raised
+            # is the pass's own: a failure to record them must not take its place.
+            try:
+                self.record_submitted(lane_submitted)
+            except Exception:
+                log.exception("recording %d lane attempts after a failed pass failed too; their leases expire "
+                              "and they are adopted", len(lane_submitted))
+            raise
+        self.record_submitted(lane_submitted)
 
     def ray_unreachable(self, e: RayUnavailable) -> None:
         """No admission without Ray's view: the queue says why, once per job per outage."""

@@ -100,9 +100,9 @@ class Reconciler(LoopService):
         self._live = len(live)
         live_ids = {r["job_id"] for r in live}
         # A job cancelled before its attempt reached Ray: nothing to stop.
-        for jid, n in cancelling_unsubmitted:
+        for jid, n, lane in cancelling_unsubmitted:
             if jid not in live_ids:
-                self._cancel_unsubmitted(jid, n)
+                self._cancel_unsubmitted(jid, n, lane)
         if not live:
             return
         try:
@@ -208,8 +208,10 @@ class Reconciler(LoopService):
         running = [(r, rj) for r in live if (rj := ray_jobs.get(r["submission_id"])) and rj.status == AttemptStatus.RUNNING
                    and traits(r["spec"]["kind"]).checkpoints]
         # Ray's own job id (whose actors may sit on the node) is in its Jobs API, not
-        # in the record a pass reads: asked here, only while a node drains.
-        ids = {r["submission_id"]: rj.ray_job_id or (self._via(r).get(r["submission_id"]) or rj).ray_job_id
+        # in the record a pass reads: asked only while a node drains, once per attempt
+        # (the backend keeps it). A lane attempt has none of its own (and no lane kind checkpoints).
+        ids = {r["submission_id"]: rj.ray_job_id or (self.backend.ray_job_id(r["submission_id"])
+                                                     if self._via(r) is self.backend else None)
                for r, rj in running}
         by_ray_job = {ids[r["submission_id"]]: r for r, _ in running if ids[r["submission_id"]]}
         labels = {n.node_id: n for n in self.backend.nodes(draining=draining)}
@@ -364,15 +366,17 @@ class Reconciler(LoopService):
         if self.on_ended:
             self.on_ended()
 
-    def _cancel_unsubmitted(self, job_id: str, n: int) -> None:
+    def _cancel_unsubmitted(self, job_id: str, n: int, lane: str | None) -> None:
         with db.transaction(self.sessions) as s:
             stopped = lifecycle.cancelled_before_submit(s, job_id, n)
         if stopped and n:
             # A dispatcher that died mid-submit may have left the attempt in Ray;
             # no one would stop it (a live dispatcher stops its own, see submit).
             try:
-                self.backend.stop(submission_id(job_id, n))
-                if self.lanes is not None:
-                    self.lanes.stop(submission_id(job_id, n))  # ... or in a lane: taken there, it never runs
+                if lane and self.lanes is not None:
+                    # ... or in its lane: taken there it never runs, and its keys go (none will look again).
+                    self.lanes.discard(submission_id(job_id, n), group=lane)
+                else:
+                    self.backend.stop(submission_id(job_id, n))
             except RayUnavailable as e:
                 log.warning("could not stop attempt %s of cancelled job %s: %s", n, job_id, e)

@@ -353,9 +353,10 @@ def job_dashboard_url(base: str | None, sid: str | None, *, lane: str | None = N
         return None
     if lane:
         # A warm lane's attempt is no Ray job of its own, and its host's page
-        # (``ray_job``) serves every project, so it is an admin's read through
-        # /ray (api/rayscope.py): the link is Ray's job list, which works for
-        # whoever may see the job (docs/fast-lane.md).
+        # (raylane-lane-v<protocol>-<group>-<n>, the attempt's ``ray_job``) serves
+        # every project, so it is an admin's read through /ray (api/rayscope.py):
+        # the link is Ray's job list, which works for whoever may see the job
+        # (docs/fast-lane.md).
         return f"{base.rstrip('/')}/#/jobs"
     return f"{base.rstrip('/')}/#/jobs/{sid}"
 

@@ -50,10 +50,10 @@ def live_attempts(s: Session) -> list[Any]:
     ).mappings().all()
 
 
-def cancelling_jobs(s: Session) -> list[tuple[str, int]]:
-    """(job id, attempts made) of every CANCELLING job."""
-    return [tuple(r) for r in s.execute(select(jobs.c.id, jobs.c.attempts)
-                                        .where(jobs.c.status == JobStatus.CANCELLING.value))]
+def cancelling_jobs(s: Session) -> list[tuple[str, int, str | None]]:
+    """(job id, attempts made, its warm lane or None) of every CANCELLING job."""
+    return [(jid, n, (placement or {}).get("lane")) for jid, n, placement in s.execute(
+        select(jobs.c.id, jobs.c.attempts, jobs.c.placement).where(jobs.c.status == JobStatus.CANCELLING.value))]
 
 
 def has_result(s: Session, job_id: str) -> bool:

@@ -82,9 +82,9 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert ray_job(ray_cluster, sid) is None
     # Its outcome and log are in the database: its keys have left Ray's store (which keeps live attempts only).
     assert lane_status(gcs, sid) is None and not gcs.kv_get(lanes.logs_key(sid))
-    assert gcs.kv_get(lanes.claim_key(sid)).startswith(b"raylane-lane-cpu-")  # the tombstone stays
+    assert gcs.kv_get(lanes.claim_key(sid)) == lanes.FORGOTTEN  # the tombstone stays
     host_sid = gcs.kv_get(lanes.host_key("cpu")).decode()
-    assert host_sid.startswith("raylane-lane-cpu-")
+    assert host_sid.startswith(f"raylane-lane-v{lanes.PROTOCOL_VERSION}-cpu-")  # a host of this protocol version
     host = ray_job(ray_cluster, host_sid)
     assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
     att = lapi.get(f"/v1/jobs/{job['id']}/attempts").json()[0]

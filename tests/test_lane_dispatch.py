@@ -1,0 +1,142 @@
+"""The loops' side of a warm lane, on SQLite and PostgreSQL, against the
+in-memory stand-ins for Ray's KV store and Jobs API of tests/test_lane_backend.py:
+an attempt cancelled before it was recorded as submitted leaves no lane keys
+behind but its claim, and an error in a dispatch pass is the error raised,
+with the lane attempts it queued recorded all the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylane.orchestrator.backends.lanes import LaneBackend
+from raylane.orchestrator.domain import lanes
+from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.profile import default_profile
+from raylane.orchestrator.domain.routing import route
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.states import AttemptStatus, JobStatus
+from raylane.orchestrator.loops.dispatcher import Dispatcher
+from raylane.orchestrator.loops.reconciler import Reconciler
+from raylane.orchestrator.store import db, jobs as store, lifecycle
+from tests.test_lane_backend import Ray
+from tests.test_scheduler import view
+
+
+class Cluster(Ray):
+    """Ray as both backends see it: the Jobs API, the KV store, the cluster's groups."""
+
+    def __init__(self):
+        super().__init__()
+        self.stopped: list[str] = []
+
+    def cluster_view(self):
+        return view()
+
+    def stop(self, sid):
+        self.stopped.append(sid)
+        return True
+
+    def forget_inputs(self, sid):
+        pass
+
+    def get_many(self, sids):
+        return {sid: self.jobs.get(sid) for sid in sids}
+
+
+@pytest.fixture
+def lane(settings, monkeypatch):
+    from raylane.orchestrator.services.controlplane import ControlPlane
+
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    settings = settings.model_copy(update={"fast_lane": True})
+    plane = ControlPlane(settings)
+    profile = default_profile()
+    plane.router = lambda spec: route(spec, profile, fast_lane=True)
+    plane.ray = Cluster()
+    plane.lanes = LaneBackend(plane.ray, idle_s=5, slots=2)
+    plane.dispatcher = Dispatcher(settings, plane.sessions, plane.ray, profile, lanes=plane.lanes)
+    yield plane
+    plane.close()
+
+
+def submit(plane, name: str) -> str:
+    job, _ = plane.submit(JobSpec(name=name, kind="command", entrypoint="true"), project="default", actor="t")
+    assert job.placement.lane == "cpu"
+    return job.id
+
+
+def keys_of(plane, sid: str) -> dict[str, bytes]:
+    return {k: v for k, v in plane.ray.gcs.d.items() if sid in k}
+
+
+def cancel_before_record(plane, claimed) -> None:
+    """What a user's cancel and the reconciler do while the dispatcher is between
+    queueing the attempt and recording it."""
+    with db.transaction(plane.sessions) as s:
+        store.cancel(s, claimed.job_id, project=None)
+    with db.transaction(plane.sessions) as s:
+        assert lifecycle.cancelled_before_submit(s, claimed.job_id, claimed.attempt)
+
+
+def test_an_attempt_cancelled_before_it_was_recorded_leaves_only_its_claim(lane):
+    jid = submit(lane, "c")
+    sid = submission_id(jid, 1)
+    lane.dispatcher.after_submit_hook = lambda c: cancel_before_record(lane, c)
+    lane.dispatcher.run_once()
+    assert lane.get(jid, project=None).status is JobStatus.CANCELLED
+    # No host took it: taken here, it never runs, and nothing of it is left but the tombstone.
+    assert keys_of(lane, sid) == {lanes.claim_key(sid): lanes.FORGOTTEN}
+
+
+def test_one_a_host_already_runs_is_stopped_and_its_host_deletes_its_keys_when_done(lane):
+    jid = submit(lane, "r")
+    sid = submission_id(jid, 1)
+    host = lanes.host_submission_id("cpu", 1)
+
+    def host_took_it_then_cancel(c):
+        gcs = lane.ray.gcs
+        gcs.kv_put(lanes.claim_key(sid), host.encode(), overwrite=False)
+        gcs.kv_del(lanes.todo_key("cpu", sid))
+        gcs.kv_put(lanes.status_key(sid), lanes.LaneStatus("RUNNING", group="cpu", host=host).encode())
+        cancel_before_record(lane, c)
+
+    lane.dispatcher.after_submit_hook = host_took_it_then_cancel
+    lane.dispatcher.run_once()
+    # Its host is asked to stop it; the claim says forgotten, which the host reads after its last write
+    # (tests/test_lane_host.py: it then deletes what it wrote, the stop request too).
+    assert keys_of(lane, sid) == {lanes.claim_key(sid): lanes.FORGOTTEN, lanes.stop_key(sid): b"1"}
+
+
+def test_a_job_cancelled_after_its_dispatcher_died_mid_submit_leaves_only_its_claim(lane, settings):
+    jid = submit(lane, "d")
+    sid = submission_id(jid, 1)
+    (claimed,) = lane.dispatcher.claim(view())
+    lane.lanes.submit(submission_id=sid, group="cpu", command="true", env={})  # ... and the dispatcher died
+    with db.transaction(lane.sessions) as s:
+        store.cancel(s, jid, project=None)
+    Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes).run_once()
+    assert lane.get(jid, project=None).status is JobStatus.CANCELLED
+    assert keys_of(lane, sid) == {lanes.claim_key(sid): lanes.FORGOTTEN}
+    assert lane.ray.stopped == []  # no Ray job of its own to stop
+
+
+class Broken(Exception):
+    pass
+
+
+def test_an_error_in_a_pass_is_the_one_raised_and_the_lane_attempts_it_queued_are_recorded(lane):
+    first, second = submit(lane, "a"), submit(lane, "b")
+
+    def after_submit(c):
+        if c.job_id == second:
+            raise Broken("the pass broke here")
+
+    def on_submitted():
+        raise RuntimeError("recording's own hook failed too")
+
+    lane.dispatcher.after_submit_hook = after_submit
+    lane.dispatcher.on_submitted = on_submitted
+    with pytest.raises(Broken, match="the pass broke here"):
+        lane.dispatcher.run_once()
+    with db.transaction(lane.sessions) as s:
+        assert lifecycle._attempt_status(s, first, 1) is AttemptStatus.SUBMITTED
