@@ -21,8 +21,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import ClauseElement
 
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
@@ -36,6 +37,28 @@ MAX_CAS_RETRIES = 8
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+# The statements of every status change, built once with bound parameters: a
+# statement built per call (``update(jobs).where(jobs.c.id == job_id).values(...)``)
+# spent more CPU building its clauses and its cache key than the database spent
+# running it (bench/lifecycle_cpu.py). An UPDATE's SET comes from the parameters'
+# keys, so one statement serves every set of columns (SQLAlchemy caches one
+# compiled form per set). Parameter names start with ``b_``: a bound name may not
+# be a column's.
+_JOB_SEEN = select(jobs.c.status, jobs.c.node_group, jobs.c.array_id).where(jobs.c.id == bindparam("b_id"))
+_JOB_MOVE = update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.status == bindparam("b_src"))
+_EVENT = insert(events)
+_ATTEMPT_WHERE = (attempts.c.job_id == bindparam("b_job"), attempts.c.number == bindparam("b_number"))
+_ATTEMPT_SEEN = select(attempts.c.status, attempts.c.cause, attempts.c.node_group, attempts.c.created_at,
+                       attempts.c.started_at, attempts.c.ended_at).where(*_ATTEMPT_WHERE)
+_ATTEMPT_SEEN_LOCKED = _ATTEMPT_SEEN.with_for_update()
+_ATTEMPT_MOVE = update(attempts).where(*_ATTEMPT_WHERE, attempts.c.status == bindparam("b_src"))
+
+
+def _plain(values: dict[str, Any]) -> bool:
+    """Values that can travel as parameters (no SQL expression among them)."""
+    return not any(isinstance(v, ClauseElement) for v in values.values())
 
 
 def transition(
@@ -64,8 +87,7 @@ def transition(
     if expected is not None:
         allowed &= set(expected)
     for _ in range(MAX_CAS_RETRIES):
-        seen = session.execute(select(jobs.c.status, jobs.c.node_group, jobs.c.array_id)
-                                .where(jobs.c.id == job_id)).first()
+        seen = session.execute(_JOB_SEEN, {"b_id": job_id}).first()
         if seen is None:
             raise NotFound(f"job {job_id} not found")
         src = JobStatus(seen.status)
@@ -73,18 +95,15 @@ def transition(
         if src not in allowed:
             raise InvalidTransition(f"job {job_id} is {src.value}; it cannot become {to.value}")
         vals = {"status_reason": reason, **(values or {}), "status": to.value, "updated_at": now}
-        res = session.execute(
-            update(jobs).where(jobs.c.id == job_id, jobs.c.status == src.value).values(**vals)
-        )
+        if _plain(vals):
+            res = session.execute(_JOB_MOVE, {"b_id": job_id, "b_src": src.value, **vals})
+        else:
+            res = session.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status == src.value).values(**vals))
         if res.rowcount == 1:
             tallies.job_moved(session, src=src.value, src_group=seen.node_group, to=to.value,
                               to_group=vals.get("node_group", seen.node_group))
-            ev = session.execute(
-                insert(events).values(
-                    job_id=job_id, at=now, from_status=src.value, to_status=to.value,
-                    reason=reason, actor=actor, attempt=attempt,
-                )
-            )
+            ev = session.execute(_EVENT, {"job_id": job_id, "at": now, "from_status": src.value, "to_status": to.value,
+                                          "reason": reason, "actor": actor, "attempt": attempt})
             # In this transaction: a committed status change always has its deliveries.
             webhooks.enqueue(session, job_id=job_id, event_id=ev.inserted_primary_key[0], to_status=to.value, now=now)
             if to.is_terminal():
@@ -101,12 +120,8 @@ def record_event(
     attempt: int | None = None, now: datetime | None = None,
 ) -> None:
     """An event that is not a status change (e.g. "waiting for 2 GPUs")."""
-    session.execute(
-        insert(events).values(
-            job_id=job_id, at=now or utcnow(), from_status=status.value, to_status=status.value,
-            reason=reason, actor=actor, attempt=attempt,
-        )
-    )
+    session.execute(_EVENT, {"job_id": job_id, "at": now or utcnow(), "from_status": status.value,
+                             "to_status": status.value, "reason": reason, "actor": actor, "attempt": attempt})
 
 
 def set_attempt(
@@ -126,20 +141,24 @@ def set_attempt(
     allowed = {s for s, dsts in ATTEMPT_ALLOWED.items() if to in dsts}
     if expected is not None:
         allowed &= set(expected)
-    where = (attempts.c.job_id == job_id, attempts.c.number == number)
+    key = {"b_job": job_id, "b_number": number}
+    # Locked (PostgreSQL): the cause read here is the one this update replaces,
+    # even when set_attempt_cause writes the same row meanwhile. SQLite
+    # serialises writers already.
+    seen_q = _ATTEMPT_SEEN_LOCKED if session.bind.dialect.name == "postgresql" else _ATTEMPT_SEEN
     for _ in range(MAX_CAS_RETRIES):
-        # Locked (PostgreSQL): the cause read here is the one this update replaces,
-        # even when set_attempt_cause writes the same row meanwhile.
-        seen = session.execute(_for_update(session, select(
-            attempts.c.status, attempts.c.cause, attempts.c.node_group, attempts.c.created_at,
-            attempts.c.started_at, attempts.c.ended_at).where(*where))).first()
+        seen = session.execute(seen_q, key).first()
         if seen is None:
             raise NotFound(f"attempt {number} of job {job_id} not found")
         src = AttemptStatus(seen.status)
         if src not in allowed:
             raise InvalidTransition(f"attempt {number} of job {job_id} is {src.value}; it cannot become {to.value}")
-        res = session.execute(update(attempts).where(*where, attempts.c.status == src.value)
-                              .values(**(values or {}), status=to.value))
+        if _plain(values or {}):
+            res = session.execute(_ATTEMPT_MOVE, {**key, "b_src": src.value, **(values or {}), "status": to.value})
+        else:
+            res = session.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number,
+                                                         attempts.c.status == src.value)
+                                  .values(**(values or {}), status=to.value))
         if res.rowcount == 1:
             vals = values or {}
             if "cause" in vals:
