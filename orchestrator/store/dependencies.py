@@ -20,7 +20,7 @@ from collections import Counter, deque
 from datetime import datetime
 from typing import Any, Sequence
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.errors import Invalid
@@ -124,6 +124,14 @@ def order_batch(specs: Sequence[JobSpec]) -> None:
         raise Invalid(f"the batch's depends_on make a cycle among: {names}", field=f"jobs.{stuck[0]}.depends_on")
 
 
+# Built once (bound parameters): every job's end asks it, most often of a job
+# with no children (store.transitions says why).
+_WAITING_CHILDREN = (select(job_dependencies.c.child_id, job_dependencies.c.condition)
+                     .select_from(job_dependencies.join(jobs, jobs.c.id == job_dependencies.c.child_id))
+                     .where(job_dependencies.c.parent_id == bindparam("b_parent"), job_dependencies.c.state == WAITING)
+                     .order_by(jobs.c.array_held.desc(), job_dependencies.c.child_id))
+
+
 def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: datetime) -> None:
     """The parent ended as ``status``: its waiting children count it, or are cancelled,
     and so on down the chain, as a worklist (no recursion, however long the chain).
@@ -136,10 +144,7 @@ def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: da
     work = deque([(parent_id, status)])
     while work:
         pid, st = work.popleft()
-        rows = session.execute(select(job_dependencies.c.child_id, job_dependencies.c.condition)
-                               .select_from(job_dependencies.join(jobs, jobs.c.id == job_dependencies.c.child_id))
-                               .where(job_dependencies.c.parent_id == pid, job_dependencies.c.state == WAITING)
-                               .order_by(jobs.c.array_held.desc(), job_dependencies.c.child_id)).all()
+        rows = session.execute(_WAITING_CHILDREN, {"b_parent": pid}).all()
         for child_id, condition in rows:
             ok = meets(condition, st)
             session.execute(update(job_dependencies).where(job_dependencies.c.child_id == child_id,

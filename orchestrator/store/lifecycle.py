@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.errors import InvalidTransition
@@ -60,13 +60,19 @@ def has_result(s: Session, job_id: str) -> bool:
     return s.execute(select(results.c.job_id).where(results.c.job_id == job_id)).first() is not None
 
 
+# Built once (bound parameters): each observation reads them (store.transitions says why).
+_JOB_STATUS = select(jobs.c.status).where(jobs.c.id == bindparam("b_id"))
+_ATTEMPT_STATUS = select(attempts.c.status).where(attempts.c.job_id == bindparam("b_job"),
+                                                  attempts.c.number == bindparam("b_number"))
+_RELEASE_LEASE = update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.lease_owner == bindparam("b_owner"))
+
+
 def _job_status(s: Session, job_id: str) -> JobStatus:
-    return JobStatus(s.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one())
+    return JobStatus(s.execute(_JOB_STATUS, {"b_id": job_id}).scalar_one())
 
 
 def _attempt_status(s: Session, job_id: str, number: int) -> AttemptStatus | None:
-    seen = s.execute(select(attempts.c.status)
-                     .where(attempts.c.job_id == job_id, attempts.c.number == number)).scalar_one_or_none()
+    seen = s.execute(_ATTEMPT_STATUS, {"b_job": job_id, "b_number": number}).scalar_one_or_none()
     return AttemptStatus(seen) if seen is not None else None
 
 
@@ -83,8 +89,8 @@ def attempt_submitted(s: Session, job_id: str, number: int, *, owner: str, note:
         # Another dispatcher that took over the lease may have recorded it already.
         if _attempt_status(s, job_id, number) is AttemptStatus.STOPPED:
             return False
-    s.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.lease_owner == owner)
-              .values(lease_owner=None, lease_expires_at=None, status_reason=note))
+    s.execute(_RELEASE_LEASE, {"b_id": job_id, "b_owner": owner, "lease_owner": None, "lease_expires_at": None,
+                               "status_reason": note})
     return True
 
 

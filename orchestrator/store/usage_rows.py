@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain import costs
@@ -69,14 +69,17 @@ def admitted(session: Session, *, job_id: str, number: int, project: str, kind: 
         held_from=None, held_to=None))
 
 
+# Built once (bound parameters): it runs with every attempt's change (store.transitions says why).
+_MOVE = update(attempt_usage).where(attempt_usage.c.job_id == bindparam("b_job"),
+                                    attempt_usage.c.number == bindparam("b_number"))
+
+
 def moved(session: Session, job_id: str, number: int, old: tuple[int | None, int | None],
           new: tuple[int | None, int | None]) -> None:
     """The attempt's held span went from ``old`` to ``new`` (``span_micros``)."""
     if old == new:
         return
-    res = session.execute(update(attempt_usage)
-                          .where(attempt_usage.c.job_id == job_id, attempt_usage.c.number == number)
-                          .values(held_from=new[0], held_to=new[1]))
+    res = session.execute(_MOVE, {"b_job": job_id, "b_number": number, "held_from": new[0], "held_to": new[1]})
     if res.rowcount == 0:  # an attempt inserted around admit (a test's fixture): make its row
         track(session, job_id, number)
 
