@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import insert, or_, select, update
+from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.ids import submission_id
@@ -162,6 +162,11 @@ def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM
     return len(rows)
 
 
+# Built once (bound parameters): each admission runs them (store.transitions says why).
+_NEW_ATTEMPT = insert(attempts)
+_SKIPPED = update(jobs).where(jobs.c.id == bindparam("b_id")).values(skips=jobs.c.skips + 1)
+
+
 def admit(session: Session, job: Queued, placement: Placement, *, passed_over: list[str], owner: str,
           now: datetime, lease_until: datetime, scale_up: str | None = None, queued: str | None = None) -> Claimed:
     """Give the job its next attempt and ``owner``'s lease; the jobs it passed over wait one skip longer.
@@ -176,10 +181,10 @@ def admit(session: Session, job: Queued, placement: Placement, *, passed_over: l
                values={"attempts": n, "lease_owner": owner, "lease_expires_at": lease_until,
                        "node_group": group, "placement": placement.model_dump(mode="json"),
                        "not_before": None})
-    session.execute(insert(attempts).values(
-        job_id=job.id, number=n, submission_id=submission_id(job.id, n), node_group=group,
-        market=placement.market, status=AttemptStatus.CLAIMED.value, resources=placement.total, created_at=now,
-        message=scale_up))
+    session.execute(_NEW_ATTEMPT, {
+        "job_id": job.id, "number": n, "submission_id": submission_id(job.id, n), "node_group": group,
+        "market": placement.market, "status": AttemptStatus.CLAIMED.value, "resources": placement.total,
+        "created_at": now, "message": scale_up})
     usage_rows.admitted(session, job_id=job.id, number=n, project=job.project, kind=job.spec.kind,
                         entrypoint=job.spec.entrypoint, node_group=group, market=placement.market,
                         resources=placement.total)
@@ -187,5 +192,5 @@ def admit(session: Session, job: Queued, placement: Placement, *, passed_over: l
     tallies.attempt_created(session, node_group=group, market=placement.market, number=n, created_at=now,
                             job_created_at=created)
     for other in passed_over:
-        session.execute(update(jobs).where(jobs.c.id == other).values(skips=jobs.c.skips + 1))
+        session.execute(_SKIPPED, {"b_id": other})
     return Claimed(job.id, n, job.spec, placement, job.project, scale_up)

@@ -59,14 +59,17 @@ def row_for(*, job_id: str, number: int, project: str, kind: str, spec: dict[str
             "held_from": held_from, "held_to": held_to}
 
 
+_NEW = insert(attempt_usage)  # built once: every admission runs it
+
+
 def admitted(session: Session, *, job_id: str, number: int, project: str, kind: str, entrypoint: str,
              node_group: str | None, market: str | None, resources: dict[str, Any]) -> None:
     """A new attempt (it holds nothing yet)."""
     res = _resources(resources)
-    session.execute(insert(attempt_usage).values(
-        job_id=job_id, number=number, project=project, kind=kind, node_group=node_group, market=market,
-        cpu=res.get("CPU", 0.0), gpu=res.get("GPU", 0.0), review=costs.review(kind, entrypoint, res, market),
-        held_from=None, held_to=None))
+    session.execute(_NEW, {
+        "job_id": job_id, "number": number, "project": project, "kind": kind, "node_group": node_group,
+        "market": market, "cpu": res.get("CPU", 0.0), "gpu": res.get("GPU", 0.0),
+        "review": costs.review(kind, entrypoint, res, market), "held_from": None, "held_to": None})
 
 
 # Built once (bound parameters): it runs with every attempt's change (store.transitions says why).
