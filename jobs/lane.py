@@ -138,6 +138,7 @@ class Running:
     log_at: float = 0.0
     stop_at: float | None = None  # when SIGTERM was sent
     killed: bool = False
+    cpus: float = 0.0  # what admission counted it to hold
 
 
 @dataclass
@@ -152,6 +153,9 @@ class Host:
     wanted: Callable[[], str | None] | None = None  # still_wanted, where Ray runs the host
     workers: Workers | None = None  # function workers; started in main() before the GCS client, else here
     lost: str | None = None  # why this host can run no more functions (its fork server died)
+    # Its node's CPUs (0: unknown, slots alone bound it): a host runs what fits them,
+    # as admission counted each item, and leaves the rest to the group's other hosts.
+    cpus: float = 0.0
     foreign: set[str] = field(default_factory=set)  # todo keys of another protocol version, left alone (logged once)
 
     def run(self) -> int:
@@ -204,12 +208,21 @@ class Host:
                 log.warning("%s: an item of lane protocol version %s; this host speaks version %d and leaves it "
                             "for a host that speaks its version", sid, lanes.version_of(item), lanes.PROTOCOL_VERSION)
                 continue
+            if item is not None and not self._fits(item):
+                continue  # unclaimed: a host with room takes it (this one, once its items end)
             mine = item is not None and self.store.put(lanes.claim_key(sid), self.host_id.encode(), overwrite=False)
             self.store.delete(key)  # taken, by this host or an earlier one (a re-dispatched attempt)
             if mine:
                 self._start(item)
                 took += 1
         return took
+
+    def _fits(self, item: dict) -> bool:
+        """Whether the item fits this node's CPUs beside what runs (an item alone always does)."""
+        if not self.cpus or not self.running:
+            return True
+        used = sum(r.cpus for r in self.running.values())
+        return used + lanes.item_cpus(item) <= self.cpus + 1e-9
 
     def _start(self, item: dict) -> None:
         sid = item["sid"]
@@ -229,7 +242,7 @@ class Host:
                 return
             st.pid = proc.pid
             self.store.put(lanes.status_key(sid), st.encode())
-            self.running[sid] = Running(sid, proc, log_path, st)
+            self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item))
             return
         if SETPRIV:
             how = dict(args=[SETPRIV, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", item["command"]],
@@ -248,7 +261,7 @@ class Host:
             out.close()  # the child holds its own copy
         st.pid = proc.pid
         self.store.put(lanes.status_key(sid), st.encode())
-        self.running[sid] = Running(sid, proc, log_path, st)
+        self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item))
         log.info("%s: started pid %d", sid, proc.pid)
 
     def _result_path(self, sid: str) -> Path:
@@ -354,12 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", required=True, help="this host's Ray submission id")
     p.add_argument("--slots", type=int, default=8)
     p.add_argument("--idle-s", type=float, default=60.0)
-    a = p.parse_args(argv)
+    p.add_argument("--cpus", type=float, default=0.0, help="the node's CPUs the host's items may hold (0: no bound)")
+    # A newer control plane may pass flags this host does not know (a node whose
+    # package is older): it runs without them rather than fail at every start.
+    a, unknown = p.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if unknown:
+        log.warning("ignoring options this host does not know: %s", " ".join(unknown))
     workers = Workers(a.slots)
     workers.start()  # before the GCS client: the fork server must not copy Ray's gRPC threads
     store = Store(os.environ["RAY_ADDRESS"])
-    host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host), workers=workers)
+    host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host), workers=workers,
+                cpus=a.cpus)
 
     def on_term(signum, _frame):
         host.abandon("was stopped")

@@ -237,3 +237,48 @@ def test_discard_of_an_item_whose_host_is_done_with_it_or_gone_deletes_every_key
         ray.end(HOST1)  # its host's Ray job ended under it: no host will write or delete again
     lb.discard("a-1")  # the group read from its status
     assert {k: v for k, v in ray.gcs.d.items() if "a-1" in k} == {lanes.claim_key("a-1"): lanes.FORGOTTEN}
+
+
+class NodesRay(Ray):
+    """A cluster whose dispatcher has listed the group's nodes (``cluster_view``)."""
+
+    def __init__(self, nodes):
+        super().__init__()
+        self.nodes = nodes
+        self.selectors: dict[str, dict] = {}
+        self.entrypoints: dict[str, str] = {}
+
+    def group_nodes(self, group):
+        return list(self.nodes) if group == "cpu" else []
+
+    def submit(self, *, submission_id, entrypoint, metadata, entrypoint_label_selector, **_):
+        if submission_id in self.jobs:
+            raise AlreadySubmitted(submission_id)
+        self.selectors[submission_id], self.entrypoints[submission_id] = entrypoint_label_selector, entrypoint
+        node = entrypoint_label_selector.get("ray.io/node-id")
+        self.jobs[submission_id] = RayJob(submission_id, "RUNNING", None, None, 1, None, node, None, metadata)
+
+
+def test_a_host_on_each_live_node_of_the_group_pinned_to_it_and_counting_its_cpus(monkeypatch):
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1, n2 = "aa11" * 14, "bb22" * 14
+    ray = NodesRay([(n1, 4.0), (n2, 2.0)])
+    lb = LaneBackend(ray, idle_s=5, slots=8)
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={}, cpus=0.5)
+    h1, h2 = lanes.host_submission_id("cpu", 1, n1), lanes.host_submission_id("cpu", 1, n2)
+    assert sorted(ray.jobs) == sorted([h1, h2])
+    assert ray.selectors[h1] == {"ray.io/node-group": "cpu", "ray.io/node-id": n1}
+    assert ray.entrypoints[h1].endswith("--cpus 4") and ray.entrypoints[h2].endswith("--cpus 2")
+    assert lanes.decode_item(ray.gcs.d[lanes.todo_key("cpu", "a-1")])["cpus"] == 0.5
+    lb.submit(submission_id="b-1", group="cpu", command="true", env={})
+    assert len(ray.jobs) == 2  # live hosts serve the next submit
+    # One node's host goes (its node, or it went idle): only that one is started again.
+    ray.end(h2, "SUCCEEDED", "idle: exited")
+    lb.ensure_host("cpu")
+    assert sorted(ray.jobs) == sorted([h1, h2, lanes.host_submission_id("cpu", 2, n2)])
+    # A new node joins the group: it gets a host of its own.
+    n3 = "cc33" * 14
+    ray.nodes.append((n3, 4.0))
+    lb.ensure_host("cpu")
+    assert lanes.host_submission_id("cpu", 1, n3) in ray.jobs
+    assert len(lanes.host_submission_id("a" * 36, 99, n1)) <= 64  # fits the attempts table's ray_job

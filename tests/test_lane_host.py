@@ -205,3 +205,40 @@ def test_a_running_item_cancelled_before_it_was_recorded_is_stopped_and_leaves_o
     t.join(30)
     assert not t.is_alive()  # stopped: the host went idle and exited
     assert keys_of(store, "x") == {lanes.claim_key("x"): lanes.FORGOTTEN}
+
+
+def test_a_host_runs_what_its_nodes_cpus_hold_and_leaves_the_rest_to_the_groups_other_hosts(tmp_path):
+    """Admission counts the group's CPUs, so a host on one node of a two-node
+    group must not take all of it: with ``cpus`` it takes what fits its node
+    beside what runs, and another host takes the rest."""
+    store = MemoryStore()
+    gate = tmp_path / "go"
+    for i in range(6):  # six 1-CPU commands for two 3-CPU nodes
+        store.put(lanes.todo_key("cpu", f"j{i}"),
+                  lanes.encode_item(f"j{i}", f"while [ ! -e {gate} ]; do sleep 0.02; done", {}, cpus=1))
+    hosts = [Host(store, "cpu", f"raylane-lane-cpu-n{n}-1", slots=8, idle_s=0.3, workdir=tmp_path / str(n), cpus=3)
+             for n in range(2)]
+    for h in hosts:
+        h.workdir.mkdir()
+    first = threading.Thread(target=hosts[0].run)
+    first.start()
+    # Alone, the first host takes its node's 3 CPUs' worth, not all six (its 8 slots would).
+    wait_for(lambda: len(hosts[0].running) == 3, timeout=10, what="the first host full")
+    assert len(store.keys(lanes.todo_prefix("cpu"))) == 3
+    second = threading.Thread(target=hosts[1].run)
+    second.start()
+    wait_for(lambda: len(hosts[1].running) == 3, timeout=10, what="the second host takes the rest")
+    assert not store.keys(lanes.todo_prefix("cpu")) and len(hosts[0].running) == 3
+    gate.touch()
+    first.join(30)
+    second.join(30)
+    by_host = {h.host_id: [i for i in range(6) if status(store, f"j{i}").host == h.host_id] for h in hosts}
+    assert all(status(store, f"j{i}").status == "SUCCEEDED" for i in range(6))
+    assert sorted(len(v) for v in by_host.values()) == [3, 3]
+
+
+def test_an_item_bigger_than_the_node_still_runs_alone(tmp_path):
+    store = MemoryStore()
+    store.put(lanes.todo_key("cpu", "big"), lanes.encode_item("big", "true", {}, cpus=4))
+    Host(store, "cpu", "raylane-lane-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path, cpus=2).run()
+    assert status(store, "big").status == "SUCCEEDED"

@@ -26,6 +26,8 @@ from raylane.orchestrator.domain import lanes
 from raylane.orchestrator.domain.lanes import LaneStatus
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL
 
+NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label on every node: pins a host to its node
+
 log = logging.getLogger(__name__)
 
 HOST_CHECK_S = 1.0  # one answer from Ray about a host's job serves this long
@@ -94,48 +96,72 @@ class LaneBackend:
         return rj
 
     def ensure_host(self, group: str) -> str:
-        """The group's live host, started (as a Ray job) if it has none. A host
-        found live serves ``HOST_CHECK_S`` of calls (a burst's submits) unasked."""
+        """The group's live hosts, started (as Ray jobs) where missing: one on each
+        live node of the group, pinned to it, counting that node's CPUs; one for the
+        whole group while its nodes are unknown. Returns one of them. Hosts found
+        live serve ``HOST_CHECK_S`` of calls (a burst's submits) unasked."""
         with self._lock:
             known = self._live_host.get(group)
         if known is not None and time.monotonic() - known[0] < HOST_CHECK_S:
             return known[1]
-        sid = self._ensure_host(group)
+        sid = self._ensure_hosts(group)[0]
         with self._lock:
             self._live_host[group] = (time.monotonic(), sid)
         return sid
 
-    def _ensure_host(self, group: str) -> str:
-        current = self._kv("kv_get", lanes.host_key(group))
-        sid = current.decode() if current else None
+    def _ensure_hosts(self, group: str) -> list[str]:
+        nodes = self.ray.group_nodes(group) if hasattr(self.ray, "group_nodes") else []
+        where: list[tuple[str | None, float]] = list(nodes) or [(None, 0.0)]
+        keys = [lanes.host_key(group, node) for node, _ in where]
+        if len(keys) == 1:
+            one = self._kv("kv_get", keys[0])
+            current = {keys[0]: one} if one else {}
+        else:
+            current = self._kv("kv_multi_get", keys)
+        sids, failed = [], None
+        for node, cpus in where:
+            value = current.get(lanes.host_key(group, node))
+            try:
+                sids.append(self._ensure_one(group, node, cpus, value.decode() if value else None))
+            except RayUnavailable as e:  # one node's host: the others still serve the group
+                failed = e
+        if not sids:
+            raise failed or RayUnavailable(f"could not start a lane host for group {group}")
+        return sids
+
+    def _ensure_one(self, group: str, node: str | None, cpus: float, sid: str | None) -> str:
         for _ in range(MAX_HOST_STARTS):
             if sid is not None:
                 rj = self.host(sid)
                 if rj is not None and rj.status in HOST_LIVE:
                     return sid
             n = int(sid.rsplit("-", 1)[1]) + 1 if sid else 1
-            sid = lanes.host_submission_id(group, n)
+            sid = lanes.host_submission_id(group, n, node)
+            selector = {NODE_GROUP_LABEL: group, **({NODE_ID_LABEL: node} if node else {})}
             try:
                 self.ray.submit(
                     submission_id=sid, runtime_env=None, entrypoint_num_cpus=0,
                     entrypoint=f"python -m {lanes.HOST_MODULE} --group {group} --host {sid} "
-                               f"--slots {self.slots} --idle-s {self.idle_s:g}",
-                    metadata={"raylane_lane": group}, entrypoint_label_selector={NODE_GROUP_LABEL: group})
-                log.info("started lane host %s for group %s", sid, group)
+                               f"--slots {self.slots} --idle-s {self.idle_s:g}" + (f" --cpus {cpus:g}" if cpus else ""),
+                    metadata={"raylane_lane": group, **({"raylane_lane_node": node} if node else {})},
+                    entrypoint_label_selector=selector)
+                log.info("started lane host %s for group %s%s", sid, group, f" on node {node}" if node else "")
             except AlreadySubmitted:
                 with self._lock:
                     self._hosts.pop(sid, None)  # another control plane's: look at it afresh
                 continue
-            self._kv("kv_put", lanes.host_key(group), sid.encode())
+            self._kv("kv_put", lanes.host_key(group, node), sid.encode())
             return sid
         raise RayUnavailable(f"could not start a lane host for group {group} (last tried {sid})")
 
     # Attempts ------------------------------------------------------------------
 
     def submit(self, *, submission_id: str, group: str, command: str, env: dict[str, str],
-               args: dict | None = None) -> None:
-        """Queue the attempt in the group's lane (and make sure a host runs):
-        ``command`` a shell command, or with ``args`` a function's import path.
+               args: dict | None = None, cpus: float = 0.0) -> None:
+        """Queue the attempt in the group's lane (and make sure its hosts run):
+        ``command`` a shell command, or with ``args`` a function's import path;
+        ``cpus`` what admission counted it to hold (a host takes it only where its
+        node's CPUs have room).
 
         Raises:
             AlreadySubmitted: the attempt was queued before (a retried dispatch); it is adopted.
@@ -143,7 +169,8 @@ class LaneBackend:
         """
         # The item first: a dispatcher that dies between the two writes leaves an
         # item and no status, and the same attempt dispatched again writes both.
-        self._kv("kv_put", lanes.todo_key(group, submission_id), lanes.encode_item(submission_id, command, env, args=args))
+        self._kv("kv_put", lanes.todo_key(group, submission_id), lanes.encode_item(submission_id, command, env, args=args,
+                                                                                 cpus=cpus))
         added = self._kv("kv_put", lanes.status_key(submission_id), LaneStatus("PENDING", group=group).encode(),
                          overwrite=False)
         self.ensure_host(group)

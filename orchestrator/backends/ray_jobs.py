@@ -133,6 +133,9 @@ class RayJobsBackend:
         self._lock = threading.Lock()  # guards _labels, _drained, _draining_cache and _ray_job_ids
         self._ray_job_ids: OrderedDict[str, str] = OrderedDict()  # submission id -> Ray's job id, once known
         self._draining_cache: tuple[float, set[str]] = (0.0, set())  # (valid until, draining node ids)
+        # group -> its live, undrained nodes as (node id, CPUs), from the last cluster_view
+        # (the dispatcher's, every pass): where the warm lanes put a host each.
+        self._group_nodes: dict[str, list[tuple[str, float]]] = {}
         self.draining_ttl_s = DRAINING_TTL_S
         # submission id -> (first, last) failed read of its result, while the GCS cannot be asked
         self._result_failing: dict[str, tuple[float, float]] = {}
@@ -518,6 +521,7 @@ class RayJobsBackend:
         nodes = self.nodes()
         self.reachability.up()  # the dispatcher lists nodes every pass: how an outage is seen to end
         view: ClusterView = {}
+        live: dict[str, list[tuple[str, float]]] = {}
         for n in nodes:
             if n.group is None or n.state != "ALIVE":
                 continue
@@ -526,7 +530,17 @@ class RayJobsBackend:
                 st.draining_nodes += 1
                 continue
             st.alive_nodes += 1
+            if not n.is_head:
+                live.setdefault(n.group, []).append((n.node_id, float(n.resources_total.get("CPU", 0))))
             for k, v in n.resources_total.items():
                 if k in ("CPU", "GPU", "memory"):
                     st.total[k] = st.total.get(k, 0) + v
+        with self._lock:
+            self._group_nodes = {g: sorted(ns) for g, ns in live.items()}
         return view
+
+    def group_nodes(self, group: str) -> list[tuple[str, float]]:
+        """The group's live, undrained worker nodes as (node id, CPUs), as the last
+        ``cluster_view`` saw them; empty before one, or when the group has none."""
+        with self._lock:
+            return list(self._group_nodes.get(group, ()))

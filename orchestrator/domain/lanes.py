@@ -132,15 +132,23 @@ def stop_key(sid: str) -> str:
 STOP_PREFIX = "lane/stop/"
 
 
-def host_key(group: str) -> str:
-    return f"lane/v{PROTOCOL_VERSION}/host/{group}"
+NODE_TAG_CHARS = 8  # of a node id in its host's key and id (Ray's submission ids stay short)
+
+
+def host_key(group: str, node: str | None = None) -> str:
+    """Where the group's current host is named: one per node of the group (``node``,
+    a Ray node id), or one for the whole group when its nodes are not known."""
+    base = f"lane/v{PROTOCOL_VERSION}/host/{group}"
+    return base if node is None else f"{base}/{node[:NODE_TAG_CHARS]}"
 
 
 HOST_ID_PREFIX = "raylane-lane-"  # every version's host ids start so (a claim by a host)
 
 
-def host_submission_id(group: str, n: int) -> str:
-    return f"{HOST_ID_PREFIX}v{PROTOCOL_VERSION}-{group}-{n}"
+def host_submission_id(group: str, n: int, node: str | None = None) -> str:
+    """The ``n``-th host of the group (on ``node``): ``raylane-lane-v1-cpu-3``, ``raylane-lane-v1-cpu-1a2b3c4d-3``."""
+    where = group if node is None else f"{group}-{node[:NODE_TAG_CHARS]}"
+    return f"{HOST_ID_PREFIX}v{PROTOCOL_VERSION}-{where}-{n}"
 
 
 # Records ----------------------------------------------------------------------
@@ -171,13 +179,22 @@ class LaneStatus:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k != "v"}, v=d.get("v", 1))
 
 
-def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, Any] | None = None) -> bytes:
+def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, Any] | None = None,
+                cpus: float = 0.0) -> bytes:
     """What a host needs to run an attempt: a shell command, or (``args`` given)
-    a function's import path to call with ``args``."""
+    a function's import path to call with ``args``; ``cpus``: what admission
+    counted it to hold, which a host's CPUs must have room for (``item_cpus``)."""
     item: dict[str, Any] = {"v": PROTOCOL_VERSION, "sid": sid, "command": command, "env": env}
     if args is not None:
         item["call"] = args
+    if cpus:
+        item["cpus"] = cpus
     return json.dumps(item).encode()
+
+
+def item_cpus(item: dict[str, Any]) -> float:
+    """The CPUs an item holds while it runs (0 for an item written without them)."""
+    return float(item.get("cpus") or 0.0)
 
 
 def decode_item(value: bytes) -> dict[str, Any]:

@@ -185,7 +185,8 @@ class Dispatcher(LoopService):
             if pl.lane and self.lanes is not None:
                 # A warm lane's host runs it: no Ray job, the same inputs (domain.lanes).
                 self.lanes.submit(submission_id=sid, group=pl.lane, command=spec.entrypoint, env={**job_env, **env},
-                                  args=spec.args if traits(spec.kind).runner else None)
+                                  args=spec.args if traits(spec.kind).runner else None,
+                                  cpus=float(pl.total.get("CPU", 0.0)))
                 note = f"queued in the warm lane of group {pl.lane}"
             else:
                 note = self._submit_ray_job(c, sid, env, entrypoint, runtime_env, metadata)

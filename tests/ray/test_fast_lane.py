@@ -83,11 +83,12 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     # Its outcome and log are in the database: its keys have left Ray's store (which keeps live attempts only).
     assert lane_status(gcs, sid) is None and not gcs.kv_get(lanes.logs_key(sid))
     assert gcs.kv_get(lanes.claim_key(sid)) == lanes.FORGOTTEN  # the tombstone stays
-    host_sid = gcs.kv_get(lanes.host_key("cpu")).decode()
-    assert host_sid.startswith(f"raylane-lane-v{lanes.PROTOCOL_VERSION}-cpu-")  # a host of this protocol version
-    host = ray_job(ray_cluster, host_sid)
-    assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
     att = lapi.get(f"/v1/jobs/{job['id']}/attempts").json()[0]
+    host_sid = att["ray_job"]  # the host that ran it: the one on the group's node, pinned there
+    host = ray_job(ray_cluster, host_sid)
+    assert gcs.kv_get(lanes.host_key("cpu", host["driver_node_id"])).decode() == host_sid
+    assert host_sid == lanes.host_submission_id("cpu", int(host_sid.rsplit("-", 1)[1]), host["driver_node_id"])
+    assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
     assert att["driver_node_id"] == host["driver_node_id"] and att["exit_code"] == 0
     # It names the Ray job that ran it (its lane's host); its link is Ray's job list, where that host is.
     assert att["ray_job"] == host_sid
@@ -233,7 +234,9 @@ def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, tmp_path, g
     first, second = lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[:2]
     assert first["cause"] == "LOST" and host_sid in first["message"], first
     assert second["status"] == "SUCCEEDED"
-    assert gcs.kv_get(lanes.host_key("cpu")).decode() != host_sid  # a new host replaced the lost one
+    assert second["ray_job"] != host_sid and first["driver_node_id"] == second["driver_node_id"]
+    # A new host replaced the lost one, on the same node.
+    assert gcs.kv_get(lanes.host_key("cpu", first["driver_node_id"])).decode() == second["ray_job"]
     wait_for(lambda: gone(pid), timeout=10, what="the lost host's command to die with it")
 
 
@@ -301,3 +304,31 @@ def test_a_lane_function_is_cancelled_or_crashes_alone_and_the_lane_runs_on(lapi
     assert pid != worker  # a fresh worker
     done = wait_status(lapi, after["id"], TERMINAL, timeout=60)
     assert done["status"] == "SUCCEEDED" and "still-here" in done["result"]["value"], done["status_reason"]
+
+
+def test_lane_jobs_spread_over_the_groups_nodes_each_within_its_cpus(lapi, gcs, tmp_path):
+    """spot-cpu has two 4-CPU nodes: admission counts 8 CPUs, so a host on one of
+    them alone would run 8 one-CPU jobs on 4 CPUs. A host on each node, each
+    bounded by its node's CPUs, runs 4 and 4."""
+    gate = tmp_path / "go"
+    spec = {"kind": "command", "entrypoint": f"while [ ! -e {gate} ]; do sleep 0.05; done",
+            "resources": {"cpus_per_worker": 1}, "placement": {"node_group": "spot-cpu"}, "lane": "auto"}
+    jobs = [lapi.post("/v1/jobs", json={**spec, "name": f"wide-{i}"}).json() for i in range(8)]
+    assert all(j["placement"]["lane"] == "spot-cpu" for j in jobs), jobs[0]["placement"]
+
+    def running_per_host():
+        seen: dict[str, int] = {}
+        for j in jobs:
+            st = lane_status(gcs, f"raylane-{j['id']}-1")
+            if st is not None and st.status == "RUNNING":
+                seen[st.host] = seen.get(st.host, 0) + 1
+        return seen
+
+    per_host = wait_for(lambda: (r := running_per_host()) and sum(r.values()) == 8 and r, timeout=120,
+                        what="all eight running")
+    assert sorted(per_host.values()) == [4, 4], per_host
+    gate.touch()
+    done = [wait_status(lapi, j["id"], TERMINAL, timeout=60) for j in jobs]
+    assert {d["status"] for d in done} == {"SUCCEEDED"}
+    nodes = {lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[0]["driver_node_id"] for j in jobs}
+    assert len(nodes) == 2
