@@ -17,7 +17,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table('attempts') as batch_op:
-        batch_op.add_column(sa.Column('ray_job', sa.String(length=64), nullable=True))
+        batch_op.add_column(sa.Column('ray_job', sa.String(length=128), nullable=True))
 
 
 def downgrade() -> None:

@@ -136,7 +136,7 @@ attempts = Table(
     Column("message", Text, nullable=True),
     Column("exit_code", Integer, nullable=True),
     # The Ray job it ran in when that is not its own submission id: a warm lane's host.
-    Column("ray_job", String(64), nullable=True),
+    Column("ray_job", String(128), nullable=True),
     UniqueConstraint("job_id", "number"),
 )
 # The reconciler's scan: attempts Ray still runs.
