@@ -30,8 +30,10 @@ def _count(cp, table=jobs) -> int:
 def test_a_failing_unit_takes_back_only_its_own_writes(cp):
     writer = GroupCommit(cp.sessions)
     hold = threading.Event()
+    taken = threading.Event()
 
     def held(s):
+        taken.set()
         hold.wait(30)  # keeps the writer busy until the next units are queued: one batch
         return store.submit(s, SPEC)[0]
 
@@ -42,7 +44,8 @@ def test_a_failing_unit_takes_back_only_its_own_writes(cp):
     try:
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(writer.run, held)
-            wait_for(lambda: writer.waiting() == 0, timeout=10, what="the writer took the first unit")
+            # Running, not only queued: the queue's being empty would not say the first unit got there first.
+            wait_for(taken.is_set, timeout=10, what="the writer took the first unit")
             futures = [pool.submit(writer.run, fn) for fn in (lambda s: store.submit(s, SPEC)[0], bad,
                                                               lambda s: store.submit(s, SPEC)[0])]
             wait_for(lambda: writer.waiting() == 3, timeout=10, what="three units queued")

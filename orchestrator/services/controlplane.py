@@ -6,6 +6,7 @@ refused before it is stored.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -62,8 +63,7 @@ class ControlPlane:
         # What the API's submit awaits from the event loop (``submit_async``): the
         # group commit, or writers with a transaction each, as many as the pool's
         # connections (PostgreSQL; or SQLite with group commit off).
-        self.async_writes = self.writes or GroupCommit(self.sessions, max_units=1,
-                                                       threads=getattr(self.engine.pool, "size", lambda: 1)())
+        self.async_writes = self.writes or GroupCommit(self.sessions, max_units=1, threads=db.pool_size(self.engine))
         # Set on every accepted submission; the dispatcher waits on it so a new
         # job is dispatched at once instead of at the next poll.
         self.new_work = threading.Event()
@@ -174,9 +174,7 @@ class ControlPlane:
         if self._prepares_in_memory(spec):
             placement = self._prepare(spec)
         else:
-            import anyio.to_thread
-
-            placement = await anyio.to_thread.run_sync(self._prepare, spec)
+            placement = await asyncio.to_thread(self._prepare, spec)
         job, created = await self.async_writes.run_async(
             self._submit_unit(spec, project, actor, idempotency_key, placement, audit))
         if created:

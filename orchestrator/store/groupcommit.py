@@ -50,8 +50,8 @@ class GroupCommit:
         self._threads = [threading.Thread(target=self._run, name=f"raylane-group-commit-{i}", daemon=True)
                          for i in range(max(1, threads))]
         self._closed = False
-        for t in self._threads:
-            t.start()
+        self._started = False  # the writers start with the first unit (a CLI command never writes one)
+        self._start_lock = threading.Lock()
 
     def run(self, fn: Callable[[Session], T]) -> T:
         """Run ``fn`` in the next batch; return its result once the batch is committed."""
@@ -78,6 +78,12 @@ class GroupCommit:
     def _put(self, fn: Callable[[Session], Any], settle: Settle) -> None:
         if self._closed:
             raise RuntimeError("the group committer is closed")
+        if not self._started:
+            with self._start_lock:
+                if not self._started:
+                    for t in self._threads:
+                        t.start()
+                    self._started = True
         self._queue.put((fn, settle))
 
     def waiting(self) -> int:
@@ -88,6 +94,9 @@ class GroupCommit:
         """Commit what is queued, then stop the writer threads."""
         if not self._closed:
             self._closed = True
+            with self._start_lock:
+                if not self._started:
+                    return
             for _ in self._threads:
                 self._queue.put(None)
             for t in self._threads:
