@@ -113,7 +113,7 @@ class AuthMiddleware:
             if session is not None:
                 caller = await anyio.to_thread.run_sync(cp.access.caller_by_token_id, session)
             else:
-                caller = await anyio.to_thread.run_sync(cp.access.authenticate, token) if digest else None
+                caller = await _authenticate(app, cp, token, digest) if digest else None
                 if caller is not None:
                     gate.vouch(digest)
                 else:
@@ -156,6 +156,18 @@ class AuthMiddleware:
             if not audited and not state.get("audited"):
                 await audit(cp, scope, caller, 500)
             raise
+
+
+async def _authenticate(app, cp, token: str, digest: str) -> Caller | None:
+    """``Access.authenticate``; for a token verified before, from memory and the
+    epoch (``api.epochs``: shared by the requests waiting with it), without a
+    worker thread of its own."""
+    epochs = getattr(app.state, "auth_epochs", None)
+    if epochs is not None and cp.access.knows(digest):
+        caller = cp.access.remembered(digest, await epochs.current())
+        if caller is not False:
+            return caller
+    return await anyio.to_thread.run_sync(cp.access.authenticate, token)
 
 
 async def _reply(send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:

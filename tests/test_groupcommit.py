@@ -30,8 +30,10 @@ def _count(cp, table=jobs) -> int:
 def test_a_failing_unit_takes_back_only_its_own_writes(cp):
     writer = GroupCommit(cp.sessions)
     hold = threading.Event()
+    taken = threading.Event()
 
     def held(s):
+        taken.set()
         hold.wait(30)  # keeps the writer busy until the next units are queued: one batch
         return store.submit(s, SPEC)[0]
 
@@ -42,7 +44,8 @@ def test_a_failing_unit_takes_back_only_its_own_writes(cp):
     try:
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(writer.run, held)
-            wait_for(lambda: writer.waiting() == 0, timeout=10, what="the writer took the first unit")
+            # Running, not only queued: the queue's being empty would not say the first unit got there first.
+            wait_for(taken.is_set, timeout=10, what="the writer took the first unit")
             futures = [pool.submit(writer.run, fn) for fn in (lambda s: store.submit(s, SPEC)[0], bad,
                                                               lambda s: store.submit(s, SPEC)[0])]
             wait_for(lambda: writer.waiting() == 3, timeout=10, what="three units queued")
@@ -103,4 +106,53 @@ def test_a_rolled_back_savepoint_takes_its_counts_back(cp):
     assert _count(cp) == 2
     with db.transaction(cp.sessions) as s:
         assert tallies.read(s)[("jobs", "PENDING", "none")] == 2
+    assert_kept_equals_counted(cp)
+
+
+def test_async_submits_from_the_event_loop_are_each_stored_once(cp):
+    """``submit_async``, the API's path: the group commit on SQLite, writers with a
+    transaction each on PostgreSQL; a refused unit (a reused key with another
+    spec) takes back only its own writes."""
+    import asyncio
+
+    other = SPEC.model_copy(update={"name": "other"})
+
+    async def main():
+        async def one(i):
+            key = f"k{i % 20}"
+            try:
+                job, _ = await cp.submit_async(SPEC if i < 60 else other, project="default", actor="t",
+                                               idempotency_key=key)
+            except Conflict:
+                return key, None
+            return key, job.id
+
+        return await asyncio.gather(*(one(i) for i in range(80)))
+
+    answers = asyncio.run(main())
+    by_key: dict[str, set[str]] = {}
+    for key, jid in answers:
+        if jid is not None:
+            by_key.setdefault(key, set()).add(jid)
+    assert len(by_key) == 20 and all(len(v) == 1 for v in by_key.values())
+    assert sum(1 for _, jid in answers if jid is None) == 20  # the last 20: same keys, another spec
+    assert _count(cp) == 20 and _count(cp, events) == 20
+    assert_kept_equals_counted(cp)
+
+
+def test_one_unit_per_transaction_rolls_back_alone(cp):
+    writer = GroupCommit(cp.sessions, max_units=1, threads=4)
+
+    def bad(s):
+        store.submit(s, SPEC)
+        raise Conflict("refused after writing")
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(writer.run, bad if i % 3 == 0 else (lambda s: store.submit(s, SPEC)[0]))
+                       for i in range(30)]
+            errors = sum(1 for f in futures if isinstance(f.exception(), Conflict))
+    finally:
+        writer.close()
+    assert errors == 10 and _count(cp) == 20
     assert_kept_equals_counted(cp)

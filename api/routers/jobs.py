@@ -62,13 +62,15 @@ def _fits(spec: JobSpec, field: str, *, array: bool = False) -> None:
                         403: {"description": "Another project's spec, or a policy rule refused it (`rule`)"},
                         409: {"description": "Idempotency-Key reused with a different spec"},
                         429: {"description": "Submit rate of this token exceeded; see Retry-After"}})
-def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request,
-               idempotency_key: IdemKey = None) -> Response:
+async def submit_job(spec: JobSpec, cp: CP, caller: MemberDep, request: Request,
+                     idempotency_key: IdemKey = None) -> Response:
+    """Async: the route awaits its commit on the event loop (``cp.submit_async``)
+    instead of holding a worker thread of the pool while it waits."""
     _fits(spec, "spec")
     entry = getattr(request.state, "audit_entry", None)  # api.auth: this request's audit row
-    job, created = cp.submit(spec, project=_project(caller, spec.project), actor=caller.name,
-                             idempotency_key=idempotency_key,
-                             audit=(lambda j, new: entry(_status(new), j.id)) if entry else None)
+    job, created = await cp.submit_async(spec, project=_project(caller, spec.project), actor=caller.name,
+                                         idempotency_key=idempotency_key,
+                                         audit=(lambda j, new: entry(_status(new), j.id)) if entry else None)
     # Committed with the job: the middleware writes no second row. A refusal
     # (raised above) is audited by the middleware, with its status.
     request.state.audited = entry is not None

@@ -139,8 +139,7 @@ class Access:
             return None
         now = utcnow()
         digest = hash_token(secret)
-        with db.read_connection(self.sessions) as conn:
-            epoch = store.epoch(conn)
+        epoch = self.epoch()
         kept = self._verified.get(digest)
         if kept is not None and kept.epoch == epoch:
             if kept.expires_at is not None and kept.expires_at <= now:
@@ -164,6 +163,30 @@ class Access:
             self._verified.clear()  # bounded: a flood of distinct valid tokens re-reads them
         self._verified[digest] = _Verified(epoch, caller, row["expires_at"], marked)
         return caller
+
+    def epoch(self) -> int:
+        """The auth epoch now (one primary-key read)."""
+        with db.read_connection(self.sessions) as conn:
+            return store.epoch(conn)
+
+    def knows(self, digest: str) -> bool:
+        """Whether the token of this sha256 was verified here (under some epoch)."""
+        return digest in self._verified
+
+    def remembered(self, digest: str, epoch: int) -> Caller | None | bool:
+        """``authenticate`` without I/O, for a token verified before under ``epoch``
+        (read after the request arrived): its caller, or None when it expired;
+        False when that takes ``authenticate`` (not kept, kept under another
+        epoch, or its ``last_used_at`` is due)."""
+        kept = self._verified.get(digest)
+        if kept is None or kept.epoch != epoch:
+            return False
+        now = utcnow()
+        if kept.expires_at is not None and kept.expires_at <= now:
+            return None
+        if now - kept.marked_at > store.LAST_USED_RESOLUTION:
+            return False
+        return kept.caller
 
     def _mark(self, token_id: str, now) -> None:
         with db.transaction(self.sessions) as s:

@@ -6,6 +6,7 @@ refused before it is stored.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -33,6 +34,10 @@ if TYPE_CHECKING:  # the store alone imports SQLAlchemy
 log = logging.getLogger(__name__)
 
 VIEW_CACHE_S = 2.0  # how stale the node-group view used for routing reasons may be
+# submit_async routes on the event loop only with a view this much younger than
+# VIEW_CACHE_S, so that the router, a moment later, does not find it stale and
+# call Ray from the loop.
+PREPARE_MARGIN_S = 0.5
 # /readyz asks Ray itself only when nothing has for this long: the dispatcher lists
 # Ray's nodes every pass, so with the loops running its answer is always fresher.
 RAY_FRESH_S = 10.0
@@ -55,6 +60,10 @@ class ControlPlane:
         self.writes: GroupCommit | None = None
         if self.engine.dialect.name == "sqlite" and settings.group_commit_max_units > 1:
             self.writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units)
+        # What the API's submit awaits from the event loop (``submit_async``): the
+        # group commit, or writers with a transaction each, as many as the pool's
+        # connections (PostgreSQL; or SQLite with group commit off).
+        self.async_writes = self.writes or GroupCommit(self.sessions, max_units=1, threads=db.pool_size(self.engine))
         # Set on every accepted submission; the dispatcher waits on it so a new
         # job is dispatched at once instead of at the next poll.
         self.new_work = threading.Event()
@@ -139,6 +148,7 @@ class ControlPlane:
             self.backend.close()  # its HTTP client and GCS channel
         if self.writes is not None:
             self.writes.close()
+        self.async_writes.close()
         self.engine.dispose()
 
     # Jobs ------------------------------------------------------------------
@@ -150,10 +160,39 @@ class ControlPlane:
                audit: Callable[[Job, bool], dict[str, Any]] | None = None) -> tuple[Job, bool]:
         """Store the job; ``audit(job, created)``: the request's audit row, written in
         the same transaction (one commit for both, instead of one each)."""
+        placement = self._prepare(spec)
+        job, created = self._write(self._submit_unit(spec, project, actor, idempotency_key, placement, audit))
+        if created:
+            self.new_work.set()
+        return job, created
+
+    async def submit_async(self, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None = None,
+                           audit: Callable[[Job, bool], dict[str, Any]] | None = None) -> tuple[Job, bool]:
+        """``submit`` from the event loop. Checks and routing run on the loop when
+        they need no I/O (no package to claim, Ray's view fresh in the cache),
+        else in a worker thread; the unit goes to ``async_writes``."""
+        if self._prepares_in_memory(spec):
+            placement = self._prepare(spec)
+        else:
+            placement = await asyncio.to_thread(self._prepare, spec)
+        job, created = await self.async_writes.run_async(
+            self._submit_unit(spec, project, actor, idempotency_key, placement, audit))
+        if created:
+            self.new_work.set()
+        return job, created
+
+    def _prepares_in_memory(self, spec: JobSpec) -> bool:
+        # A router set without Ray (tests, the CLI's local commands) is a pure function.
+        fresh = self.backend is None or (self._view_cache is not None
+                                         and time.monotonic() - self._view_cache[0] < VIEW_CACHE_S - PREPARE_MARGIN_S)
+        return fresh and not self.packages.names_any(spec)
+
+    def _prepare(self, spec: JobSpec) -> Placement | None:
         policy.check(spec, self.settings)
         self.packages.claim_for(spec)
-        placement = self._route(spec)
+        return self._route(spec)
 
+    def _submit_unit(self, spec, project, actor, idempotency_key, placement, audit):
         def unit(s):
             job, created = store_jobs.submit_view(
                 s, spec, project=project, actor=actor, idempotency_key=idempotency_key, placement=placement,
@@ -162,10 +201,7 @@ class ControlPlane:
                 store_tokens.append(s, {**audit(job, created), "at": utcnow()})
             return job, created
 
-        job, created = self._write(unit)
-        if created:
-            self.new_work.set()
-        return job, created
+        return unit
 
     def _write(self, fn):
         """``fn(session)`` committed: in the next group commit, or in a transaction of its own."""

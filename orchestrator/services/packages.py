@@ -67,6 +67,11 @@ class Packages:
             log.info("deleted %d unused package(s): %s", len(gone), ", ".join(g[:12] for g in gone))
         return gone
 
+    @staticmethod
+    def names_any(spec: JobSpec) -> bool:
+        """Whether ``claim_for`` has packages to claim (a transaction) for ``spec``."""
+        return bool(spec_packages(spec))
+
     def claim_for(self, spec: JobSpec) -> None:
         """Every package the spec names exists; each is marked used now, so the
         sweep keeps it while the job is submitted."""

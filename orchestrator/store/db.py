@@ -100,6 +100,13 @@ def _ping_when_idle(engine: Engine) -> None:
             raise exc.DisconnectionError("ping failed")
 
 
+def pool_size(engine: Engine) -> int:
+    """Connections the engine's pool keeps (QueuePool: ``size()``; others: 1)."""
+    size = getattr(engine.pool, "size", None)
+    n = size() if callable(size) else size
+    return max(1, int(n or 1))
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False, autoflush=False)
 

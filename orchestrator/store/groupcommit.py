@@ -11,13 +11,21 @@ is durable. A unit that raises rolls back its savepoint only; the others commit.
 If the commit itself fails, every unit of the batch gets that error (none of
 them is stored, none is acknowledged).
 
+With ``max_units=1`` there is no grouping: each unit is a transaction of its
+own (no savepoint), and ``threads`` writers run that many at once. PostgreSQL
+uses it that way (it groups concurrent commits' WAL flushes itself): what it
+keeps is ``run_async``, a unit handed from the event loop and its answer
+handed back, without a worker thread of the loop's pool in between.
+
 Words: a *unit* is ``fn(session) -> result``, written with the store's functions
 like any ``db.transaction`` body, and must not wait on anything but the
-database; a *batch* is the units one commit serves.
+database; a *batch* is the units one commit serves; a unit's *settle* is called
+by the writer with ``(ok, result or exception)`` once its batch is committed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -31,35 +39,68 @@ from raylane.orchestrator.store import db
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_UNITS = 256  # per commit: bounds one transaction's size and the wait of its first unit
+Settle = Callable[[bool, Any], None]
 
 
 class GroupCommit:
-    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS):
+    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS, threads: int = 1):
         self._sessions = sessions
         self._max = max(1, max_units)
-        self._queue: queue.SimpleQueue[tuple[Callable[[Session], Any], Future] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="raylane-group-commit", daemon=True)
+        self._queue: queue.SimpleQueue[tuple[Callable[[Session], Any], Settle] | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, name=f"raylane-group-commit-{i}", daemon=True)
+                         for i in range(max(1, threads))]
         self._closed = False
-        self._thread.start()
+        self._started = False  # the writers start with the first unit (a CLI command never writes one)
+        self._start_lock = threading.Lock()
 
     def run(self, fn: Callable[[Session], T]) -> T:
         """Run ``fn`` in the next batch; return its result once the batch is committed."""
+        fut: Future = Future()
+        self._put(fn, lambda ok, value: fut.set_result(value) if ok else fut.set_exception(value))
+        return fut.result()
+
+    async def run_async(self, fn: Callable[[Session], T]) -> T:
+        """``run`` from the event loop: the loop waits on an asyncio future that the
+        writer settles through ``call_soon_threadsafe`` (one wake-up of the loop, no
+        worker thread held while the batch commits)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(_settle, fut, ok, value)
+            except RuntimeError:  # the loop is closed: nobody waits for this answer
+                pass
+
+        self._put(fn, settle)
+        return await fut
+
+    def _put(self, fn: Callable[[Session], Any], settle: Settle) -> None:
         if self._closed:
             raise RuntimeError("the group committer is closed")
-        fut: Future = Future()
-        self._queue.put((fn, fut))
-        return fut.result()
+        if not self._started:
+            with self._start_lock:
+                if not self._started:
+                    for t in self._threads:
+                        t.start()
+                    self._started = True
+        self._queue.put((fn, settle))
 
     def waiting(self) -> int:
         """Units queued for the next batch (not the one being committed)."""
         return self._queue.qsize()
 
     def close(self) -> None:
-        """Commit what is queued, then stop the writer thread."""
+        """Commit what is queued, then stop the writer threads."""
         if not self._closed:
             self._closed = True
-            self._queue.put(None)
-            self._thread.join(timeout=30)
+            with self._start_lock:
+                if not self._started:
+                    return
+            for _ in self._threads:
+                self._queue.put(None)
+            for t in self._threads:
+                t.join(timeout=30)
 
     def _run(self) -> None:
         stop = False
@@ -79,7 +120,9 @@ class GroupCommit:
                 batch.append(item)
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[Callable[[Session], Any], Future]]) -> None:
+    def _commit(self, batch: list[tuple[Callable[[Session], Any], Settle]]) -> None:
+        if self._max == 1:
+            return self._alone(*batch[0])
         outcomes: list[tuple[bool, Any]] = []
         try:
             with db.transaction(self._sessions) as s:
@@ -91,13 +134,31 @@ class GroupCommit:
                         outcomes.append((False, e))
         except BaseException as e:  # the commit failed: nothing of this batch is stored
             log.warning("group commit of %d units failed: %s", len(batch), e)
-            for _, fut in batch:
-                fut.set_exception(e)
+            for _, settle in batch:
+                settle(False, e)
             if not isinstance(e, Exception):
                 raise
             return
-        for (ok, value), (_, fut) in zip(outcomes, batch):
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
+        for (ok, value), (_, settle) in zip(outcomes, batch):
+            settle(ok, value)
+
+    def _alone(self, fn: Callable[[Session], Any], settle: Settle) -> None:
+        """One unit, one transaction: its error rolls back the transaction itself."""
+        try:
+            with db.transaction(self._sessions) as s:
+                value = fn(s)
+        except BaseException as e:
+            settle(False, e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        settle(True, value)
+
+
+def _settle(fut: asyncio.Future, ok: bool, value: Any) -> None:
+    if fut.cancelled():  # the request went away; its unit was committed (or not) all the same
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)

@@ -20,6 +20,7 @@ from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement,
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
 from raylane.orchestrator.store import arrays as store_arrays, dependencies, tallies
+from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from raylane.orchestrator.store.transitions import transition, utcnow
 
@@ -104,16 +105,14 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
     row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
                    idempotency_key=idempotency_key, reason=reason)
     _wait_for(row, deps)
-    # The row as parameters, not .values(**row): one statement compiled
-    # once, instead of a new one built and keyed per submit.
     if idempotency_key is None:
         # No unique key to lose a race on: no savepoint (two round trips on
         # PostgreSQL); any error rolls the caller's unit back.
-        session.execute(insert(jobs), row)
+        _INSERT_JOB.execute(session, row)
     else:
         try:
             with session.begin_nested():
-                session.execute(insert(jobs), row)
+                _INSERT_JOB.execute(session, row)
         except IntegrityError:
             existing = _by_key(session, project, idempotency_key)
             if existing is None:  # pragma: no cover - the unique index said it exists
@@ -122,12 +121,18 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
     dependencies.record(session, job_id, deps)
     _tally_new(session, row)
     if spec.labels:
-        session.execute(insert(job_labels), [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
-    session.execute(insert(events), {
+        _INSERT_LABELS.execute(session, [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
+    _INSERT_EVENT.execute(session, {
         "job_id": job_id, "at": now, "from_status": None, "to_status": JobStatus.PENDING.value,
         "reason": "submitted" + (f"; routed to {placement.node_group}" if placement else ""), "actor": actor,
         "attempt": None})
     return job_id, True, row
+
+
+# A single submit's rows (store.prepared: compiled once, sent as the driver's SQL).
+_INSERT_JOB = PreparedInsert(jobs)
+_INSERT_LABELS = PreparedInsert(job_labels)
+_INSERT_EVENT = PreparedInsert(events)
 
 
 def _tally_new(session: Session, row: dict[str, Any]) -> None:

@@ -38,11 +38,9 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Sequence
 
 from sqlalchemy import case, delete, event, func, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import FailureCause
@@ -112,17 +110,27 @@ def attempt_created(session: Session, *, node_group: str | None, market: str | N
         observe(session, "admission_wait", g, (created_at - job_created_at).total_seconds())
 
 
-_UPSERT: dict[str, Any] = {}  # dialect name -> the statement, built once: it was 15% of a submit's CPU
+# Rows per upsert statement: a transaction's deltas are a few (a submit: 2) to a
+# few dozen (an admission pass's histograms); 5 parameters each stays far under
+# SQLite's limit of bound parameters.
+UPSERT_ROWS = 100
+_UPSERT: dict[tuple[str, int], str] = {}  # (dialect, rows) -> the statement's text
 
 
-def _upsert(dialect: str):
-    stmt = _UPSERT.get(dialect)
-    if stmt is None:
-        ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(tallies)
-        stmt = _UPSERT[dialect] = ins.on_conflict_do_update(
-            index_elements=[tallies.c.name, tallies.c.label1, tallies.c.label2, tallies.c.shard],
-            set_={"value": tallies.c.value + ins.excluded.value})
-    return stmt
+def _upsert(dialect: str, n: int) -> str:
+    """One multi-row ``INSERT ... ON CONFLICT DO UPDATE`` for ``n`` deltas, as the
+    driver's SQL, built once per row count. It replaced an executemany of one
+    compiled upsert: psycopg runs an executemany as a pipeline, ~130 us of CPU more
+    than one statement for a submit's two rows (docs/benchmarks.md). Rows are in
+    key order, which a multi-row insert keeps when it locks them."""
+    sql = _UPSERT.get((dialect, n))
+    if sql is None:
+        mark = "%s" if dialect == "postgresql" else "?"
+        row = "(" + ", ".join([mark] * 5) + ")"
+        sql = _UPSERT[(dialect, n)] = (
+            f"INSERT INTO {tallies.name} (name, label1, label2, shard, value) VALUES {', '.join([row] * n)} "
+            f"ON CONFLICT (name, label1, label2, shard) DO UPDATE SET value = {tallies.name}.value + excluded.value")
+    return sql
 
 
 _numbers = itertools.count()  # connections of this process, in the order they opened
@@ -141,10 +149,11 @@ def _flush(session: Session) -> None:
         return
     dialect = session.bind.dialect.name
     shard = _shard(session) if dialect == "postgresql" else 0
-    rows = [{"name": k[0], "label1": k[1], "label2": k[2], "shard": shard, "value": v}
-            for k, v in sorted(pending.items()) if v != 0]
-    if rows:
-        session.execute(_upsert(dialect), rows)
+    rows = [(*k, shard, float(v)) for k, v in sorted(pending.items()) if v != 0]
+    conn = session.connection()
+    for i in range(0, len(rows), UPSERT_ROWS):
+        chunk = rows[i:i + UPSERT_ROWS]
+        conn.exec_driver_sql(_upsert(dialect, len(chunk)), tuple(v for r in chunk for v in r))
 
 
 @event.listens_for(Session, "before_commit")

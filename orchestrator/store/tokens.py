@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
 from raylane.orchestrator.domain.views import AuditEntry, Project, Token
 from raylane.orchestrator.store.jobs import decode_cursor, encode_cursor
+from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import api_tokens, audit_log, auth_epoch, projects
 from raylane.orchestrator.store.transitions import utcnow
 
@@ -175,12 +176,13 @@ def record(session: Session, entry: dict[str, Any]) -> int:
     return session.execute(insert(audit_log), entry).inserted_primary_key[0]
 
 
-_AUDIT_ROW = insert(audit_log).inline()  # no RETURNING id: measured 93 -> 74 us an insert on PostgreSQL
+# No RETURNING id (measured 93 -> 74 us an insert on PostgreSQL), compiled once (store.prepared).
+_AUDIT_ROW = PreparedInsert(audit_log)
 
 
 def append(session: Session, entry: dict[str, Any]) -> None:
     """``record``, for a caller that needs no id back (a submit's own row)."""
-    session.execute(_AUDIT_ROW, entry)
+    _AUDIT_ROW.execute(session, entry)
 
 
 def add_to_counts(session: Session, counts: dict[int, int]) -> None:
