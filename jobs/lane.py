@@ -156,6 +156,12 @@ class Host:
     # Its node's CPUs (0: unknown, slots alone bound it): a host runs what fits them,
     # as admission counted each item, and leaves the rest to the group's other hosts.
     cpus: float = 0.0
+    # The key that names this host (``lanes.host_key``): once it names another (or
+    # none: its node drains, or the group's hosts moved to one per node), this host
+    # takes no more items and exits when what it runs has ended.
+    key: str | None = None
+    retired: str | None = None  # why it takes no more items
+    _cpus_of: dict[str, float] = field(default_factory=dict)  # todo key -> its item's CPUs (items never change)
     foreign: set[str] = field(default_factory=set)  # todo keys of another protocol version, left alone (logged once)
 
     def run(self) -> int:
@@ -178,7 +184,13 @@ class Host:
                     log.warning("this host %s: exiting, its items are lost with it", why)
                     self.abandon(why)
                     return 1
-            took = self._take() if len(self.running) < self.slots else 0
+                if self.key is not None and self.retired is None and self.store.get(self.key) != self.host_id.encode():
+                    self.retired = f"{self.key} no longer names it"
+                    log.info("this host is retired (%s): it takes no more items", self.retired)
+            if self.retired is not None and not self.running:
+                log.info("retired and idle: exiting")
+                return 0
+            took = self._take() if self.retired is None and len(self.running) < self.slots and self._room() else 0
             if self.lost:
                 self.abandon(self.lost)
                 return 1
@@ -191,15 +203,26 @@ class Host:
                 return 0
             time.sleep(POLL_BUSY_S if now - last_work < 1.0 else POLL_IDLE_S)
 
+    def _room(self) -> bool:
+        return not self.cpus or sum(r.cpus for r in self.running.values()) < self.cpus - 1e-9
+
     def _take(self) -> int:
         took = 0
-        keys = self.store.keys(lanes.todo_prefix(self.group))
-        self.foreign &= set(keys)  # bounded by what is listed
+        # In admission's order (a submission id starts with its job's time-ordered
+        # id): an item that does not fit ends the pass, so the group's hosts drain
+        # until one has room for it, instead of smaller items behind it keeping
+        # every node short of it for as long as they come.
+        keys = sorted(self.store.keys(lanes.todo_prefix(self.group)))
+        listed = set(keys)
+        self.foreign &= listed  # bounded by what is listed
+        self._cpus_of = {k: c for k, c in self._cpus_of.items() if k in listed}
         for key in keys:
             if len(self.running) >= self.slots:
                 break
             if key in self.foreign:
                 continue
+            if key in self._cpus_of and not self._fits({"cpus": self._cpus_of[key]}):
+                break  # known not to fit: no read of it again until room is made
             sid = key[len(lanes.todo_prefix(self.group)):]
             value = self.store.get(key)
             item = lanes.decode_item(value) if value is not None else None
@@ -209,7 +232,8 @@ class Host:
                             "for a host that speaks its version", sid, lanes.version_of(item), lanes.PROTOCOL_VERSION)
                 continue
             if item is not None and not self._fits(item):
-                continue  # unclaimed: a host with room takes it (this one, once its items end)
+                self._cpus_of[key] = lanes.item_cpus(item)
+                break  # unclaimed: a host with room takes it (this one, once its items end)
             mine = item is not None and self.store.put(lanes.claim_key(sid), self.host_id.encode(), overwrite=False)
             self.store.delete(key)  # taken, by this host or an earlier one (a re-dispatched attempt)
             if mine:
@@ -367,18 +391,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", required=True, help="this host's Ray submission id")
     p.add_argument("--slots", type=int, default=8)
     p.add_argument("--idle-s", type=float, default=60.0)
-    p.add_argument("--cpus", type=float, default=0.0, help="the node's CPUs the host's items may hold (0: no bound)")
     # A newer control plane may pass flags this host does not know (a node whose
     # package is older): it runs without them rather than fail at every start.
+    # Options added since the first release come by environment (``lanes.HOST_ENV``),
+    # which a host of that release ignores: its parser refused unknown flags.
     a, unknown = p.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if unknown:
         log.warning("ignoring options this host does not know: %s", " ".join(unknown))
+    cpus = float(os.environ.get(lanes.HOST_ENV_CPUS) or 0.0)
+    key = os.environ.get(lanes.HOST_ENV_KEY) or None
     workers = Workers(a.slots)
     workers.start()  # before the GCS client: the fork server must not copy Ray's gRPC threads
     store = Store(os.environ["RAY_ADDRESS"])
     host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host), workers=workers,
-                cpus=a.cpus)
+                cpus=cpus, key=key)
 
     def on_term(signum, _frame):
         host.abandon("was stopped")

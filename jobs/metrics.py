@@ -174,6 +174,9 @@ class LiveTrials:
         self._put, self._every, self._clock = put, every_s, clock
         self._items: dict[str, dict] = {}
         self._lock = threading.Lock()
+        # Writes one at a time, each encoding the list as it is then: a slow write
+        # (a busy GCS) is never followed by an older list than the one it wrote.
+        self._write_lock = threading.Lock()
         self._written_at = float("-inf")
         self._dirty = False
         self._timer: threading.Timer | None = None
@@ -202,17 +205,18 @@ class LiveTrials:
         return value
 
     def flush(self) -> None:
-        with self._lock:
-            self._timer = None
-            if not self._dirty:
-                return
-            self._dirty = False
-            self._written_at = self._clock()
-            value = self.encoded()
-        try:
-            self._put(value)
-        except Exception as e:  # pragma: no cover - live progress is a nicety, never a failure
-            log.warning("raylane: could not report finished trials: %s", e)
+        with self._write_lock:
+            with self._lock:
+                self._timer = None
+                if not self._dirty:
+                    return
+                self._dirty = False
+                self._written_at = self._clock()
+                value = self.encoded()
+            try:
+                self._put(value)
+            except Exception as e:  # pragma: no cover - live progress is a nicety, never a failure
+                log.warning("raylane: could not report finished trials: %s", e)
 
 
 _live: LiveTrials | None = None
@@ -247,3 +251,9 @@ def trial_finished(trial, *, error: bool) -> None:
             "error": str(getattr(trial, "error_file", "") or "")[:500] or None if error else None})
     except Exception as e:  # pragma: no cover - live progress is a nicety, never a failure
         log.warning("raylane: could not report a finished trial: %s", e)
+
+
+def flush_live_trials() -> None:
+    """Write what is pending now (the sweep's fit has ended; its timer would die with the process)."""
+    if _live is not None:
+        _live.flush()

@@ -20,7 +20,7 @@ from ray import tune
 from ray.tune import PlacementGroupFactory
 
 from raylane.jobs.base import RunContext, load_callable, watch_checkpoint_requests
-from raylane.jobs.metrics import trial_callback
+from raylane.jobs.metrics import flush_live_trials, trial_callback
 
 
 def _domain(d) -> Any:
@@ -83,6 +83,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         )
     t1 = time.time()
     results = tuner.fit()
+    flush_live_trials()
     t2 = time.time()
     best = results.get_best_result(metric=sw.metric, mode=sw.mode)
     trials = []

@@ -53,7 +53,7 @@ class Ray:
     def submit(self, *, submission_id, entrypoint, metadata, entrypoint_label_selector, **_):
         if submission_id in self.jobs:
             raise AlreadySubmitted(submission_id)
-        assert entrypoint.startswith(f"python -m {lanes.HOST_MODULE} --group cpu --host {submission_id}")
+        assert f" python -m {lanes.HOST_MODULE} --group cpu --host {submission_id} " in entrypoint
         assert entrypoint_label_selector == {"ray.io/node-group": "cpu"} and metadata == {"raylane_lane": "cpu"}
         self.jobs[submission_id] = RayJob(submission_id, "RUNNING", None, None, 1, None, "node-1", None, metadata)
 
@@ -245,11 +245,12 @@ class NodesRay(Ray):
     def __init__(self, nodes):
         super().__init__()
         self.nodes = nodes
+        self.draining: list[str] = []
         self.selectors: dict[str, dict] = {}
         self.entrypoints: dict[str, str] = {}
 
     def group_nodes(self, group):
-        return list(self.nodes) if group == "cpu" else []
+        return (list(self.nodes), list(self.draining)) if group == "cpu" else ([], [])
 
     def submit(self, *, submission_id, entrypoint, metadata, entrypoint_label_selector, **_):
         if submission_id in self.jobs:
@@ -268,7 +269,9 @@ def test_a_host_on_each_live_node_of_the_group_pinned_to_it_and_counting_its_cpu
     h1, h2 = lanes.host_submission_id("cpu", 1, n1), lanes.host_submission_id("cpu", 1, n2)
     assert sorted(ray.jobs) == sorted([h1, h2])
     assert ray.selectors[h1] == {"ray.io/node-group": "cpu", "ray.io/node-id": n1}
-    assert ray.entrypoints[h1].endswith("--cpus 4") and ray.entrypoints[h2].endswith("--cpus 2")
+    # Options a host of the first release would refuse as flags come by environment.
+    assert ray.entrypoints[h1].startswith(f"RAYLANE_LANE_HOST_KEY={lanes.host_key('cpu', n1)} RAYLANE_LANE_CPUS=4 ")
+    assert "RAYLANE_LANE_CPUS=2 " in ray.entrypoints[h2] and "--cpus" not in ray.entrypoints[h2]
     assert lanes.decode_item(ray.gcs.d[lanes.todo_key("cpu", "a-1")])["cpus"] == 0.5
     lb.submit(submission_id="b-1", group="cpu", command="true", env={})
     assert len(ray.jobs) == 2  # live hosts serve the next submit
@@ -282,3 +285,40 @@ def test_a_host_on_each_live_node_of_the_group_pinned_to_it_and_counting_its_cpu
     lb.ensure_host("cpu")
     assert lanes.host_submission_id("cpu", 1, n3) in ray.jobs
     assert len(lanes.host_submission_id("a" * 64, 99, n1)) <= 128  # a 64-character group fits attempts.ray_job
+
+
+def test_the_whole_groups_host_and_a_draining_nodes_host_are_retired(monkeypatch):
+    """Before the group's nodes are listed one host serves it; once they are, its
+    key goes (the host retires), as does the key of a node that starts draining."""
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    ray = NodesRay([])
+    lb = LaneBackend(ray, idle_s=5, slots=8)
+    lb.ensure_host("cpu")
+    assert ray.gcs.d[lanes.host_key("cpu")] == HOST1.encode()  # no nodes known: one for the group
+    n1, n2 = "aa11" * 14, "bb22" * 14
+    ray.nodes = [(n1, 4.0), (n2, 4.0)]
+    lb.ensure_host("cpu")
+    assert lanes.host_key("cpu") not in ray.gcs.d  # the whole group's host retires
+    assert {lanes.host_key("cpu", n1), lanes.host_key("cpu", n2)} <= set(ray.gcs.d)
+    ray.nodes, ray.draining = [(n1, 4.0)], [n2]
+    lb.ensure_host("cpu")
+    assert lanes.host_key("cpu", n2) not in ray.gcs.d and lanes.host_key("cpu", n1) in ray.gcs.d
+
+
+def test_a_node_whose_hosts_fail_at_start_gets_no_new_host_every_call(monkeypatch):
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = NodesRay([(n1, 4.0)])
+    lb = LaneBackend(ray, idle_s=5, slots=8)
+    lb.ensure_host("cpu")
+    first = lanes.host_submission_id("cpu", 1, n1)
+    ray.jobs[first].status, ray.jobs[first].start_time, ray.jobs[first].end_time = "FAILED", 1_000, 1_500
+    with pytest.raises(Exception):
+        lb.ensure_host("cpu")  # its only node's host failed at start: no new one yet
+    for _ in range(20):
+        with pytest.raises(Exception):
+            lb.ensure_host("cpu")
+    assert list(ray.jobs) == [first]  # one failed start, not one more per call
+    lb._start_failures[("cpu", n1)] = (1, 0.0)  # the wait is over
+    lb.ensure_host("cpu")
+    assert lanes.host_submission_id("cpu", 2, n1) in ray.jobs

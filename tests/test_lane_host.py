@@ -242,3 +242,47 @@ def test_an_item_bigger_than_the_node_still_runs_alone(tmp_path):
     store.put(lanes.todo_key("cpu", "big"), lanes.encode_item("big", "true", {}, cpus=4))
     Host(store, "cpu", "raylane-lane-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path, cpus=2).run()
     assert status(store, "big").status == "SUCCEEDED"
+
+
+def test_items_are_taken_in_admission_order_and_one_that_does_not_fit_waits_for_room(tmp_path):
+    """A 3-CPU item behind running 1-CPU ones is not overtaken by the small items
+    after it: the host drains until it fits, then runs it."""
+    store = MemoryStore()
+    gate, order = tmp_path / "go", tmp_path / "order"
+    store.put(lanes.todo_key("cpu", "a1"), lanes.encode_item("a1", f"while [ ! -e {gate} ]; do sleep 0.02; done; "
+                                                             f"echo a1 >> {order}", {}, cpus=1))
+    store.put(lanes.todo_key("cpu", "b2"), lanes.encode_item("b2", f"echo b2 >> {order}", {}, cpus=3))
+    store.put(lanes.todo_key("cpu", "c3"), lanes.encode_item("c3", f"echo c3 >> {order}", {}, cpus=1))
+    host = Host(store, "cpu", "raylane-lane-cpu-1", slots=8, idle_s=0.3, workdir=tmp_path, cpus=3)
+    t = threading.Thread(target=host.run)
+    t.start()
+    wait_for(lambda: "a1" in host.running, timeout=10, what="a1 running")
+    # b2 does not fit beside a1, and c3 (which would) is not taken past it.
+    assert set(host.running) == {"a1"} and lanes.todo_key("cpu", "c3") in store.d
+    gate.touch()
+    t.join(30)
+    assert order.read_text().split() == ["a1", "b2", "c3"]
+
+
+def test_a_host_whose_key_names_another_takes_no_more_and_exits_when_its_items_end(tmp_path, monkeypatch):
+    from raylane.jobs import lane
+
+    monkeypatch.setattr(lane, "SELF_CHECK_S", 0.0)
+    store = MemoryStore()
+    gate = tmp_path / "go"
+    key = lanes.host_key("cpu")
+    store.put(key, b"raylane-lane-cpu-1")
+    enqueue(store, "first", f"while [ ! -e {gate} ]; do sleep 0.02; done")
+    host = Host(store, "cpu", "raylane-lane-cpu-1", slots=4, idle_s=60, workdir=tmp_path, key=key,
+                wanted=lambda: None)
+    t = threading.Thread(target=host.run)
+    t.start()
+    wait_for(lambda: "first" in host.running, timeout=10, what="first running")
+    store.delete(key)  # the control plane retired it (its node drains, or hosts went per node)
+    wait_for(lambda: host.retired, timeout=10, what="the host retired")
+    enqueue(store, "second", "true")
+    gate.touch()
+    t.join(30)
+    assert not t.is_alive()  # exited once "first" ended, long before its 60 s idle
+    assert status(store, "first").status == "SUCCEEDED"
+    assert lanes.todo_key("cpu", "second") in store.d  # left for the group's other hosts

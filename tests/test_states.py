@@ -416,3 +416,13 @@ def test_a_burst_of_completions_is_one_commit_and_one_bad_write_undoes_no_other(
     monkeypatch.setattr(lifecycle, "attempt_succeeded", real)
     Reconciler(settings, cp.sessions, ray).run_once()  # the next pass writes it
     assert _row(cp, jobs, bad)["status"] == "SUCCEEDED" and sids[bad] in ray.forgotten
+
+
+def test_a_status_change_naming_no_column_is_refused_not_dropped(cp):
+    """The statements take their SET from the parameters: a misspelt column must
+    still fail loudly, as ``.values(...)`` did."""
+    jid = _dispatched(cp)
+    with pytest.raises(ValueError, match="no column finshed_at"), db.transaction(cp.sessions) as s:
+        transition(s, jid, JobStatus.RUNNING, reason="x", actor="test", values={"finshed_at": utcnow()})
+    with pytest.raises(ValueError, match="no column ended"), db.transaction(cp.sessions) as s:
+        set_attempt(s, jid, 1, AttemptStatus.STOPPED, values={"ended": utcnow()})

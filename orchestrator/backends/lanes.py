@@ -18,6 +18,7 @@ so once per version; stop leaves it alone too.
 from __future__ import annotations
 
 import logging
+import shlex
 import threading
 import time
 
@@ -35,6 +36,8 @@ HOST_LIVE = ("PENDING", "RUNNING")
 # Ray's words for a job whose supervisor went with its node (``loops.classify`` reads them as node loss)
 SUPERVISOR_GONE = ("JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_START_FAILURE")
 MAX_HOST_STARTS = 5  # host ids tried in one ensure_host before giving up until the next call
+FAST_FAIL_MS = 30_000  # a host that FAILED sooner than this after its start failed to start
+MAX_START_BACKOFF_S = 300.0  # the longest wait before starting a failing (group, node)'s next host
 
 
 class LaneBackend:
@@ -45,6 +48,9 @@ class LaneBackend:
         self._lock = threading.Lock()  # the dispatcher and the reconciler run in threads of their own
         self._hosts: dict[str, tuple[float, RayJob | None]] = {}  # host sid -> (asked at, Ray's answer)
         self._live_host: dict[str, tuple[float, str]] = {}  # group -> (found at, its live host's sid)
+        # (group, node) -> (hosts that failed at start in a row, no start before this monotonic time)
+        self._start_failures: dict[tuple[str, str | None], tuple[int, float]] = {}
+        self._counted_failures: set[str] = set()  # host sids whose failed start is counted
         self._foreign_versions: set[int] = set()  # protocol versions of statuses seen and left alone (logged once)
 
     def _gcs(self):
@@ -110,14 +116,23 @@ class LaneBackend:
         return sid
 
     def _ensure_hosts(self, group: str) -> list[str]:
-        nodes = self.ray.group_nodes(group) if hasattr(self.ray, "group_nodes") else []
+        nodes, draining = self.ray.group_nodes(group) if hasattr(self.ray, "group_nodes") else ([], [])
         where: list[tuple[str | None, float]] = list(nodes) or [(None, 0.0)]
         keys = [lanes.host_key(group, node) for node, _ in where]
-        if len(keys) == 1:
+        # Hosts no longer wanted: a draining node's, and the whole group's once its
+        # nodes are known. Their key goes, and each (of this release) retires: it
+        # takes no more items and exits when what it runs has ended.
+        retire = [lanes.host_key(group, n) for n in draining] + ([lanes.host_key(group)] if nodes else [])
+        if len(keys) == 1 and not retire:
             one = self._kv("kv_get", keys[0])
             current = {keys[0]: one} if one else {}
         else:
-            current = self._kv("kv_multi_get", keys)
+            current = self._kv("kv_multi_get", keys + retire)
+        for key in retire:
+            if key in current:
+                self._kv("kv_del", key)
+                log.info("lane host %s retired (%s)", current[key].decode(errors="replace"),
+                         "its node drains" if key != lanes.host_key(group) else "the group has a host on each node now")
         sids, failed = [], None
         for node, cpus in where:
             value = current.get(lanes.host_key(group, node))
@@ -129,20 +144,48 @@ class LaneBackend:
             raise failed or RayUnavailable(f"could not start a lane host for group {group}")
         return sids
 
+    def _failing(self, group: str, node: str | None, rj: RayJob | None) -> bool:
+        """Whether the last host of (group, node) ended FAILED soon after it started,
+        and the next start must wait (a node whose package cannot run a host would
+        otherwise get a new Ray job every second)."""
+        where = (group, node)
+        now = time.monotonic()
+        with self._lock:
+            count, until = self._start_failures.get(where, (0, 0.0))
+        if rj is not None and rj.status == "FAILED" and rj.start_time and rj.end_time \
+                and rj.end_time - rj.start_time < FAST_FAIL_MS and rj.submission_id not in self._counted_failures:
+            self._counted_failures.add(rj.submission_id)
+            count += 1
+            until = now + min(MAX_START_BACKOFF_S, 2.0 ** count)
+            with self._lock:
+                self._start_failures[where] = (count, until)
+            log.error("lane host %s for group %s%s failed %.1f s after it started (%s); the next start waits %.0f s",
+                      rj.submission_id, group, f" on node {node}" if node else "",
+                      (rj.end_time - rj.start_time) / 1000, rj.message or rj.error_type, until - now)
+        elif rj is not None and rj.status in HOST_LIVE:
+            with self._lock:
+                self._start_failures.pop(where, None)
+        return now < until
+
     def _ensure_one(self, group: str, node: str | None, cpus: float, sid: str | None) -> str:
         for _ in range(MAX_HOST_STARTS):
             if sid is not None:
                 rj = self.host(sid)
                 if rj is not None and rj.status in HOST_LIVE:
+                    self._failing(group, node, rj)
                     return sid
+                if self._failing(group, node, rj):
+                    raise RayUnavailable(f"lane hosts for group {group} keep failing at start; waiting before the next")
             n = int(sid.rsplit("-", 1)[1]) + 1 if sid else 1
             sid = lanes.host_submission_id(group, n, node)
             selector = {NODE_GROUP_LABEL: group, **({NODE_ID_LABEL: node} if node else {})}
+            env = {lanes.HOST_ENV_KEY: lanes.host_key(group, node), **({lanes.HOST_ENV_CPUS: f"{cpus:g}"} if cpus else {})}
             try:
                 self.ray.submit(
                     submission_id=sid, runtime_env=None, entrypoint_num_cpus=0,
-                    entrypoint=f"python -m {lanes.HOST_MODULE} --group {group} --host {sid} "
-                               f"--slots {self.slots} --idle-s {self.idle_s:g}" + (f" --cpus {cpus:g}" if cpus else ""),
+                    entrypoint=" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+                               + f" python -m {lanes.HOST_MODULE} --group {shlex.quote(group)} --host {sid} "
+                               f"--slots {self.slots} --idle-s {self.idle_s:g}",
                     metadata={"raylane_lane": group, **({"raylane_lane_node": node} if node else {})},
                     entrypoint_label_selector=selector)
                 log.info("started lane host %s for group %s%s", sid, group, f" on node {node}" if node else "")

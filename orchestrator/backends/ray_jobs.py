@@ -135,7 +135,8 @@ class RayJobsBackend:
         self._draining_cache: tuple[float, set[str]] = (0.0, set())  # (valid until, draining node ids)
         # group -> its live, undrained nodes as (node id, CPUs), from the last cluster_view
         # (the dispatcher's, every pass): where the warm lanes put a host each.
-        self._group_nodes: dict[str, list[tuple[str, float]]] = {}
+        self._group_nodes: dict[str, list[tuple[str, float]]] | None = None  # None: never listed
+        self._group_draining: dict[str, list[str]] = {}  # group -> its draining nodes, same listing
         self.draining_ttl_s = DRAINING_TTL_S
         # submission id -> (first, last) failed read of its result, while the GCS cannot be asked
         self._result_failing: dict[str, tuple[float, float]] = {}
@@ -522,12 +523,14 @@ class RayJobsBackend:
         self.reachability.up()  # the dispatcher lists nodes every pass: how an outage is seen to end
         view: ClusterView = {}
         live: dict[str, list[tuple[str, float]]] = {}
+        draining: dict[str, list[str]] = {}
         for n in nodes:
             if n.group is None or n.state != "ALIVE":
                 continue
             st = view.setdefault(n.group, GroupState())
             if n.draining:
                 st.draining_nodes += 1
+                draining.setdefault(n.group, []).append(n.node_id)
                 continue
             st.alive_nodes += 1
             if not n.is_head:
@@ -537,10 +540,17 @@ class RayJobsBackend:
                     st.total[k] = st.total.get(k, 0) + v
         with self._lock:
             self._group_nodes = {g: sorted(ns) for g, ns in live.items()}
+            self._group_draining = draining
         return view
 
-    def group_nodes(self, group: str) -> list[tuple[str, float]]:
-        """The group's live, undrained worker nodes as (node id, CPUs), as the last
-        ``cluster_view`` saw them; empty before one, or when the group has none."""
+    def group_nodes(self, group: str) -> tuple[list[tuple[str, float]], list[str]]:
+        """The group's live, undrained worker nodes as (node id, CPUs), and its
+        draining nodes' ids, as the last ``cluster_view`` saw them (the dispatcher
+        lists every pass); listed now if none has been yet (a control plane's first
+        reconcile runs before its first dispatch)."""
         with self._lock:
-            return list(self._group_nodes.get(group, ()))
+            listed = self._group_nodes is not None
+        if not listed:
+            self.cluster_view()
+        with self._lock:
+            return list((self._group_nodes or {}).get(group, ())), list(self._group_draining.get(group, ()))

@@ -132,6 +132,11 @@ def stop_key(sid: str) -> str:
 STOP_PREFIX = "lane/stop/"
 
 
+# A host's options added after the first release, by environment: a host of that
+# release refused flags it did not know, and ignores these.
+HOST_ENV_CPUS = "RAYLANE_LANE_CPUS"  # its node's CPUs, which its items may hold
+HOST_ENV_KEY = "RAYLANE_LANE_HOST_KEY"  # the key that names it; it retires when that names another
+
 NODE_TAG_CHARS = 8  # of a node id in its host's key and id (Ray's submission ids stay short)
 
 

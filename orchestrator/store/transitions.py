@@ -56,8 +56,19 @@ _ATTEMPT_SEEN_LOCKED = _ATTEMPT_SEEN.with_for_update()
 _ATTEMPT_MOVE = update(attempts).where(*_ATTEMPT_WHERE, attempts.c.status == bindparam("b_src"))
 
 
-def _plain(values: dict[str, Any]) -> bool:
-    """Values that can travel as parameters (no SQL expression among them)."""
+_CHECKED: set[tuple[str, frozenset[str]]] = set()  # (table, column names) sets already checked
+
+
+def _plain(values: dict[str, Any], table=jobs) -> bool:
+    """Values that can travel as parameters (no SQL expression among them). A name
+    that is no column raises, as ``.values(**values)`` did: as parameters it would
+    be dropped without a word."""
+    names = frozenset(values)
+    if (table.name, names) not in _CHECKED:
+        unknown = names - set(table.c.keys())
+        if unknown:
+            raise ValueError(f"{table.name} has no column {', '.join(sorted(unknown))}")
+        _CHECKED.add((table.name, names))
     return not any(isinstance(v, ClauseElement) for v in values.values())
 
 
@@ -153,7 +164,7 @@ def set_attempt(
         src = AttemptStatus(seen.status)
         if src not in allowed:
             raise InvalidTransition(f"attempt {number} of job {job_id} is {src.value}; it cannot become {to.value}")
-        if _plain(values or {}):
+        if _plain(values or {}, attempts):
             res = session.execute(_ATTEMPT_MOVE, {**key, "b_src": src.value, **(values or {}), "status": to.value})
         else:
             res = session.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number,
