@@ -18,6 +18,7 @@ under the repository and the temp directory are allowed.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import json
 import subprocess
@@ -34,6 +35,14 @@ from tests.helpers import wait_for
 PG_ADMIN_URL = os.environ.get("RAYLANE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 RUN_ID = uuid.uuid4().hex[:8]
 ROOT = Path(__file__).resolve().parent.parent
+
+# A suite started in the background of a non-interactive shell (`make test &`,
+# nohup) inherits SIGINT ignored, and so would every CLI a test starts: the
+# Ctrl-C tests would wait for an interrupt that never comes. A handler here is
+# reset to the default in each child at exec, where Python makes it
+# KeyboardInterrupt again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 ADMIN_TOKEN = "rl_fixture-admin-token-0123456789"  # RAYLANE_ADMIN_TOKEN of every fixture
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 WORKING_DIR_ROOTS = [ROOT, Path(tempfile.gettempdir()).resolve()]

@@ -19,6 +19,8 @@ from tests.test_lane_host import MemoryStore, enqueue, status
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A host takes items in admission order, that of their submission ids (time-ordered
+# in production): where a test's order matters, its ids sort in that order.
 def fn(store, sid, name, **args):
     enqueue(store, sid, f"tests.lane_funcs:{name}", env=args.pop("env", None), args=args)
 
@@ -68,44 +70,44 @@ def test_a_worker_is_warm_and_one_job_leaves_no_env_or_cwd_to_the_next(tmp_path)
 
 def test_a_stop_kills_a_hung_call_and_the_next_job_runs_in_a_fresh_worker(tmp_path):
     store, pidfile = MemoryStore(), tmp_path / "pid"
-    fn(store, "warm", "report")
-    fn(store, "hung", "hang", pidfile=str(pidfile))
+    fn(store, "1-warm", "report")
+    fn(store, "2-hung", "hang", pidfile=str(pidfile))
     h = host(store, tmp_path, idle_s=1.0)
     t = threading.Thread(target=h.run)
     t.start()
     pid = wait_for(lambda: pidfile.exists() and pidfile.read_text() and int(pidfile.read_text()), timeout=10,
                    what="the hung call")
-    assert pid == result(store, "warm")["pid"]  # the hung call runs in the warm worker
-    store.put(lanes.stop_key("hung"), b"1")
-    wait_for(lambda: status(store, "hung").status == "STOPPED", timeout=10, what="the stop")
+    assert pid == result(store, "1-warm")["pid"]  # the hung call runs in the warm worker
+    store.put(lanes.stop_key("2-hung"), b"1")
+    wait_for(lambda: status(store, "2-hung").status == "STOPPED", timeout=10, what="the stop")
     assert gone(pid)
-    fn(store, "next", "report")
+    fn(store, "3-next", "report")
     t.join(30)
-    assert status(store, "next").status == "SUCCEEDED"
-    assert result(store, "next")["pid"] != pid
+    assert status(store, "3-next").status == "SUCCEEDED"
+    assert result(store, "3-next")["pid"] != pid
 
 
 def test_a_call_that_ends_its_worker_fails_with_its_exit_code_and_the_next_job_runs(tmp_path):
     store = MemoryStore()
-    fn(store, "exit3", "exit_hard", code=3)
-    fn(store, "segv", "segfault")
-    fn(store, "after", "report")
+    fn(store, "1-exit3", "exit_hard", code=3)
+    fn(store, "2-segv", "segfault")
+    fn(store, "3-after", "report")
     host(store, tmp_path).run()
-    exit3, segv = status(store, "exit3"), status(store, "segv")
+    exit3, segv = status(store, "1-exit3"), status(store, "2-segv")
     assert exit3.status == "FAILED" and exit3.exit_code == 3 and "going" in exit3.message
     assert segv.status == "FAILED" and segv.exit_code == -signal.SIGSEGV
-    crash = store.d[lanes.logs_key("segv")].decode()  # faulthandler's, in the log of the call it ended
+    crash = store.d[lanes.logs_key("2-segv")].decode()  # faulthandler's, in the log of the call it ended
     assert "Segmentation fault" in crash and "lane_funcs.py" in crash
-    assert status(store, "after").status == "SUCCEEDED"
+    assert status(store, "3-after").status == "SUCCEEDED"
 
 
 def test_a_call_that_leaves_a_thread_retires_its_worker(tmp_path):
     store = MemoryStore()
-    fn(store, "threads", "leave_a_thread")
-    fn(store, "after", "report")
+    fn(store, "1-threads", "leave_a_thread")
+    fn(store, "2-after", "report")
     host(store, tmp_path).run()
-    assert status(store, "threads").status == "SUCCEEDED"
-    assert result(store, "after")["pid"] != result(store, "threads")["pid"]
+    assert status(store, "1-threads").status == "SUCCEEDED"
+    assert result(store, "2-after")["pid"] != result(store, "1-threads")["pid"]
 
 
 def test_a_worker_is_retired_after_max_calls(tmp_path, monkeypatch):
