@@ -127,8 +127,13 @@ def test_live_trials_keep_the_newest_under_the_size_cap(monkeypatch):
 
 
 def test_a_failing_store_never_fails_the_sweep():
-    def put(_):
+    tried = []
+
+    def put(value):
+        tried.append(value)
         raise RuntimeError("GCS down")
 
     live = metrics.LiveTrials(put, every_s=0)
     live.add(trial(1))  # logged, not raised
+    live.add(trial(2))  # and the next trial is still written
+    assert len(tried) == 2
