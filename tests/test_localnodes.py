@@ -173,3 +173,53 @@ def test_the_watchdog_stops_the_nodes_when_their_owner_is_killed(tmp_path):
     finally:
         if nodeprocs.is_ours(node, str(temp)):  # a failed run leaves no sleeper behind
             os.killpg(node, signal.SIGKILL)
+
+
+# A "node": a process group whose child starts a grandchild in a session of its
+# own, as Ray's job supervisor (in the node's group) starts a job's driver.
+NODE_WITH_A_DRIVER = """
+import subprocess, sys, time
+driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+print(driver.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Dead, or a zombie waiting for init to reap it: it runs nothing."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.parametrize("how", ["kill_tree", "stop_groups"])
+def test_a_killed_node_leaves_no_driver_running_in_a_session_of_its_own(how):
+    """Killed with its process group alone, a node's job drivers lived on (re-parented
+    to init, still running their job), which no reclaimed machine does: a chaos
+    test's node kill left drivers running through the rest of the suite."""
+    import signal
+    import subprocess
+    import sys
+
+    from raylane.orchestrator.tooling import nodeprocs
+    from tests.helpers import wait_for
+
+    node = subprocess.Popen([sys.executable, "-c", NODE_WITH_A_DRIVER], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    driver = int(node.stdout.readline())
+    try:
+        assert os.getpgid(driver) != node.pid  # not in the node's group: killpg alone misses it
+        if how == "kill_tree":
+            nodeprocs.kill_tree(node.pid)
+        else:
+            nodeprocs.stop_groups([node.pid], grace_s=5)
+        node.wait(30)
+        wait_for(lambda: _gone(driver), timeout=30, what="the node's driver gone with it")
+    finally:
+        for pid in (node.pid, driver):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

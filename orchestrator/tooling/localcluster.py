@@ -338,13 +338,12 @@ class LocalCluster:
         return started
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> NodeProc:
-        """Kill one node's whole process group (raylet, workers, agents): a spot reclaim."""
+        """Kill one node's processes, its process group (raylet, workers, agents) and
+        every process started under it in a session of its own (its jobs' drivers):
+        a spot reclaim."""
         assert self.state is not None
         node = next(n for n in self.state.nodes if n.name == name)
-        try:
-            os.killpg(node.pid, sig)
-        except ProcessLookupError:
-            pass
+        nodeprocs.kill_tree(node.pid, sig)
         self.state.nodes = [n for n in self.state.nodes if n.name != name]
         self.state.save()
         return node

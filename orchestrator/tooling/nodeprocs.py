@@ -75,8 +75,54 @@ def is_child(pid: int) -> bool:
         return False
 
 
+def descendants(pids: list[int]) -> list[int]:
+    """Every process started under ``pids`` (their children, theirs, and so on),
+    in whatever session or process group it runs. Ray's job supervisor starts a
+    job's driver in a session of its own, so a node's process group does not hold
+    its drivers: killed with the group alone, a driver lived on, re-parented to
+    init, running its job with no node under it (a real node's reclaim ends every
+    process on it)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_each(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group ``pid`` leads and every process started under it
+    (``descendants``): one node, the way a reclaimed machine goes."""
+    under = descendants([pid])
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    _kill_each(under, sig)
+
+
 def stop_groups(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM each process group, then SIGKILL those still there after the grace."""
+    """SIGTERM each process group, then SIGKILL those still there after the grace,
+    and every process started under them in sessions of their own (``descendants``:
+    the drivers of the jobs still running)."""
+    under = descendants(pids)
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
@@ -91,6 +137,7 @@ def stop_groups(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _kill_each(under, signal.SIGKILL)
 
 
 def stop_pids(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
