@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from raylane.orchestrator.domain.errors import Conflict
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.store import db, jobs as store, tallies
-from raylane.orchestrator.store.groupcommit import GroupCommit
+from raylane.orchestrator.store.groupcommit import GroupCommit, UnitAborted
 from raylane.orchestrator.store.tables import events, jobs
 from tests.helpers import wait_for
 from tests.test_tallies import assert_kept_equals_counted
@@ -156,3 +156,66 @@ def test_one_unit_per_transaction_rolls_back_alone(cp):
         writer.close()
     assert errors == 10 and _count(cp) == 20
     assert_kept_equals_counted(cp)
+
+
+@pytest.mark.parametrize("max_units", [1, 256])
+def test_a_unit_that_raises_a_base_exception_leaves_the_writer_running(cp, max_units):
+    """A unit raising SystemExit (not an Exception) is refused to its caller, as
+    ``UnitAborted`` (a SystemExit handed to the caller's thread would end it), and
+    the writer thread lives on: had it died, every later submit would wait forever."""
+    writer = GroupCommit(cp.sessions, max_units=max_units)
+    try:
+        def exits(s):
+            store.submit(s, SPEC)
+            raise SystemExit(3)
+
+        with pytest.raises(UnitAborted) as refused:
+            writer.run(exits)
+        assert isinstance(refused.value.__cause__, SystemExit)
+        got: list = []
+        # In a daemon thread, waited for with a bound: with its writer dead, this call would never return.
+        t = threading.Thread(target=lambda: got.append(writer.run(lambda s: store.submit(s, SPEC)[0])), daemon=True)
+        t.start()
+        t.join(30)
+        assert got and got[0] is not None, "the unit after a SystemExit was never answered: the writer died"
+        assert _count(cp) == 1  # the refused unit stored nothing; the next one committed
+    finally:
+        writer.close()
+
+
+def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp):
+    """Submits await their unit on the server's event loop (``run_async``). A
+    unit raising SystemExit rolls its whole batch back; every caller of that
+    batch, the innocent ones too, gets ``UnitAborted``: a SystemExit set on an
+    asyncio future re-raises in the loop that awaits it, and uvicorn's would stop
+    the server."""
+    import asyncio
+
+    writer = GroupCommit(cp.sessions)
+    hold, taken = threading.Event(), threading.Event()
+
+    def held(s):
+        taken.set()
+        hold.wait(30)  # the writer is busy until both units below are queued: they share a batch
+        return store.submit(s, SPEC)[0]
+
+    def exits(s):
+        raise SystemExit(3)
+
+    async def both():
+        first = asyncio.get_running_loop().run_in_executor(None, writer.run, held)
+        await asyncio.get_running_loop().run_in_executor(None, taken.wait, 30)
+        innocent = asyncio.ensure_future(writer.run_async(lambda s: store.submit(s, SPEC)[0]))
+        guilty = asyncio.ensure_future(writer.run_async(exits))
+        await asyncio.sleep(0)  # both queued behind the held unit (the writer takes them as one batch)
+        wait_for(lambda: writer._queue.qsize() == 2, timeout=10, what="both units queued")
+        hold.set()
+        await first
+        return await asyncio.gather(innocent, guilty, return_exceptions=True)
+
+    try:
+        innocent, guilty = asyncio.run(both())
+        assert isinstance(guilty, UnitAborted) and isinstance(innocent, UnitAborted), (innocent, guilty)
+        assert _count(cp) == 1  # the held unit's job alone: the aborted batch kept nothing
+    finally:
+        writer.close()

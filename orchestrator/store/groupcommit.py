@@ -118,7 +118,10 @@ class GroupCommit:
                     stop = True
                     break
                 batch.append(item)
-            self._commit(batch)
+            try:
+                self._commit(batch)
+            except BaseException:  # a unit raised SystemExit or the like: its batch is answered, the writer goes on
+                log.exception("group commit: a unit raised a BaseException; its batch was refused, the writer goes on")
 
     def _commit(self, batch: list[tuple[Callable[[Session], Any], Settle]]) -> None:
         if self._max == 1:
@@ -135,7 +138,7 @@ class GroupCommit:
         except BaseException as e:  # the commit failed: nothing of this batch is stored
             log.warning("group commit of %d units failed: %s", len(batch), e)
             for _, settle in batch:
-                settle(False, e)
+                settle(False, _answerable(e))
             if not isinstance(e, Exception):
                 raise
             return
@@ -148,11 +151,27 @@ class GroupCommit:
             with db.transaction(self._sessions) as s:
                 value = fn(s)
         except BaseException as e:
-            settle(False, e)
+            settle(False, _answerable(e))
             if not isinstance(e, Exception):
                 raise
             return
         settle(True, value)
+
+
+class UnitAborted(RuntimeError):
+    """A unit of the batch raised a ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``):
+    the batch was rolled back, and each caller gets this instead of that exception,
+    which would stop the caller's own thread or event loop (a request's loop is
+    uvicorn's: a ``SystemExit`` set on its future would end the server)."""
+
+
+def _answerable(e: BaseException) -> Exception:
+    """What a caller may be handed for ``e``: ``e`` itself, or ``UnitAborted`` from a BaseException."""
+    if isinstance(e, Exception):
+        return e
+    err = UnitAborted(f"not stored: a unit of its group commit raised {type(e).__name__}; nothing of the batch was kept")
+    err.__cause__ = e
+    return err
 
 
 def _settle(fut: asyncio.Future, ok: bool, value: Any) -> None:
