@@ -27,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import bindparam, insert, or_, select, update
+import json
+
+from sqlalchemy import Text, bindparam, cast, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.ids import submission_id
@@ -126,18 +128,41 @@ def _specs(session: Session, ids: list[str]) -> dict[str, JobSpec]:
     return out
 
 
+# ... and a placement by its stored text: the jobs of a burst share a few (the
+# router gives equal specs equal placements), so a pass over the head parses
+# each once, not once per job and pass. Shared: read them, never change them.
+_PLACEMENTS: dict[str, Placement] = {}
+PLACEMENT_CACHE_MAX = 4096
+
+# What admission reads of a queued job: its placement as the stored text (its
+# key in _PLACEMENTS; CAST on PostgreSQL too, whose driver would decode JSON),
+# not the spec (_specs) nor the columns it never reads.
+_QUEUED_COLS = [jobs.c.id, jobs.c.project, jobs.c.status, jobs.c.status_reason, jobs.c.priority,
+                cast(jobs.c.placement, Text).label("placement"), jobs.c.attempts, jobs.c.skips, jobs.c.preemptions,
+                jobs.c.created_at]
+
+
+def _placement(text: str | None) -> Placement | None:
+    if text is None or text == "null":
+        return None
+    pl = _PLACEMENTS.get(text)
+    if pl is None:
+        if len(_PLACEMENTS) >= PLACEMENT_CACHE_MAX:
+            _PLACEMENTS.clear()
+        pl = _PLACEMENTS[text] = Placement.model_validate(json.loads(text))
+    return pl
+
+
 def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list[Queued]:
-    """The queue's head in admission order: priority (high first), then id (old first)."""
-    cols = [c for c in jobs.c if c.name != "spec"]
-    rows = _head(session, cols, or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), *NOT_HELD, limit=limit)
+    """The queue's head in admission order: priority (high first), then id (old first).
+    Its specs and placements are shared with later passes: never change them."""
+    rows = _head(session, _QUEUED_COLS, or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), *NOT_HELD,
+                 limit=limit)
     specs = _specs(session, [r.id for r in rows])
-    rows = [r for r in rows if r.id in specs]  # a job deleted between the two reads
-    return [Queued(id=r["id"], project=r["project"], status=JobStatus(r["status"]), status_reason=r["status_reason"],
-                   spec=specs[r["id"]],
-                   placement=Placement.model_validate(r["placement"]) if r["placement"] else None,
-                   attempts=r["attempts"], skips=r["skips"], preemptions=r["preemptions"],
-                   created_at=r["created_at"])
-            for r in (row._mapping for row in rows)]
+    return [Queued(id=r.id, project=r.project, status=JobStatus(r.status), status_reason=r.status_reason,
+                   spec=specs[r.id], placement=_placement(r.placement), attempts=r.attempts, skips=r.skips,
+                   preemptions=r.preemptions, created_at=r.created_at)
+            for r in rows if r.id in specs]  # (not in specs: a job deleted between the two reads)
 
 
 def fail_unroutable(session: Session, job: Queued, message: str, *, now: datetime) -> None:
