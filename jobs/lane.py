@@ -61,6 +61,12 @@ log = logging.getLogger("raylane.lane")
 POLL_BUSY_S = 0.01  # between looks at the store while work comes or runs
 POLL_IDLE_S = 0.05  # ... and once nothing came for a second (one KV listing each: cheap for the GCS)
 LOG_EVERY_S = 0.5  # a running item's output tail is refreshed at most this often
+# An item's RUNNING status is written once it has run this long: one that ends
+# sooner (most lane jobs: a call of a few ms) goes from PENDING, claimed by this
+# host, straight to its end, one KV write fewer. The claim names the host
+# meanwhile, so the control plane sees the item taken and its host's fate.
+RUNNING_AFTER_S = 0.05
+STOP_CHECK_S = 0.1  # how often stop requests are listed while items run (a cancel waits at most this)
 SELF_CHECK_S = 1.0  # how often the host asks whether Ray still counts it alive
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long (Ray's job stop waits 3 s too)
 KV_TIMEOUT_S = 10
@@ -139,6 +145,8 @@ class Running:
     stop_at: float | None = None  # when SIGTERM was sent
     killed: bool = False
     cpus: float = 0.0  # what admission counted it to hold
+    started: float = field(default_factory=time.monotonic)
+    announced: bool = False  # its RUNNING status is written (``RUNNING_AFTER_S``)
 
 
 @dataclass
@@ -161,8 +169,15 @@ class Host:
     # takes no more items and exits when what it runs has ended.
     key: str | None = None
     retired: str | None = None  # why it takes no more items
+    # Its lane env (``lanes.env_key``): it lists that env's items only, in the
+    # runtime env Ray started it in; None: the node's own environment.
+    env: str | None = None
+    # Where its jobs run: a temporary directory of its own, or (a lane env with a
+    # working_dir) the directory Ray unpacked it in, as a Ray job's entrypoint does.
+    job_cwd: Path | None = None
     _cpus_of: dict[str, float] = field(default_factory=dict)  # todo key -> its item's CPUs (items never change)
     foreign: set[str] = field(default_factory=set)  # todo keys of another protocol version, left alone (logged once)
+    _stops_at: float = 0.0  # when stop requests were last listed
 
     def run(self) -> int:
         if self.workers is None:
@@ -173,7 +188,8 @@ class Host:
             self.workers.close()
 
     def _loop(self) -> int:
-        log.info("lane host %s for group %s: %d slots, exits after %.0f s idle", self.host_id, self.group,
+        log.info("lane host %s for group %s%s: %d slots, exits after %.0f s idle", self.host_id, self.group,
+                 f" (lane env {self.env}, jobs in {self.job_cwd or self.workdir})" if self.env else "",
                  self.slots, self.idle_s)
         last_work = checked = time.monotonic()
         while True:
@@ -212,7 +228,8 @@ class Host:
         # id): an item that does not fit ends the pass, so the group's hosts drain
         # until one has room for it, instead of smaller items behind it keeping
         # every node short of it for as long as they come.
-        keys = sorted(self.store.keys(lanes.todo_prefix(self.group)))
+        prefix = lanes.todo_prefix(self.group, self.env)
+        keys = sorted(self.store.keys(prefix))
         listed = set(keys)
         self.foreign &= listed  # bounded by what is listed
         self._cpus_of = {k: c for k, c in self._cpus_of.items() if k in listed}
@@ -223,7 +240,7 @@ class Host:
                 continue
             if key in self._cpus_of and not self._fits({"cpus": self._cpus_of[key]}):
                 break  # known not to fit: no read of it again until room is made
-            sid = key[len(lanes.todo_prefix(self.group)):]
+            sid = key[len(prefix):]
             value = self.store.get(key)
             item = lanes.decode_item(value) if value is not None else None
             if item is not None and lanes.version_of(item) != lanes.PROTOCOL_VERSION:
@@ -252,12 +269,14 @@ class Host:
         sid = item["sid"]
         log_path = self.workdir / f"{sid}.log"
         out = open(log_path, "wb")
-        st = LaneStatus("RUNNING", group=self.group, host=self.host_id, start_time=int(time.time() * 1000))
+        st = LaneStatus("RUNNING", group=self.group, host=self.host_id, start_time=int(time.time() * 1000),
+                        env=self.env)
+        cwd = self.job_cwd or self.workdir
         if "call" in item:
             out.close()
             try:
                 proc = self.workers.call(entrypoint=item["command"], args=item["call"], env=item["env"],
-                                         log_path=log_path, result_path=self._result_path(sid), cwd=self.workdir)
+                                         log_path=log_path, result_path=self._result_path(sid), cwd=cwd)
             except WorkersLost as e:  # a host that cannot run functions goes: the control plane starts another
                 self.lost = f"lost its function workers ({e})"
                 st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, st.start_time
@@ -265,7 +284,6 @@ class Host:
                 self._last_write(sid, st)
                 return
             st.pid = proc.pid
-            self.store.put(lanes.status_key(sid), st.encode())
             self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item))
             return
         if SETPRIV:
@@ -275,7 +293,7 @@ class Host:
             how = dict(args=item["command"], shell=True, preexec_fn=_die_with_parent)
         try:
             proc = subprocess.Popen(**how, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **item["env"]}, cwd=self.workdir)
+                                    env={**os.environ, **item["env"]}, cwd=cwd)
         except OSError as e:
             out.close()
             st.status, st.exit_code, st.message, st.end_time = "FAILED", 127, f"could not start: {e}", st.start_time
@@ -284,7 +302,6 @@ class Host:
         finally:
             out.close()  # the child holds its own copy
         st.pid = proc.pid
-        self.store.put(lanes.status_key(sid), st.encode())
         self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item))
         log.info("%s: started pid %d", sid, proc.pid)
 
@@ -294,14 +311,20 @@ class Host:
     def _watch(self) -> None:
         if not self.running:
             return
-        stops = {k[len(lanes.STOP_PREFIX):] for k in self.store.keys(lanes.STOP_PREFIX)}
         now = time.monotonic()
+        stops: set[str] = set()
+        if now - self._stops_at >= STOP_CHECK_S:
+            self._stops_at = now
+            stops = {k[len(lanes.STOP_PREFIX):] for k in self.store.keys(lanes.STOP_PREFIX)}
         for sid, r in list(self.running.items()):
             rc = r.proc.poll()
             if rc is not None:
                 self._finish(r, rc)
                 del self.running[sid]
                 continue
+            if not r.announced and now - r.started >= RUNNING_AFTER_S:
+                r.announced = True
+                self.store.put(lanes.status_key(sid), r.status.encode())
             if sid in stops and r.stop_at is None:
                 r.stop_at = now
                 _signal(r.proc, signal.SIGTERM)
@@ -401,11 +424,13 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("ignoring options this host does not know: %s", " ".join(unknown))
     cpus = float(os.environ.get(lanes.HOST_ENV_CPUS) or 0.0)
     key = os.environ.get(lanes.HOST_ENV_KEY) or None
+    env = os.environ.get(lanes.HOST_ENV_ENV) or None
+    job_cwd = Path.cwd() if os.environ.get(lanes.HOST_ENV_IN_WORKING_DIR) == "1" else None
     workers = Workers(a.slots)
     workers.start()  # before the GCS client: the fork server must not copy Ray's gRPC threads
     store = Store(os.environ["RAY_ADDRESS"])
     host = Host(store, a.group, a.host, a.slots, a.idle_s, wanted=still_wanted(store, a.host), workers=workers,
-                cpus=cpus, key=key)
+                cpus=cpus, key=key, env=env, job_cwd=job_cwd)
 
     def on_term(signum, _frame):
         host.abandon("was stopped")

@@ -105,11 +105,13 @@ class Settings(BaseSettings):
         "commands without GPUs, never past a waiting job of the group, never in a group where warm-lane jobs run, "
         "nor in one the autoscaler may grow. 0: admit only what fits now.")
     fast_lane: bool = Field(
-        False, description="Small jobs (a command of one worker, at most 1 CPU, no GPU, no working_dir/pip/py_modules, "
-        "not `lane: isolated`) run in a warm lane per node group instead of a Ray job each (docs/fast-lane.md). Needs "
-        "Ray's GCS (ray_address, or found from Ray's node list).")
+        False, description="Small jobs (a command or function of one worker, at most 1 CPU, no GPU, no local "
+        "working_dir/py_modules directory, not `lane: isolated`) run in a warm lane per node group and runtime env "
+        "instead of a Ray job each (docs/fast-lane.md). Needs Ray's GCS (ray_address, or found from Ray's node list).")
     lane_idle_s: float = Field(60.0, gt=0, description="A warm lane's host exits after this long without work; the next lane job starts a new one.")
     lane_slots: int = Field(8, ge=1, le=1024, description="Most jobs one lane host runs at once (admission also bounds them by the group's CPUs).")
+    lane_max_envs: int = Field(4, ge=1, le=256, description="Runtime envs (a working_dir package, py_modules, pip) of one node group whose warm lanes keep hosts at once; a job of one more retires the hosts of the env used longest ago (they finish what they run).")
+    lane_tombstone_keep_s: float = Field(86400.0, ge=60, description="How long a warm-lane attempt's claim (the tombstone that keeps a late redispatch from running it again) stays in Ray's KV store after the attempt ended; then it is deleted with any key of the attempt left over.")
     loops_enabled: bool = Field(True, description="Run the dispatcher, the reconciler, the webhook notifier and the scheduler in this process.")
 
     schedule_interval_s: float = Field(1.0, gt=0, le=60, description="How often the scheduler looks for due schedule ticks (docs/schedules.md).")

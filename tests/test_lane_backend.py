@@ -319,6 +319,270 @@ def test_a_node_whose_hosts_fail_at_start_gets_no_new_host_every_call(monkeypatc
         with pytest.raises(Exception):
             lb.ensure_host("cpu")
     assert list(ray.jobs) == [first]  # one failed start, not one more per call
-    lb._start_failures[("cpu", n1)] = (1, 0.0)  # the wait is over
+    lb._start_failures[("cpu", n1, None)] = (1, 0.0)  # the wait is over
     lb.ensure_host("cpu")
     assert lanes.host_submission_id("cpu", 2, n1) in ray.jobs
+
+
+# Lane envs: a job's working_dir, py_modules and pip make hosts of their own ------------
+
+
+class EnvRay(NodesRay):
+    """... that keeps each host's runtime env."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.runtime_envs: dict[str, dict | None] = {}
+
+    def submit(self, *, submission_id, runtime_env=None, **kw):
+        super().submit(submission_id=submission_id, **kw)
+        self.runtime_envs[submission_id] = runtime_env
+
+
+PKG_A = {"working_dir": "raylane://packages/" + "a1" * 32}
+PKG_B = {"working_dir": "raylane://packages/" + "b2" * 32, "pip": ["emoji"]}
+
+
+def to_ray(env):  # the dispatcher's: an uploaded package becomes Ray's URI of it
+    return {**env, "working_dir": env["working_dir"].replace("raylane://packages/", "gcs://_ray_pkg_") + ".zip"}
+
+
+def test_jobs_of_one_runtime_env_share_hosts_started_in_it_apart_from_other_envs(monkeypatch):
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)
+    ka, kb = lanes.env_key(PKG_A), lanes.env_key(PKG_B)
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_A)
+    lb.submit(submission_id="a2-1", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_A)
+    lb.submit(submission_id="b-1", group="cpu", command="true", env={}, lane_env=kb, runtime_env=PKG_B)
+    lb.submit(submission_id="c-1", group="cpu", command="true", env={})
+    ha, hb, hc = (lanes.host_submission_id("cpu", 1, n1, ka), lanes.host_submission_id("cpu", 1, n1, kb),
+                  lanes.host_submission_id("cpu", 1, n1))
+    assert sorted(ray.jobs) == sorted([ha, hb, hc])  # one host per env on the node, the node's own env's apart
+    assert ray.runtime_envs[ha] == {"working_dir": "gcs://_ray_pkg_" + "a1" * 32 + ".zip"}
+    assert ray.runtime_envs[hb]["pip"] == ["emoji"] and ray.runtime_envs[hc] is None
+    assert f"RAYLANE_LANE_ENV={ka} " in ray.entrypoints[ha] and "RAYLANE_LANE_IN_WORKING_DIR=1 " in ray.entrypoints[ha]
+    assert "RAYLANE_LANE_ENV" not in ray.entrypoints[hc]
+    assert ray.jobs[ha].metadata["raylane_lane_env"] == ka
+    # Each env's items are queued where its hosts (and only they) look.
+    assert lanes.todo_key("cpu", "a-1", ka) in ray.gcs.d and lanes.todo_key("cpu", "a-1") not in ray.gcs.d
+    assert lanes.todo_key("cpu", "c-1") in ray.gcs.d
+    assert ray.gcs.d[lanes.host_key("cpu", n1, ka)] == ha.encode()
+    assert LaneStatus.decode(ray.gcs.d[lanes.status_key("b-1")]).env == kb
+    # A stop before a host takes it removes the item from its env's queue.
+    assert lb.stop("a2-1") and lanes.todo_key("cpu", "a2-1", ka) not in ray.gcs.d
+    # ... and an outcome's forget, a late redispatch's re-put item with it.
+    ray.gcs.kv_put(lanes.todo_key("cpu", "b-1", kb), b"{}")
+    lb.forget("b-1", group="cpu", lane_env=kb)
+    assert lanes.todo_key("cpu", "b-1", kb) not in ray.gcs.d
+
+
+def test_a_restarted_control_plane_starts_an_envs_host_from_its_record(monkeypatch):
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    ka = lanes.env_key(PKG_A)
+    LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray).submit(
+        submission_id="a-1", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_A)
+    ha = lanes.host_submission_id("cpu", 1, n1, ka)
+    ray.end(ha, "SUCCEEDED", "idle: exited")
+    fresh = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)  # knows no env but what Ray's store holds
+    assert fresh.get("a-1").status == "PENDING"
+    h2 = lanes.host_submission_id("cpu", 2, n1, ka)
+    assert ray.runtime_envs[h2] == ray.runtime_envs[ha] and ray.jobs[h2].status == "RUNNING"
+
+
+def test_at_most_max_envs_of_a_group_keep_hosts_the_oldest_retires(monkeypatch):
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.ENV_HOLD_S", 0.0)  # each env here is idle at once
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    lb = LaneBackend(ray, idle_s=60, slots=8, max_envs=2, to_ray_env=lambda e: e)
+    envs = [{"working_dir": f"s3://b/code-{i}.zip"} for i in range(3)]
+    keys = [lanes.env_key(e) for e in envs]
+    for i, (e, k) in enumerate(zip(envs, keys)):
+        lb.submit(submission_id=f"j{i}-1", group="cpu", command="true", env={}, lane_env=k, runtime_env=e)
+    def named(k):
+        return ray.gcs.d[lanes.host_key("cpu", n1, k)]
+
+    # The third env's hosts made three: the first env's host is named no more (it retires, and exits when idle).
+    h0 = lanes.host_submission_id("cpu", 1, n1, keys[0])
+    assert named(keys[0]) == b"retired:" + h0.encode()
+    assert [named(k) for k in keys[1:]] == [lanes.host_submission_id("cpu", 1, n1, k).encode() for k in keys[1:]]
+    # Its waiting item is not lost: the env is wanted again, a new host starts for it (the retired one
+    # takes nothing more), and the env wanted longest ago of the others gives way.
+    lb.get_many(["j0-1"])
+    assert named(keys[0]) == lanes.host_submission_id("cpu", 2, n1, keys[0]).encode()
+    assert named(keys[1]).startswith(b"retired:") and not named(keys[2]).startswith(b"retired:")
+
+
+def test_more_envs_with_work_than_max_envs_keep_their_hosts_instead_of_retiring_each_other(monkeypatch):
+    """Three envs each with a job a second and room for two: retiring the one
+    wanted longest ago at each look started a host (and set up its env) per job."""
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    lb = LaneBackend(ray, idle_s=60, slots=8, max_envs=2, to_ray_env=lambda e: e)
+    envs = [{"working_dir": f"s3://b/code-{i}.zip"} for i in range(3)]
+    for n in range(4):  # rounds of one job per env
+        for i, e in enumerate(envs):
+            lb.submit(submission_id=f"j{i}-{n}", group="cpu", command="true", env={}, lane_env=lanes.env_key(e),
+                      runtime_env=e)
+    assert len(ray.jobs) == 3  # one host per env, started once
+    assert not any(v.startswith(b"retired:") for k, v in ray.gcs.d.items() if "/host/" in k)
+
+
+def test_an_env_ray_cannot_set_up_fails_its_waiting_jobs_as_a_ray_job_in_it_would(monkeypatch):
+    from raylane.orchestrator.domain.states import FailureCause
+    from raylane.orchestrator.loops.classify import classify
+
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e)
+    bad = {"pip": ["no-such-package-anywhere==9.9"]}
+    kb = lanes.env_key(bad)
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={}, lane_env=kb, runtime_env=bad)
+    hb = lanes.host_submission_id("cpu", 1, n1, kb)
+    job = ray.jobs[hb]
+    job.status, job.error_type, job.start_time, job.end_time = "FAILED", "RUNTIME_ENV_SETUP_FAILURE", 1_000, 3_000
+    job.message = "Failed to set up runtime environment: pip install failed: No matching distribution"
+    rj = lb.get("a-1")
+    assert rj.status == "FAILED" and rj.error_type == "RUNTIME_ENV_SETUP_FAILURE"
+    assert "No matching distribution" in rj.message and kb in rj.message
+    cause, _ = classify(rj, {})
+    assert cause == FailureCause.RUNTIME_ENV
+    assert lanes.todo_key("cpu", "a-1", kb) not in ray.gcs.d  # taken: no host runs it later
+    assert list(ray.jobs) == [hb]  # and no new host every pass meanwhile
+
+
+def _setup_failed(job, *, took_ms=3_000):
+    job.status, job.error_type, job.start_time, job.end_time = "FAILED", "RUNTIME_ENV_SETUP_FAILURE", 1_000, 1_000 + took_ms
+    job.message = "Failed to set up runtime environment: pip install failed: No matching distribution"
+
+
+def test_one_nodes_failed_env_setup_fails_nothing_while_another_nodes_host_of_the_env_runs(monkeypatch):
+    """A pip index that timed out on one node is that node's trouble: the group's
+    other host of the env runs the env's jobs, and none of them fails."""
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1, n2 = "aa11" * 14, "bb22" * 14
+    ray = EnvRay([(n1, 4.0), (n2, 4.0)])
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e)
+    kb = lanes.env_key(PKG_B)
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={}, lane_env=kb, runtime_env=PKG_B)
+    h1, h2 = lanes.host_submission_id("cpu", 1, n1, kb), lanes.host_submission_id("cpu", 1, n2, kb)
+    assert {h1, h2} <= set(ray.jobs)
+    _setup_failed(ray.jobs[h2])
+    for _ in range(3):
+        rj = lb.get("a-1")
+        assert rj.status == "PENDING", rj.message  # n1's host takes it
+    assert lanes.todo_key("cpu", "a-1", kb) in ray.gcs.d
+    # Once no host of the env runs anywhere in the group, its waiting items fail.
+    _setup_failed(ray.jobs[h1])
+    assert lb.get("a-1").status == "FAILED"
+
+
+def test_an_env_setup_that_fails_after_minutes_is_a_failed_start_too(monkeypatch):
+    """A pip install that gives up after 95 s failed the host's start all the same:
+    no new host (and install) at every look, and the env's waiting items fail."""
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e)
+    kb = lanes.env_key(PKG_B)
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={}, lane_env=kb, runtime_env=PKG_B)
+    hb = lanes.host_submission_id("cpu", 1, n1, kb)
+    _setup_failed(ray.jobs[hb], took_ms=95_000)
+    for _ in range(5):
+        lb.get_many(["a-1"])
+    assert list(ray.jobs) == [hb]
+    assert lb.get("a-1").error_type == "RUNTIME_ENV_SETUP_FAILURE"
+
+
+def test_a_refused_lane_submit_leaves_nothing_a_host_could_run(monkeypatch):
+    """The dispatcher records a refused submit FAILED (it may retry it as the next
+    attempt): the refused attempt's item must not stay for a later host to run."""
+    from raylane.orchestrator.backends.ray_jobs import PackageMissing
+
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    ray = EnvRay([("aa11" * 14, 4.0)])
+
+    def gone(env):
+        raise PackageMissing("package aaaa is no longer stored; upload it again and resubmit")
+
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=gone)
+    ka = lanes.env_key(PKG_A)
+    with pytest.raises(PackageMissing):
+        lb.submit(submission_id="a-1", group="cpu", command="true", env={"SECRET": "x"}, lane_env=ka,
+                  runtime_env=PKG_A)
+    assert lanes.todo_key("cpu", "a-1", ka) not in ray.gcs.d and lanes.status_key("a-1") not in ray.gcs.d
+    assert not ray.gcs.kv_put(lanes.claim_key("a-1"), b"raylane-lane-v1-cpu-x-1", overwrite=False)
+    assert not ray.jobs
+
+
+def test_an_env_no_host_can_be_started_in_fails_its_items_and_the_pass_goes_on(monkeypatch):
+    """A package gone from the store after its jobs were queued: the reconciler's
+    read of every live attempt still answers (the other attempts are followed),
+    and the env's waiting items fail as a Ray job in it would have been refused."""
+    from raylane.orchestrator.backends.ray_jobs import PackageMissing
+
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    stored = {"yes": True}
+
+    def to_ray(env):
+        if not stored["yes"]:
+            raise PackageMissing("package a1a1 is no longer stored; upload it again and resubmit")
+        return env
+
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)
+    ka = lanes.env_key(PKG_A)
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_A)
+    lb.submit(submission_id="c-1", group="cpu", command="true", env={})
+    ray.end(lanes.host_submission_id("cpu", 1, n1, ka), "SUCCEEDED", "idle: exited")
+    stored["yes"] = False
+    got = lb.get_many(["a-1", "c-1"])
+    assert got["c-1"].status == "PENDING"
+    assert got["a-1"].status == "FAILED" and got["a-1"].error_type == "RUNTIME_ENV_SETUP_FAILURE"
+    assert "no longer stored" in got["a-1"].message
+
+
+def test_an_env_key_that_names_another_envs_record_is_refused(monkeypatch):
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    from raylane.orchestrator.backends.lanes import LaneEnvConflict
+
+    ray = EnvRay([("aa11" * 14, 4.0)])
+    ka = lanes.env_key(PKG_A)
+    assert len(ka) == 32  # 128 bits: no made-to-match env
+    LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e).submit(
+        submission_id="a-1", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_A)
+    record = ray.gcs.d[lanes.env_record_key(ka)]
+    # Another replica (or the same) asked to file other code under that key: refused, the record kept.
+    for lb in (LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e),):
+        with pytest.raises(LaneEnvConflict):
+            lb.submit(submission_id="x-1", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_B)
+        with pytest.raises(LaneEnvConflict):  # and again, once it knows the record
+            lb.submit(submission_id="x-2", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_B)
+    assert ray.gcs.d[lanes.env_record_key(ka)] == record
+    assert lanes.todo_key("cpu", "x-1", ka) not in ray.gcs.d
+
+
+def test_an_ended_attempts_result_is_read_with_its_log_tail_in_one_call(lb, ray):
+    from raylane.orchestrator.domain import protocol
+
+    for sid in ("fn-1", "none-1", "bad-1"):
+        lb.submit(submission_id=sid, group="cpu", command="json:dumps", env={}, args={"obj": 1})
+        ray.gcs.kv_put(lanes.claim_key(sid), HOST1.encode(), overwrite=False)
+    ray.gcs.kv_put(lanes.status_key("fn-1"), LaneStatus("SUCCEEDED", group="cpu", host=HOST1, exit_code=0).encode())
+    ray.gcs.kv_put(protocol.result_key("fn-1"), protocol.encode_result({"value": "1"}))
+    ray.gcs.kv_put(lanes.logs_key("fn-1"), b"out\n")
+    ray.gcs.kv_put(lanes.status_key("none-1"), LaneStatus("SUCCEEDED", group="cpu", host=HOST1, exit_code=0).encode())
+    ray.gcs.kv_put(lanes.status_key("bad-1"), LaneStatus("FAILED", group="cpu", host=HOST1, exit_code=1).encode())
+    before = ray.gcs.multi_gets
+    got = lb.get_many(["fn-1", "none-1", "bad-1"])
+    assert ray.gcs.multi_gets - before == 2  # the statuses, then the tails and results together
+    assert got["fn-1"].result == (True, {"value": "1"}) and got["fn-1"].log_tail == "out\n"
+    assert got["none-1"].result == (True, None)  # read, and there was none: not asked again
+    assert got["bad-1"].result is None  # a failure reports no result

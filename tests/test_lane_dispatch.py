@@ -140,3 +140,60 @@ def test_an_error_in_a_pass_is_the_one_raised_and_the_lane_attempts_it_queued_ar
         lane.dispatcher.run_once()
     with db.transaction(lane.sessions) as s:
         assert lifecycle._attempt_status(s, first, 1) is AttemptStatus.SUBMITTED
+
+
+def test_the_sweep_deletes_lane_keys_of_attempts_ended_past_their_keep_and_resumes_from_its_mark(
+        lane, settings, monkeypatch):
+    """A claim is a tombstone for ``lane_tombstone_keep_s``, not for ever: the
+    reconciler then deletes it with whatever of the attempt is left in Ray's store,
+    a batch at a time from where the last sweep stopped, and leaves a recent
+    attempt's claim and a Ray job's keys alone."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from raylane.orchestrator.loops import reconciler
+    from raylane.orchestrator.store.tables import attempts, jobs
+    from raylane.orchestrator.store.transitions import utcnow
+
+    monkeypatch.setattr(reconciler, "SWEEP_BATCH", 2)
+    ids = {}
+    for name in ("ray", "old", "older", "recent"):
+        jid = ids[name] = submit(lane, name)
+        lane.dispatcher.after_submit_hook = lambda c: cancel_before_record(lane, c)
+        lane.dispatcher.run_once()
+        assert lane.get(jid, project=None).status is JobStatus.CANCELLED
+    sid = {name: submission_id(jid, 1) for name, jid in ids.items()}
+    gcs = lane.ray.gcs
+    # Leftovers a failed forget could leave: a status and a re-put todo item.
+    gcs.kv_put(lanes.status_key(sid["old"]), b"{}")
+    gcs.kv_put(lanes.todo_key("cpu", sid["old"]), b"{}")
+    gcs.kv_put(lanes.claim_key(sid["ray"]), b"not the sweep's")  # keys of a job that ran as a Ray job of its own
+    now = utcnow()
+    with db.transaction(lane.sessions) as s:
+        s.execute(update(jobs).where(jobs.c.id == ids["ray"]).values(placement={"group": "cpu"}))
+        for name, days in (("ray", 4), ("older", 3), ("old", 2)):
+            s.execute(update(attempts).where(attempts.c.job_id == ids[name])
+                      .values(ended_at=now - timedelta(days=days)))
+    rec = Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes)
+
+    rec.run_once()  # the batch of two: the Ray job's attempt and "older"
+    assert keys_of(lane, sid["older"]) == {}
+    assert lanes.claim_key(sid["old"]) in gcs.d
+    rec.run_once()  # a full batch: the next pass sweeps on at once
+    assert keys_of(lane, sid["old"]) == {}
+    assert keys_of(lane, sid["ray"]) == {lanes.claim_key(sid["ray"]): b"not the sweep's"}
+    assert keys_of(lane, sid["recent"]) == {lanes.claim_key(sid["recent"]): lanes.FORGOTTEN}
+    mark = lane.lanes.sweep_mark()
+    assert mark is not None and mark[0] == now - timedelta(days=2)
+
+    # The next sweep starts at the mark: what it passed is not read again, and the
+    # recent attempt goes once its keep is over.
+    gcs.kv_put(lanes.claim_key(sid["older"]), lanes.FORGOTTEN)
+    with db.transaction(lane.sessions) as s:
+        s.execute(update(attempts).where(attempts.c.job_id == ids["recent"]).values(ended_at=now - timedelta(days=1.5)))
+    rec.run_once()  # within SWEEP_EVERY_S of the last sweep: none now
+    assert lanes.claim_key(sid["recent"]) in gcs.d
+    Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes).run_once()  # another replica, or a restart
+    assert keys_of(lane, sid["recent"]) == {}
+    assert keys_of(lane, sid["older"]) == {lanes.claim_key(sid["older"]): lanes.FORGOTTEN}

@@ -286,3 +286,48 @@ def test_a_host_whose_key_names_another_takes_no_more_and_exits_when_its_items_e
     assert not t.is_alive()  # exited once "first" ended, long before its 60 s idle
     assert status(store, "first").status == "SUCCEEDED"
     assert lanes.todo_key("cpu", "second") in store.d  # left for the group's other hosts
+
+
+def test_a_host_of_a_lane_env_runs_that_envs_items_only_in_its_working_dir(tmp_path):
+    store = MemoryStore()
+    env = lanes.env_key({"working_dir": "raylane://packages/" + "a1" * 32})
+    code = tmp_path / "unpacked"  # where Ray unpacked the env's working_dir (the host's cwd)
+    code.mkdir()
+    (code / "lane_env_mod.py").write_text("def where(**kw):\n    import os\n    return os.getcwd()\n")
+    (code / "marker.txt").write_text("from-the-package\n")
+    store.put(lanes.todo_key("cpu", "cmd", env), lanes.encode_item("cmd", "cat marker.txt", {}))
+    store.put(lanes.todo_key("cpu", "fn", env), lanes.encode_item("fn", "lane_env_mod:where", {}, args={}))
+    enqueue(store, "own", "pwd")  # the node's own environment's item: another host's
+    import sys
+    sys.path.insert(0, str(code))  # as ``python -m`` in Ray's working_dir puts its cwd first
+    try:
+        (tmp_path / "w").mkdir()
+        Host(store, "cpu", "raylane-lane-v1-cpu-e" + env + "-1", slots=2, idle_s=0.3, workdir=tmp_path / "w",
+             env=env, job_cwd=code).run()
+    finally:
+        sys.path.remove(str(code))
+    assert status(store, "cmd").status == "SUCCEEDED" and store.d[lanes.logs_key("cmd")] == b"from-the-package\n"
+    assert status(store, "cmd").env == env
+    assert status(store, "fn").status == "SUCCEEDED"
+    assert protocol.decode_result(store.d[protocol.result_key("fn")]) == {"value": str(code)}
+    assert lanes.todo_key("cpu", "own") in store.d and lanes.status_key("own") not in store.d  # left alone
+
+
+def test_a_short_item_writes_only_its_end_and_a_longer_one_says_running_first(tmp_path, monkeypatch):
+    monkeypatch.setattr("raylane.jobs.lane.RUNNING_AFTER_S", 1.0)  # wide: a loaded machine's `true` stays short
+    class Counting(MemoryStore):
+        def __init__(self):
+            super().__init__()
+            self.statuses: dict[str, list[str]] = {}
+
+        def put(self, key, value, *, overwrite=True):
+            if key.startswith("lane/a/") and key.endswith("/status"):
+                self.statuses.setdefault(key, []).append(LaneStatus.decode(value).status)
+            return super().put(key, value, overwrite=overwrite)
+
+    store = Counting()
+    enqueue(store, "quick", "true")
+    enqueue(store, "slow", "sleep 1.5")
+    Host(store, "cpu", "raylane-lane-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path).run()
+    assert store.statuses[lanes.status_key("quick")] == ["SUCCEEDED"]  # one write: the claim said who ran it
+    assert store.statuses[lanes.status_key("slow")] == ["RUNNING", "SUCCEEDED"]

@@ -79,7 +79,8 @@ def test_a_stop_kills_a_hung_call_and_the_next_job_runs_in_a_fresh_worker(tmp_pa
                    what="the hung call")
     assert pid == result(store, "1-warm")["pid"]  # the hung call runs in the warm worker
     store.put(lanes.stop_key("2-hung"), b"1")
-    wait_for(lambda: status(store, "2-hung").status == "STOPPED", timeout=10, what="the stop")
+    wait_for(lambda: lanes.status_key("2-hung") in store.d and status(store, "2-hung").status == "STOPPED",
+             timeout=10, what="the stop")
     assert gone(pid)
     fn(store, "3-next", "report")
     t.join(30)

@@ -29,12 +29,38 @@ def test_a_small_command_takes_the_lane_with_its_reason():
     ({"lane": "isolated"}, "Ray job: the spec asks for lane: isolated"),
     ({"resources": {"num_workers": 2}}, "Ray job: asks for 2 workers (the fast lane takes one)"),
     ({"resources": {"gpus_per_worker": 1}}, "Ray job: asks for GPUs (the fast lane takes CPU-only jobs)"),
-    ({"runtime_env": {"pip": ["x"]}}, "Ray job: its runtime_env needs pip (a warm lane runs in the node's own environment)"),
-    ({"runtime_env": {"working_dir": "s3://b/x.zip"}}, "Ray job: its runtime_env needs working_dir (a warm lane runs in the node's own environment)"),
+    ({"runtime_env": {"working_dir": "/srv/code"}}, "Ray job: its runtime_env.working_dir is a directory on the "
+     "server, packed afresh for each job (a warm lane takes uploaded packages and URIs, which name their contents)"),
+    ({"runtime_env": {"working_dir": "s3://b/x.zip", "py_modules": ["s3://b/m.zip", "/srv/mod"]}},
+     "Ray job: its runtime_env.py_modules is a directory on the server, packed afresh for each job (a warm lane "
+     "takes uploaded packages and URIs, which name their contents)"),
     ({"kind": "training", "entrypoint": "m:f"}, "Ray job: kind training needs a driver of its own (the fast lane takes command, function)"),
 ])
 def test_ineligible_jobs_say_why(kw, reason):
     assert lanes.decide(spec(**kw), enabled=True) == (False, reason)
+
+
+def test_a_runtime_env_of_packages_and_pip_takes_a_lane_of_its_own():
+    pkg = "raylane://packages/" + "ab" * 32
+    env = {"working_dir": pkg, "pip": ["emoji==2.0"], "env_vars": {"A": "1"}}
+    ok, why = lanes.decide(spec(runtime_env=env), enabled=True)
+    key = lanes.env_key({"working_dir": pkg, "pip": ["emoji==2.0"]})
+    assert ok and why == (f"fast lane: a 1-CPU command runs in the group's warm lane for its runtime env "
+                          f"(working_dir, pip; lane env {key}), no Ray job of its own")
+    pl = route(spec(runtime_env=env), default_profile(), fast_lane=True)
+    assert pl.lane == pl.node_group and pl.lane_env == key and len(key) == lanes.ENV_KEY_CHARS
+    # env_vars go with each job: they make no env of their own; the same code is the same env, other code another.
+    assert route(spec(runtime_env={"env_vars": {"A": "1"}}), default_profile(), fast_lane=True).lane_env is None
+    assert route(spec(runtime_env={**env, "env_vars": {"B": "2"}}), default_profile(), fast_lane=True).lane_env == key
+    other = route(spec(runtime_env={"working_dir": "raylane://packages/" + "cd" * 32}), default_profile(),
+                  fast_lane=True)
+    assert other.lane_env not in (None, key)
+    # Its keys are its env's own: a host of the node's own environment (or of the first release) lists none of them.
+    assert not lanes.todo_key("cpu", "s", key).startswith(lanes.todo_prefix("cpu"))
+    assert lanes.todo_key("cpu", "s", key).startswith(lanes.todo_prefix("cpu", key))
+    assert lanes.host_key("cpu", "n" * 20, key) not in (lanes.host_key("cpu", "n" * 20), lanes.host_key("cpu", key))
+    sid = lanes.host_submission_id("cpu", 3, "n" * 20, key)
+    assert sid == f"raylane-lane-v1-cpu-nnnnnnnn-e{key[:lanes.HOST_ID_ENV_CHARS]}-3" and int(sid.rsplit("-", 1)[1]) == 3
 
 
 def test_the_lane_is_off_unless_enabled():

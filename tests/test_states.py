@@ -300,6 +300,48 @@ def test_an_attempt_ray_forgot_is_lost_and_retried(cp, settings):
     assert (att["status"], att["cause"]) == ("LOST", "LOST")
 
 
+def test_an_outcome_another_replica_wrote_first_is_no_error_and_each_line_names_its_job(cp, settings, caplog):
+    """Two replicas read the same finished attempts; the other one records them
+    while this one asks Ray. This one's writes are refused (the jobs moved): a
+    race, logged at DEBUG with the job each line is about, never an ERROR."""
+    import logging
+
+    from raylane.orchestrator import logcontext
+
+    ids = [_dispatched(cp, attempt=AttemptStatus.RUNNING) for _ in range(3)]
+    answers = {submission_id(j, 1): RayJob(submission_id(j, 1), "SUCCEEDED", "", None, 1, 2, "aa" * 28, 0, {})
+               for j in ids}
+
+    class Raced(FakeRay):
+        def get_many(self, sids):
+            Reconciler(settings, cp.sessions, FakeRay(answers)).run_once()  # the other replica, first
+            return super().get_many(sids)
+
+    caplog.handler.addFilter(logcontext.ContextFilter())
+    with caplog.at_level(logging.DEBUG, logger="raylane"):
+        Reconciler(settings, cp.sessions, Raced(answers)).run_once()
+    assert all(_row(cp, jobs, j)["status"] == "SUCCEEDED" for j in ids)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    refused = [r for r in caplog.records if "moved since this pass read it" in r.getMessage()]
+    assert sorted(r.job_id for r in refused) == sorted(ids), caplog.text
+    assert all(r.job_id in r.getMessage() for r in refused)
+
+
+def test_an_outcome_refused_again_and_again_is_warned_once(settings, caplog):
+    """A race resolves by the next pass; the same attempt refused pass after pass
+    is something else, and says so once."""
+    import logging
+
+    from raylane.orchestrator.loops.reconciler import CONFLICTS_WARN
+
+    rec = Reconciler(settings, None, FakeRay({}))
+    with caplog.at_level(logging.DEBUG, logger="raylane"):
+        for _ in range(3 * CONFLICTS_WARN):
+            rec._conflict("j1", 1, InvalidTransition("job j1 is SUCCEEDED; it cannot become SUCCEEDED"))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "j1" in warned[0].getMessage(), caplog.text
+
+
 def test_a_refused_submission_of_a_job_being_cancelled_ends_it_cancelled(cp):
     jid = _dispatched(cp)
     with db.transaction(cp.sessions) as s:

@@ -9,6 +9,15 @@ ended while the item ran is reported FAILED with ``lanes.HOST_LOST`` and the
 host's node as its driver's node: ``loops.classify`` makes that node loss (or a
 preemption) if the node died, else LOST, and both are retried.
 
+A lane env (``lanes.env_key``: a job's working_dir, py_modules and pip) has
+hosts of its own, Ray jobs started in that runtime env: Ray unpacks the code
+and installs the packages once per host, not once per job. At most
+``max_envs`` envs of a group keep hosts at once; starting another retires the
+hosts of the one used longest ago (they finish what they run and exit). A host
+that Ray could not start in its runtime env fails the env's waiting items
+with Ray's message (``RUNTIME_ENV_SETUP_FAILURE``), as a Ray job in that env
+would have failed, and the next start of that env waits (the same backoff).
+
 A status of another protocol version (``lanes.PROTOCOL_VERSION``: a control
 plane of another version dispatched it, during a rolling upgrade) is not read:
 the attempt is reported PENDING, so nothing here acts on it, and the log says
@@ -17,13 +26,16 @@ so once per version; stop leaves it alone too.
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import threading
 import time
+from datetime import datetime
+from typing import Any, Callable
 
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJob, RayJobsBackend, RayUnavailable
-from raylane.orchestrator.domain import lanes
+from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.lanes import LaneStatus
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL
 
@@ -38,18 +50,39 @@ SUPERVISOR_GONE = ("JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_START_FAIL
 MAX_HOST_STARTS = 5  # host ids tried in one ensure_host before giving up until the next call
 FAST_FAIL_MS = 30_000  # a host that FAILED sooner than this after its start failed to start
 MAX_START_BACKOFF_S = 300.0  # the longest wait before starting a failing (group, node)'s next host
+RETIRED = b"retired:"  # before a host's id in its key: it was retired (its env gave way to another)
+ENV_SETUP_FAILED = "RUNTIME_ENV_SETUP_FAILURE"  # Ray's error type of a job whose runtime env could not be set up
+ENV_HOLD_S = 10.0  # an env wanted this recently keeps its hosts, over max_envs if need be (``_want_env``)
+ENV_REFUSED_S = 30.0  # an env no host can be started in (not handed to Ray) fails its waiting items this long
+REFUSED = b"refused: no host of its lane could be started"  # the claim of an attempt whose dispatch was refused
+
+
+class LaneEnvConflict(ValueError):
+    """A lane env's key already names another env's record in Ray's store."""
+
+    def __init__(self, env: str):
+        super().__init__(f"lane env {env} is recorded in Ray's store with other contents; this job's runtime env "
+                         f"is refused for it (two envs with one key)")
 
 
 class LaneBackend:
-    def __init__(self, ray: RayJobsBackend, *, idle_s: float = 60.0, slots: int = 8):
+    def __init__(self, ray: RayJobsBackend, *, idle_s: float = 60.0, slots: int = 8, max_envs: int = 4,
+                 to_ray_env: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         self.ray = ray
         self.idle_s = idle_s
         self.slots = slots
+        self.max_envs = max_envs  # lane envs of one group with hosts at once
+        # A lane env as a spec says it -> as Ray takes it (uploaded packages handed to
+        # Ray's package store: the dispatcher's), called at each start of its hosts.
+        self.to_ray_env = to_ray_env
         self._lock = threading.Lock()  # the dispatcher and the reconciler run in threads of their own
         self._hosts: dict[str, tuple[float, RayJob | None]] = {}  # host sid -> (asked at, Ray's answer)
-        self._live_host: dict[str, tuple[float, str]] = {}  # group -> (found at, its live host's sid)
-        # (group, node) -> (hosts that failed at start in a row, no start before this monotonic time)
-        self._start_failures: dict[tuple[str, str | None], tuple[int, float]] = {}
+        self._live_host: dict[tuple[str, str | None], tuple[float, str]] = {}  # (group, env) -> (found at, a live host)
+        # (group, node, env) -> (hosts that failed at start in a row, no start before this monotonic time)
+        self._start_failures: dict[tuple[str, str | None, str | None], tuple[int, float]] = {}
+        self._envs: dict[str, dict[str, Any]] = {}  # lane env key -> the env (``lanes.env_of``), recorded in Ray's store
+        self._env_used: dict[str, dict[str, float]] = {}  # group -> {env key: last wanted (monotonic)}
+        self._env_broken: dict[tuple[str, str], tuple[str, float]] = {}  # (group, env) -> (Ray's message, until)
         self._counted_failures: set[str] = set()  # host sids whose failed start is counted
         self._foreign_versions: set[int] = set()  # protocol versions of statuses seen and left alone (logged once)
 
@@ -101,28 +134,61 @@ class LaneBackend:
             self._hosts[host_sid] = (now, rj)
         return rj
 
-    def ensure_host(self, group: str) -> str:
-        """The group's live hosts, started (as Ray jobs) where missing: one on each
-        live node of the group, pinned to it, counting that node's CPUs; one for the
-        whole group while its nodes are unknown. Returns one of them. Hosts found
-        live serve ``HOST_CHECK_S`` of calls (a burst's submits) unasked."""
+    def ensure_host(self, group: str, env: str | None = None) -> str:
+        """The live hosts of the group (for lane env ``env``), started (as Ray jobs)
+        where missing: one on each live node of the group, pinned to it, counting
+        that node's CPUs; one for the whole group while its nodes are unknown.
+        Returns one of them. Hosts found live serve ``HOST_CHECK_S`` of calls (a
+        burst's submits) unasked."""
         with self._lock:
-            known = self._live_host.get(group)
+            known = self._live_host.get((group, env))
         if known is not None and time.monotonic() - known[0] < HOST_CHECK_S:
             return known[1]
-        sid = self._ensure_hosts(group)[0]
+        if env is not None:
+            self._want_env(group, env)
+        sid = self._ensure_hosts(group, env)[0]
         with self._lock:
-            self._live_host[group] = (time.monotonic(), sid)
+            self._live_host[(group, env)] = (time.monotonic(), sid)
         return sid
 
-    def _ensure_hosts(self, group: str) -> list[str]:
+    def _want_env(self, group: str, env: str) -> None:
+        """``env`` is wanted in ``group`` now; if that makes more than ``max_envs``
+        envs with hosts there, the hosts of the one wanted longest ago retire."""
+        now = time.monotonic()
+        with self._lock:
+            used = self._env_used.setdefault(group, {})
+            used[env] = now
+            # An env not wanted for longer than a host's idle time has no hosts left.
+            for k in [k for k, t in used.items() if now - t > self.idle_s + HOST_CHECK_S]:
+                del used[k]
+            # Only an env not wanted for ``ENV_HOLD_S`` gives way: while more envs than
+            # that bound all have work, each keeps its hosts (over the bound, for a
+            # while) rather than retiring another's at each look and starting them
+            # again a second later, a host start (and an env set-up) per job.
+            idle = [k for k in sorted(used, key=used.get) if k != env and now - used[k] >= ENV_HOLD_S]
+            evict = idle[:max(0, len(used) - self.max_envs)]
+            for k in evict:
+                del used[k]
+                self._live_host.pop((group, k), None)
+        for k in evict:
+            # Each host key of the env names its host as retired: the host sees another
+            # value and retires; the next start of the env numbers on from it.
+            nodes, draining = self.ray.group_nodes(group) if hasattr(self.ray, "group_nodes") else ([], [])
+            keys = [lanes.host_key(group, n, k) for n in [None, *(n for n, _ in nodes), *draining]]
+            for key, value in self._kv("kv_multi_get", keys).items():
+                if not value.startswith(RETIRED):
+                    self._kv("kv_put", key, RETIRED + value)
+            log.info("lane env %s of group %s: its hosts retire (%d envs of the group have hosts; at most %d)",
+                     k, group, self.max_envs + 1, self.max_envs)
+
+    def _ensure_hosts(self, group: str, env: str | None = None) -> list[str]:
         nodes, draining = self.ray.group_nodes(group) if hasattr(self.ray, "group_nodes") else ([], [])
         where: list[tuple[str | None, float]] = list(nodes) or [(None, 0.0)]
-        keys = [lanes.host_key(group, node) for node, _ in where]
+        keys = [lanes.host_key(group, node, env) for node, _ in where]
         # Hosts no longer wanted: a draining node's, and the whole group's once its
         # nodes are known. Their key goes, and each (of this release) retires: it
         # takes no more items and exits when what it runs has ended.
-        retire = [lanes.host_key(group, n) for n in draining] + ([lanes.host_key(group)] if nodes else [])
+        retire = [lanes.host_key(group, n, env) for n in draining] + ([lanes.host_key(group, env=env)] if nodes else [])
         if len(keys) == 1 and not retire:
             one = self._kv("kv_get", keys[0])
             current = {keys[0]: one} if one else {}
@@ -132,79 +198,136 @@ class LaneBackend:
             if key in current:
                 self._kv("kv_del", key)
                 log.info("lane host %s retired (%s)", current[key].decode(errors="replace"),
-                         "its node drains" if key != lanes.host_key(group) else "the group has a host on each node now")
+                         "its node drains" if key != lanes.host_key(group, env=env)
+                         else "the group has a host on each node now")
         sids, failed = [], None
         for node, cpus in where:
-            value = current.get(lanes.host_key(group, node))
+            value = current.get(lanes.host_key(group, node, env))
+            retired = value is not None and value.startswith(RETIRED)
+            if retired:
+                value = value[len(RETIRED):]
             try:
-                sids.append(self._ensure_one(group, node, cpus, value.decode() if value else None))
+                sids.append(self._ensure_one(group, node, cpus, value.decode() if value else None, env,
+                                             retired=retired))
             except RayUnavailable as e:  # one node's host: the others still serve the group
                 failed = e
         if not sids:
             raise failed or RayUnavailable(f"could not start a lane host for group {group}")
         return sids
 
-    def _failing(self, group: str, node: str | None, rj: RayJob | None) -> bool:
-        """Whether the last host of (group, node) ended FAILED soon after it started,
-        and the next start must wait (a node whose package cannot run a host would
-        otherwise get a new Ray job every second)."""
-        where = (group, node)
+    def _failing(self, group: str, node: str | None, rj: RayJob | None, env: str | None = None) -> bool:
+        """Whether the last host of (group, node, env) ended FAILED soon after it
+        started, and the next start must wait (a node whose package cannot run a
+        host would otherwise get a new Ray job every second). A host Ray could not
+        start in its runtime env marks the env broken meanwhile (``get_many``
+        fails its waiting items)."""
+        where = (group, node, env)
         now = time.monotonic()
         with self._lock:
             count, until = self._start_failures.get(where, (0, 0.0))
-        if rj is not None and rj.status == "FAILED" and rj.start_time and rj.end_time \
-                and rj.end_time - rj.start_time < FAST_FAIL_MS and rj.submission_id not in self._counted_failures:
+        # A host that failed soon after its start failed to start; one whose runtime env
+        # Ray could not set up did too, however long that took (a pip install that
+        # gives up after minutes would otherwise get a new host, and a new install,
+        # at every look).
+        quick = bool(rj and rj.start_time and rj.end_time and rj.end_time - rj.start_time < FAST_FAIL_MS)
+        if rj is not None and rj.status == "FAILED" and (quick or rj.error_type == ENV_SETUP_FAILED) \
+                and rj.submission_id not in self._counted_failures:
             self._counted_failures.add(rj.submission_id)
             count += 1
             until = now + min(MAX_START_BACKOFF_S, 2.0 ** count)
             with self._lock:
                 self._start_failures[where] = (count, until)
+                if env is not None and rj.error_type == ENV_SETUP_FAILED:
+                    self._env_broken[(group, env)] = (rj.message or ENV_SETUP_FAILED, until)
             log.error("lane host %s for group %s%s failed %.1f s after it started (%s); the next start waits %.0f s",
                       rj.submission_id, group, f" on node {node}" if node else "",
-                      (rj.end_time - rj.start_time) / 1000, rj.message or rj.error_type, until - now)
+                      ((rj.end_time or 0) - (rj.start_time or 0)) / 1000, rj.message or rj.error_type, until - now)
         elif rj is not None and rj.status in HOST_LIVE:
             with self._lock:
                 self._start_failures.pop(where, None)
+                if env is not None and rj.status == "RUNNING":
+                    self._env_broken.pop((group, env), None)
         return now < until
 
-    def _ensure_one(self, group: str, node: str | None, cpus: float, sid: str | None) -> str:
+    def _ensure_one(self, group: str, node: str | None, cpus: float, sid: str | None, env: str | None = None,
+                    *, retired: bool = False) -> str:
         for _ in range(MAX_HOST_STARTS):
-            if sid is not None:
+            if sid is not None and not retired:
                 rj = self.host(sid)
                 if rj is not None and rj.status in HOST_LIVE:
-                    self._failing(group, node, rj)
+                    self._failing(group, node, rj, env)
                     return sid
-                if self._failing(group, node, rj):
+                if self._failing(group, node, rj, env):
                     raise RayUnavailable(f"lane hosts for group {group} keep failing at start; waiting before the next")
             n = int(sid.rsplit("-", 1)[1]) + 1 if sid else 1
-            sid = lanes.host_submission_id(group, n, node)
+            sid, retired = lanes.host_submission_id(group, n, node, env), False
             selector = {NODE_GROUP_LABEL: group, **({NODE_ID_LABEL: node} if node else {})}
-            env = {lanes.HOST_ENV_KEY: lanes.host_key(group, node), **({lanes.HOST_ENV_CPUS: f"{cpus:g}"} if cpus else {})}
+            runtime_env = self._ray_env(env)
+            opts = {lanes.HOST_ENV_KEY: lanes.host_key(group, node, env),
+                    **({lanes.HOST_ENV_CPUS: f"{cpus:g}"} if cpus else {}),
+                    **({lanes.HOST_ENV_ENV: env} if env else {}),
+                    **({lanes.HOST_ENV_IN_WORKING_DIR: "1"} if runtime_env and runtime_env.get("working_dir") else {})}
             try:
                 self.ray.submit(
-                    submission_id=sid, runtime_env=None, entrypoint_num_cpus=0,
-                    entrypoint=" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+                    submission_id=sid, runtime_env=runtime_env, entrypoint_num_cpus=0,
+                    entrypoint=" ".join(f"{k}={shlex.quote(v)}" for k, v in opts.items())
                                + f" python -m {lanes.HOST_MODULE} --group {shlex.quote(group)} --host {sid} "
                                f"--slots {self.slots} --idle-s {self.idle_s:g}",
-                    metadata={"raylane_lane": group, **({"raylane_lane_node": node} if node else {})},
+                    metadata={"raylane_lane": group, **({"raylane_lane_node": node} if node else {}),
+                              **({"raylane_lane_env": env} if env else {})},
                     entrypoint_label_selector=selector)
-                log.info("started lane host %s for group %s%s", sid, group, f" on node {node}" if node else "")
+                log.info("started lane host %s for group %s%s%s", sid, group, f" on node {node}" if node else "",
+                         f" in lane env {env}" if env else "")
             except AlreadySubmitted:
                 with self._lock:
                     self._hosts.pop(sid, None)  # another control plane's: look at it afresh
                 continue
-            self._kv("kv_put", lanes.host_key(group, node), sid.encode())
+            self._kv("kv_put", lanes.host_key(group, node, env), sid.encode())
             return sid
         raise RayUnavailable(f"could not start a lane host for group {group} (last tried {sid})")
+
+    def _ray_env(self, env: str | None) -> dict[str, Any] | None:
+        """The runtime env of a host of lane env ``env``, as Ray takes it (None: the node's own)."""
+        if env is None:
+            return None
+        spec_env = self._envs.get(env)
+        if spec_env is None:  # queued by another control plane (or before a restart)
+            raw = self._kv("kv_get", lanes.env_record_key(env))
+            if raw is None:
+                raise RuntimeError(f"lane env {env} is not recorded in Ray's store")
+            spec_env = json.loads(raw)
+            with self._lock:
+                self._envs[env] = spec_env
+        return self.to_ray_env(spec_env) if self.to_ray_env else dict(spec_env)
+
+    def _record_env(self, env: str, runtime_env: dict[str, Any]) -> None:
+        """Keep lane env ``env`` in Ray's store for whoever starts its hosts. A record
+        is written once and never replaced: an env whose key names another env's
+        record is refused (``LaneEnvConflict``), so no job can make the hosts that
+        run another's jobs start in its code."""
+        known = self._envs.get(env)
+        if known is not None:
+            if known != runtime_env:
+                raise LaneEnvConflict(env)
+            return
+        ours = json.dumps(runtime_env, sort_keys=True).encode()
+        if not self._kv("kv_put", lanes.env_record_key(env), ours, overwrite=False):
+            theirs = self._kv("kv_get", lanes.env_record_key(env))
+            if theirs is not None and json.loads(theirs) != json.loads(ours):
+                raise LaneEnvConflict(env)
+        with self._lock:
+            self._envs[env] = dict(runtime_env)
 
     # Attempts ------------------------------------------------------------------
 
     def submit(self, *, submission_id: str, group: str, command: str, env: dict[str, str],
-               args: dict | None = None, cpus: float = 0.0) -> None:
+               args: dict | None = None, cpus: float = 0.0, lane_env: str | None = None,
+               runtime_env: dict[str, Any] | None = None) -> None:
         """Queue the attempt in the group's lane (and make sure its hosts run):
         ``command`` a shell command, or with ``args`` a function's import path;
         ``cpus`` what admission counted it to hold (a host takes it only where its
-        node's CPUs have room).
+        node's CPUs have room); ``lane_env`` its lane env's key, ``runtime_env``
+        that env (``lanes.env_of``), which its hosts are started in.
 
         Raises:
             AlreadySubmitted: the attempt was queued before (a retried dispatch); it is adopted.
@@ -212,11 +335,27 @@ class LaneBackend:
         """
         # The item first: a dispatcher that dies between the two writes leaves an
         # item and no status, and the same attempt dispatched again writes both.
-        self._kv("kv_put", lanes.todo_key(group, submission_id), lanes.encode_item(submission_id, command, env, args=args,
-                                                                                 cpus=cpus))
-        added = self._kv("kv_put", lanes.status_key(submission_id), LaneStatus("PENDING", group=group).encode(),
-                         overwrite=False)
-        self.ensure_host(group)
+        if lane_env is not None:
+            if runtime_env is None:
+                raise ValueError("a lane env needs its runtime_env")
+            self._record_env(lane_env, runtime_env)
+        self._kv("kv_put", lanes.todo_key(group, submission_id, lane_env),
+                 lanes.encode_item(submission_id, command, env, args=args, cpus=cpus))
+        added = self._kv("kv_put", lanes.status_key(submission_id),
+                         LaneStatus("PENDING", group=group, env=lane_env).encode(), overwrite=False)
+        try:
+            self.ensure_host(group, lane_env)
+        except RayUnavailable:
+            raise  # the item waits: the dispatch is tried again, and adopts it
+        except Exception:
+            # Refused (its env's package is gone, Ray refused it): the dispatcher records
+            # the attempt FAILED, so nothing may run it later. Taken here, its keys go.
+            if self._kv("kv_put", lanes.claim_key(submission_id), REFUSED, overwrite=False):
+                self._kv("kv_del", lanes.todo_key(group, submission_id, lane_env))
+                self._kv("kv_del", lanes.attempt_prefix(submission_id), prefix=True)
+                raise
+            # A live host of its env took it meanwhile: it runs, as submitted.
+            log.exception("%s: a host of its lane could not be started, but a live one took it", submission_id)
         if not added:
             raise AlreadySubmitted(submission_id)
 
@@ -233,23 +372,71 @@ class LaneBackend:
         foreign = {sid for sid, st in statuses.items() if not self._ours(sid, st)}
         pending = [sid for sid, st in statuses.items() if st.status == "PENDING" and sid not in foreign]
         claims = self._kv("kv_multi_get", [lanes.claim_key(sid) for sid in pending]) if pending else {}
-        unclaimed_groups: set[str] = set()
+        unclaimed_groups: set[tuple[str, str | None]] = set()
         hosts: dict[str, str | None] = {}
         for sid in pending:
             claim = claims.get(lanes.claim_key(sid), b"").decode()
             hosts[sid] = claim if claim.startswith(lanes.HOST_ID_PREFIX) else None
             if hosts[sid] is None and statuses[sid].group:
-                unclaimed_groups.add(statuses[sid].group)
-        for group in sorted(unclaimed_groups):
-            self.ensure_host(group)
+                unclaimed_groups.add((statuses[sid].group, statuses[sid].env))
+        hostless: set[tuple[str, str]] = set()  # lane envs of which no host runs or could be started in the group
+        for group, env in sorted(unclaimed_groups, key=lambda ge: (ge[0], ge[1] or "")):
+            try:
+                self.ensure_host(group, env)
+            except RayUnavailable:
+                if env is None:
+                    raise
+                hostless.add((group, env))  # its hosts fail at start: its waiting items may fail below
+            except Exception as e:
+                if env is None:
+                    raise
+                # Its hosts cannot be started at all (its package is gone from the store,
+                # Ray refused it): its waiting items fail below, as a Ray job in that env
+                # would have been refused. The other envs' and the Ray jobs' attempts are
+                # followed as ever: this pass goes on.
+                log.error("lane env %s of group %s: no host can be started in it: %s", env, group, e)
+                with self._lock:
+                    self._env_broken[(group, env)] = (f"it could not be handed to Ray: {e}",
+                                                      time.monotonic() + ENV_REFUSED_S)
+                hostless.add((group, env))
+        for sid in pending:
+            st = statuses[sid]
+            # Only while no host of the env runs anywhere in the group: one node's failed
+            # start (a pip index that timed out there) fails nothing another node's host runs.
+            if hosts[sid] is None and st.env is not None and (st.group, st.env) in hostless \
+                    and self._env_broken_now(st.group, st.env):
+                self._fail_unstartable(sid, st)
         out = {sid: None if sid not in statuses else _left_alone(sid, statuses[sid]) if sid in foreign
                else self._view(sid, statuses[sid], hosts.get(sid, statuses[sid].host)) for sid in submission_ids}
         ended = [sid for sid, rj in out.items() if rj is not None and rj.status not in HOST_LIVE]
-        if ended:  # their log tails go to the database with their outcomes (``forget``)
-            tails = self._kv("kv_multi_get", [lanes.logs_key(sid) for sid in ended])
+        if ended:  # their log tails go to the database with their outcomes (``forget``), and results in the same read
+            done = [sid for sid in ended if out[sid].status == "SUCCEEDED"]
+            got = self._kv("kv_multi_get", [lanes.logs_key(sid) for sid in ended]
+                           + [protocol.result_key(sid) for sid in done])
             for sid in ended:
-                out[sid].log_tail = tails.get(lanes.logs_key(sid), b"").decode(errors="replace")
+                out[sid].log_tail = got.get(lanes.logs_key(sid), b"").decode(errors="replace")
+            for sid in done:
+                value = got.get(protocol.result_key(sid))
+                out[sid].result = (True, protocol.decode_result(value) if value else None)
         return out
+
+    def _env_broken_now(self, group: str | None, env: str) -> bool:
+        with self._lock:
+            broken = self._env_broken.get((group or "", env))
+        return broken is not None and time.monotonic() < broken[1]
+
+    def _fail_unstartable(self, sid: str, st: LaneStatus) -> None:
+        """A waiting item of a lane env that Ray could not start a host in ends as a
+        Ray job in that env would: FAILED, ``RUNTIME_ENV_SETUP_FAILURE``, Ray's
+        words. Claimed here first (no host can run it after)."""
+        with self._lock:
+            message = self._env_broken[(st.group or "", st.env)][0]
+        if not self._kv("kv_put", lanes.claim_key(sid), b"its lane env could not be set up", overwrite=False):
+            return  # a host took it meanwhile: it runs
+        st.status, st.error_type, st.end_time = "FAILED", ENV_SETUP_FAILED, int(time.time() * 1000)
+        st.message = f"the warm lane's runtime env (lane env {st.env}) could not be set up: {message}"
+        self._kv("kv_put", lanes.status_key(sid), st.encode())
+        self._kv("kv_del", lanes.todo_key(st.group, sid, st.env))
 
     def _view(self, submission_id: str, st: LaneStatus, host: str | None) -> RayJob:
         hj = self.host(host) if host else None
@@ -281,7 +468,7 @@ class LaneBackend:
             # Taken here, so no host will run it.
             st.status, st.message, st.end_time = "STOPPED", "stopped before it started", int(time.time() * 1000)
             self._kv("kv_put", lanes.status_key(submission_id), st.encode())
-            self._kv("kv_del", lanes.todo_key(st.group, submission_id))
+            self._kv("kv_del", lanes.todo_key(st.group, submission_id, st.env))
             return True
         self._kv("kv_put", lanes.stop_key(submission_id), b"1")
         return True
@@ -292,21 +479,26 @@ class LaneBackend:
             return None if self._status(submission_id) is None else ""
         return value.decode(errors="replace")
 
-    def forget(self, submission_id: str, *, group: str | None = None, stopped: bool = False) -> None:
+    def forget(self, submission_id: str, *, group: str | None = None, stopped: bool = False,
+               lane_env: str | None = None, taken: bool = False) -> None:
         """The outcome and the log tail are stored in the database: the claim is
-        marked ``FORGOTTEN`` (a tombstone that stays, so nothing re-put can run it
+        marked ``FORGOTTEN`` (a tombstone, kept until ``sweep`` a day later, so nothing re-put can run it
         again), then its status and tail go in one call, a todo item of ``group`` a
         late redispatch may have put back, and with ``stopped`` its stop request.
         The mark comes first: a host that writes after this (one Ray counted lost
-        that ran on) reads it after its last write and deletes what it wrote."""
+        that ran on) reads it after its last write and deletes what it wrote.
+        ``group`` (and ``lane_env``): the todo item of an attempt that ended without
+        a host taking it (stopped, or failed as unstartable) is deleted too; a
+        host's claim took its item already, and one a late redispatch put back
+        after that is deleted by the next host that lists it (its claim fails)."""
         self._kv("kv_put", lanes.claim_key(submission_id), lanes.FORGOTTEN)
         self._kv("kv_del", lanes.attempt_prefix(submission_id), prefix=True)
-        if group:
-            self._kv("kv_del", lanes.todo_key(group, submission_id))
+        if group and not taken:
+            self._kv("kv_del", lanes.todo_key(group, submission_id, lane_env))
         if stopped:
             self._kv("kv_del", lanes.stop_key(submission_id))
 
-    def discard(self, submission_id: str, *, group: str | None = None) -> None:
+    def discard(self, submission_id: str, *, group: str | None = None, lane_env: str | None = None) -> None:
         """The attempt was cancelled before it was recorded as submitted: nothing
         will look at it again, so it is stopped and forgotten here. Unclaimed, it
         is taken here (no host ever runs it) and its keys go. Claimed by a host,
@@ -324,14 +516,54 @@ class LaneBackend:
             st = self._status(sid)  # read after the mark: a host that writes later sees the mark
         hj = self.host(holder) if holder.startswith(lanes.HOST_ID_PREFIX) else None
         host_busy = st is not None and st.status in HOST_LIVE and hj is not None and hj.status in HOST_LIVE
+        lane_env = lane_env or (st.env if st else None)
         group = group or (st.group if st else None)
         self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
         if group:
-            self._kv("kv_del", lanes.todo_key(group, sid))
+            self._kv("kv_del", lanes.todo_key(group, sid, lane_env))
         if holder.startswith(lanes.HOST_ID_PREFIX) and not host_busy:
             self._kv("kv_del", lanes.stop_key(sid))
         log.info("%s: cancelled before it was recorded; %s", sid,
                  f"its host {holder} asked to stop it" if host_busy else "its lane keys deleted")
+
+
+    # Tombstones ------------------------------------------------------------------
+
+    def sweep_mark(self) -> tuple[datetime, int] | None:
+        """How far the sweep got (``lanes.SWEEP_MARK_KEY``), by any control plane."""
+        value = self._kv("kv_get", lanes.SWEEP_MARK_KEY)
+        if not value:
+            return None
+        try:
+            at, row = value.decode().split("|")
+            return datetime.fromisoformat(at), int(row)
+        except ValueError:
+            log.warning("lane sweep mark %r is unreadable: sweeping from the first ended attempt", value[:80])
+            return None
+
+    def sweep(self, ended: list[dict[str, Any]]) -> int:
+        """Delete what is left in Ray's store of attempts that ended long ago (rows
+        of ``lifecycle.ended_attempts``, oldest first): the claim, a tombstone no
+        late redispatch can need any more, and any status, log tail, stop request
+        or re-put todo item a failed or raced forget left. Attempts of Ray jobs
+        have no lane keys and are passed over. Then the mark moves past the last
+        row. Returns the lane attempts swept."""
+        swept = 0
+        for r in ended:
+            placement = r["placement"] or {}
+            group = placement.get("lane")
+            if not group:
+                continue
+            sid = r["submission_id"]
+            self._kv("kv_del", lanes.claim_key(sid))
+            self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
+            self._kv("kv_del", lanes.stop_key(sid))
+            self._kv("kv_del", lanes.todo_key(group, sid, placement.get("lane_env")))
+            swept += 1
+        if ended:
+            last = ended[-1]
+            self._kv("kv_put", lanes.SWEEP_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
+        return swept
 
 
 def _left_alone(submission_id: str, st: LaneStatus) -> RayJob:

@@ -75,6 +75,8 @@ class RayJob:
     metadata: dict[str, str]
     ray_job_id: str | None = None  # Ray's own job id (hex), once the driver started
     log_tail: str | None = None  # a warm lane's ended attempt: its output's tail (``backends.lanes``)
+    # ... and, SUCCEEDED, the result its host left, read with the tail: (found, the result or None)
+    result: tuple[bool, dict[str, Any] | None] | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "RayJob":

@@ -27,14 +27,26 @@ Words:
 - *logs*: ``lane/a/<sid>/logs``, the last ``MAX_LOG_BYTES`` of the process's
   output, refreshed while it runs.
 - *stop*: ``lane/stop/<sid>``: the control plane asks the host to stop it.
-- *host key*: ``lane/v<N>/host/<group>``: the submission id of the group's current host.
+- *host key*: ``lane/v<N>/host/<group>[/env/<env>][/<node>]``: the submission id of
+  the current host of the group (for a runtime env, on a node).
+- *env*: a lane's runtime env, what its host's Ray job was started in (``env_of``:
+  a spec's ``working_dir``, ``py_modules`` and ``pip``), named by ``env_key``, a
+  hash of it. Jobs of the same env share hosts; items of an env are queued under
+  ``lane/v<N>/<group>/env/<env>/todo/<sid>`` (a host lists its own env's only),
+  and ``lane/v<N>/env/<env>`` holds the env itself, for a control plane that
+  starts a host for items another one queued. No env: the node's own
+  environment, the first release's keys.
 - *forget*: the control plane is done with an attempt (its outcome is in the
   database, or it was cancelled before it was recorded): it marks the claim
   ``FORGOTTEN``, then deletes the attempt's keys.
+- *sweep*: ``lane_tombstone_keep_s`` (a day) after an attempt ended, the
+  control plane deletes its claim and whatever of its keys is left
+  (``SWEEP_MARK_KEY`` says how far it got).
 
 Invariants:
 - One attempt runs at most once: its submission id is claimed once, and the
-  claim stays for good (a tombstone). Once the outcome is in the database the
+  claim stays (a tombstone) for ``lane_tombstone_keep_s`` after its end, far
+  longer than any redispatch can come late. Once the outcome is in the database the
   attempt's status and log tail (``attempt_prefix``) and any todo item go, the
   tail kept in the database (``store.lane_logs``).
 - A forgotten attempt's keys stay gone: after its last write for an item a host
@@ -48,7 +60,9 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -87,22 +101,68 @@ def decide(spec: JobSpec, *, enabled: bool) -> tuple[bool, str]:
         return False, "Ray job: asks for GPUs (the fast lane takes CPU-only jobs)"
     if r.cpus_per_worker > MAX_LANE_CPUS:
         return False, f"Ray job: asks for {r.cpus_per_worker:g} CPUs (the fast lane takes ≤ {MAX_LANE_CPUS:g})"
-    env = spec.runtime_env
-    if env.working_dir or env.pip or env.py_modules:
-        what = ", ".join(k for k in ("working_dir", "pip", "py_modules") if getattr(env, k))
-        return False, f"Ray job: its runtime_env needs {what} (a warm lane runs in the node's own environment)"
+    env = env_of(spec)
+    local = [k for k in ("working_dir", "py_modules") if any(not _URI_RE.match(v) for v in _values(env, k))]
+    if local:
+        return False, (f"Ray job: its runtime_env.{local[0]} is a directory on the server, packed afresh for each "
+                       f"job (a warm lane takes uploaded packages and URIs, which name their contents)")
+    if env:
+        return True, (f"fast lane: a {r.cpus_per_worker:g}-CPU {kind} runs in the group's warm lane for its runtime "
+                      f"env ({', '.join(env)}; lane env {env_key(env)}), no Ray job of its own")
     return True, f"fast lane: a {r.cpus_per_worker:g}-CPU {kind} runs in the group's warm lane, no Ray job of its own"
+
+
+_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # raylane://packages/..., s3://..., gcs://...
+ENV_FIELDS = ("working_dir", "py_modules", "pip")  # what a lane's host runs in; env_vars go with each item
+# Of the hash in keys: 128 bits, so no one can make another env with a job's key
+# (at 48 bits, as before, a made-to-match env was within reach of a GPU farm, and
+# its host would have run the other env's jobs, secrets and all).
+ENV_KEY_CHARS = 32
+HOST_ID_ENV_CHARS = 16  # ... and in a host's id, a name (``attempts.ray_job`` holds 128 characters)
+
+
+def _values(env: dict[str, Any] | None, k: str) -> list[str]:
+    v = (env or {}).get(k)
+    return [] if not v else [v] if isinstance(v, str) else list(v)
+
+
+def env_of(spec: JobSpec) -> dict[str, Any] | None:
+    """The runtime env a lane host for ``spec`` must run in, as the spec says it
+    (uploaded packages as ``raylane://`` URIs); None: the node's own environment."""
+    env = spec.runtime_env
+    out: dict[str, Any] = {}
+    if env.working_dir:
+        out["working_dir"] = env.working_dir
+    if env.py_modules:
+        out["py_modules"] = list(env.py_modules)
+    if env.pip:
+        out["pip"] = list(env.pip)
+    return out or None
+
+
+def env_key(env: dict[str, Any] | None) -> str | None:
+    """The name of a lane env: a hash of what it holds (a package URI names its
+    contents, so the same code is the same env). None for the node's own."""
+    if not env:
+        return None
+    return hashlib.sha256(json.dumps(env, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:ENV_KEY_CHARS]
 
 
 # Keys in Ray's KV store (namespace ``protocol.KV_NAMESPACE``) ---------------
 
 
-def todo_prefix(group: str) -> str:
-    return f"lane/v{PROTOCOL_VERSION}/{group}/todo/"
+def todo_prefix(group: str, env: str | None = None) -> str:
+    where = group if env is None else f"{group}/env/{env}"
+    return f"lane/v{PROTOCOL_VERSION}/{where}/todo/"
 
 
-def todo_key(group: str, sid: str) -> str:
-    return f"{todo_prefix(group)}{sid}"
+def todo_key(group: str, sid: str, env: str | None = None) -> str:
+    return f"{todo_prefix(group, env)}{sid}"
+
+
+def env_record_key(env: str) -> str:
+    """Where a lane env is kept (its ``env_of``, JSON) for whoever starts its hosts."""
+    return f"lane/v{PROTOCOL_VERSION}/env/{env}"
 
 
 def attempt_prefix(sid: str) -> str:
@@ -131,28 +191,41 @@ def stop_key(sid: str) -> str:
 
 STOP_PREFIX = "lane/stop/"
 
+# The claim is a tombstone while a late redispatch could still put a todo item back,
+# not for ever: ``lane_tombstone_keep_s`` after an attempt ended the control plane
+# deletes its claim and any key of it left over (``LaneBackend.sweep``), so Ray's KV
+# store holds what the last day's lane jobs left, not every lane job ever run. This
+# key holds how far the sweep got, "<ended_at ISO>|<attempts row id>", shared by all
+# control planes (one that sweeps again what another swept deletes nothing twice).
+SWEEP_MARK_KEY = "lane/claims-swept-until"
+
 
 # A host's options added after the first release, by environment: a host of that
 # release refused flags it did not know, and ignores these.
 HOST_ENV_CPUS = "RAYLANE_LANE_CPUS"  # its node's CPUs, which its items may hold
 HOST_ENV_KEY = "RAYLANE_LANE_HOST_KEY"  # the key that names it; it retires when that names another
+HOST_ENV_ENV = "RAYLANE_LANE_ENV"  # its lane env (``env_key``): it lists that env's todo items only
+HOST_ENV_IN_WORKING_DIR = "RAYLANE_LANE_IN_WORKING_DIR"  # "1": its jobs run in its working_dir, as a Ray job's do
 
 NODE_TAG_CHARS = 8  # of a node id in its host's key and id (Ray's submission ids stay short)
 
 
-def host_key(group: str, node: str | None = None) -> str:
+def host_key(group: str, node: str | None = None, env: str | None = None) -> str:
     """Where the group's current host is named: one per node of the group (``node``,
-    a Ray node id), or one for the whole group when its nodes are not known."""
-    base = f"lane/v{PROTOCOL_VERSION}/host/{group}"
+    a Ray node id), or one for the whole group when its nodes are not known; for
+    each lane env (``env``) apart."""
+    base = f"lane/v{PROTOCOL_VERSION}/host/{group}" + ("" if env is None else f"/env/{env}")
     return base if node is None else f"{base}/{node[:NODE_TAG_CHARS]}"
 
 
 HOST_ID_PREFIX = "raylane-lane-"  # every version's host ids start so (a claim by a host)
 
 
-def host_submission_id(group: str, n: int, node: str | None = None) -> str:
-    """The ``n``-th host of the group (on ``node``): ``raylane-lane-v1-cpu-3``, ``raylane-lane-v1-cpu-1a2b3c4d-3``."""
+def host_submission_id(group: str, n: int, node: str | None = None, env: str | None = None) -> str:
+    """The ``n``-th host of the group (on ``node``, for lane env ``env``): ``raylane-lane-v1-cpu-3``,
+    ``raylane-lane-v1-cpu-1a2b3c4d-3``, ``raylane-lane-v1-cpu-1a2b3c4d-e0123456789abcdef-3``."""
     where = group if node is None else f"{group}-{node[:NODE_TAG_CHARS]}"
+    where += "" if env is None else f"-e{env[:HOST_ID_ENV_CHARS]}"
     return f"{HOST_ID_PREFIX}v{PROTOCOL_VERSION}-{where}-{n}"
 
 
@@ -172,6 +245,7 @@ class LaneStatus:
     error_type: str | None = None  # HOST_LOST, or None
     start_time: int | None = None  # ms since the epoch, as Ray's job info
     end_time: int | None = None
+    env: str | None = None  # its lane env (``env_key``), None for the node's own
     v: int = PROTOCOL_VERSION  # the writer's protocol version
 
     def encode(self) -> bytes:

@@ -128,6 +128,7 @@ def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *
     if take:
         # A lane runs where its host runs: no fallback group, no driver of its own.
         placement.lane = placement.node_group
+        placement.lane_env = lanes.env_key(lanes.env_of(spec))
         placement.fallback_node_groups = []
         placement.total = dict(placement.worker_resources)  # one worker, no driver besides
         placement.reasons = [r for r in placement.reasons if not r.startswith("falls back to ")]

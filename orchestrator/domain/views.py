@@ -34,6 +34,8 @@ class Placement(BaseModel):
     reasons: list[str]
     lane: str | None = Field(None, description="The node group whose warm lane runs it (docs/fast-lane.md); "
                              "null: a Ray job of its own")
+    lane_env: str | None = Field(None, description="Its lane's runtime env (a hash of its working_dir, py_modules "
+                                 "and pip): jobs of the same env share hosts; null: the node's own environment")
 
 
 class Attempt(BaseModel):

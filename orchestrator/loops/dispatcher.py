@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from raylane.orchestrator.backends.reachability import unreachable_reason
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
+from raylane.orchestrator.domain.lanes import env_of as lane_env_of
 from raylane.orchestrator.domain.packages import package_sha
 from raylane.orchestrator.loops import admission
 from raylane.orchestrator.loops.base import LoopService
@@ -74,6 +76,9 @@ class Dispatcher(LoopService):
         self.backend = backend
         # backends.lanes.LaneBackend: attempts whose placement names a lane go there
         self.lanes = lanes
+        if lanes is not None and getattr(lanes, "to_ray_env", False) is None:
+            lanes.to_ray_env = self._packages_to_ray  # a lane env's hosts start in its packages, as a Ray job would
+        self._touched: dict[str, float] = {}  # package sha -> when a lane job last marked it used (monotonic)
         self.profile = profile
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         # Outside data_dir (Settings refuses otherwise): jobs write here, from any node.
@@ -138,6 +143,22 @@ class Dispatcher(LoopService):
             out["py_modules"] = [to_ray(m) for m in out["py_modules"]]
         return out
 
+    def _touch_packages(self, runtime_env: dict[str, Any]) -> None:
+        """A lane job's packages are marked used, as a Ray job's are at its submit
+        (the sweep keeps them while it may be retried), at most once a minute per
+        package: a burst of lane jobs of one package makes one write, not one each.
+        Handing them to Ray is its hosts' start's (``LaneBackend.to_ray_env``)."""
+        now = time.monotonic()
+        values = ([runtime_env["working_dir"]] if runtime_env.get("working_dir") else []) + \
+            list(runtime_env.get("py_modules") or [])
+        shas = [sha for v in values if (sha := package_sha(v)) and now - self._touched.get(sha, -1e9) > 60.0]
+        if not shas:
+            return
+        with db.transaction(self.sessions) as s:
+            for sha in shas:
+                store_packages.touch(s, sha, now=utcnow())
+        self._touched.update({sha: now for sha in shas})
+
     def submit(self, c: Claimed, recorded_later: list | None = None) -> None:
         """Hand the attempt to Ray (or its warm lane) and record it as submitted.
         ``recorded_later``: a lane attempt's record is appended there instead, for
@@ -184,10 +205,13 @@ class Dispatcher(LoopService):
         try:
             if pl.lane and self.lanes is not None:
                 # A warm lane's host runs it: no Ray job, the same inputs (domain.lanes).
+                lane_env = lane_env_of(spec) if pl.lane_env else None
+                if lane_env:
+                    self._touch_packages(lane_env)
                 self.lanes.submit(submission_id=sid, group=pl.lane, command=spec.entrypoint, env={**job_env, **env},
                                   args=spec.args if traits(spec.kind).runner else None,
-                                  cpus=float(pl.total.get("CPU", 0.0)))
-                note = f"queued in the warm lane of group {pl.lane}"
+                                  cpus=float(pl.total.get("CPU", 0.0)), lane_env=pl.lane_env, runtime_env=lane_env)
+                note = f"queued in the warm lane of group {pl.lane}" + (f", lane env {pl.lane_env}" if pl.lane_env else "")
             else:
                 note = self._submit_ray_job(c, sid, env, entrypoint, runtime_env, metadata)
         except AlreadySubmitted:
@@ -236,7 +260,7 @@ class Dispatcher(LoopService):
             log.info("%s was cancelled while being submitted; stopping it in Ray", sid)
             try:
                 if c.placement.lane and self.lanes is not None:
-                    self.lanes.discard(sid, group=c.placement.lane)
+                    self.lanes.discard(sid, group=c.placement.lane, lane_env=c.placement.lane_env)
                 else:
                     self.backend.stop(sid)
             except RayUnavailable as e:

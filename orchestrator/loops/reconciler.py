@@ -34,6 +34,7 @@ from datetime import timedelta
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable, ResultUnavailable
 from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.errors import InvalidTransition
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.loops.classify import _tail, classify
@@ -48,10 +49,16 @@ log = logging.getLogger(__name__)
 
 # While attempts are live, Ray is polled this often: completion shows within
 # ~25 ms on average: one read of Ray's GCS for all live attempts.
-FAST_POLL_S = 0.05
+FAST_POLL_S = 0.02
 LIVE_TRIALS_EVERY_S = 1.0  # a running sweep's finished trials are read from Ray's store at most this often
 WRITE_BATCH = 200  # most outcomes written in one transaction (``_flush``)
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
+# A write refused because the job moved since the pass read it is a race with another
+# replica or a cancel, and the next pass sees the new state: a DEBUG line. The same
+# attempt refused this many times while it stays live is no race: one WARNING says so.
+CONFLICTS_WARN = 5
+SWEEP_EVERY_S = 60.0  # how often ended lane attempts' tombstones past their keep are deleted (``_sweep_lanes``)
+SWEEP_BATCH = 1000  # ended attempts read per sweep; a full batch sweeps again at the next pass
 
 
 def reports_result(r) -> bool:
@@ -86,7 +93,9 @@ class Reconciler(LoopService):
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
         self._trials_seen: dict[str, tuple[float, int]] = {}  # running sweep -> (last read, trials stored)
-        self._writes: list = []  # (write(session), after()) of this pass, committed together (``_flush``)
+        self._writes: list = []  # (write(session), after(), job, attempt) of this pass, committed together (``_flush``)
+        self._conflicts: dict[tuple[str | None, int | None], int] = {}  # (job, attempt) -> outcomes refused while live
+        self._swept_at = 0.0  # monotonic time of the last lane sweep (0: sweep at the first pass)
 
     def next_wait(self) -> float:
         # Poll Ray quickly while attempts are young or live: completion is noticed
@@ -99,10 +108,13 @@ class Reconciler(LoopService):
             cancelling_unsubmitted = lifecycle.cancelling_jobs(s)
         self._live = len(live)
         live_ids = {r["job_id"] for r in live}
+        self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] in live_ids}
         # A job cancelled before its attempt reached Ray: nothing to stop.
-        for jid, n, lane in cancelling_unsubmitted:
+        for jid, n, lane, lane_env in cancelling_unsubmitted:
             if jid not in live_ids:
-                self._cancel_unsubmitted(jid, n, lane)
+                self._cancel_unsubmitted(jid, n, lane, lane_env)
+        if self.lanes is not None and time.monotonic() - self._swept_at >= SWEEP_EVERY_S:
+            self._sweep_lanes()
         if not live:
             return
         try:
@@ -124,6 +136,25 @@ class Reconciler(LoopService):
             self._pass(live, ray_jobs, now)
         finally:
             self._flush()
+
+    def _sweep_lanes(self) -> None:
+        """Delete the lane claims (tombstones) of attempts that ended more than
+        ``lane_tombstone_keep_s`` ago, with any key of theirs left over, in batches
+        of ``SWEEP_BATCH`` from where the last sweep (of any replica) stopped. A full
+        batch means more are due: the next pass sweeps again."""
+        try:
+            mark = self.lanes.sweep_mark()
+            until = utcnow() - timedelta(seconds=self.settings.lane_tombstone_keep_s)
+            with db.transaction(self.sessions) as s:
+                rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH)
+            swept = self.lanes.sweep(rows)
+            if swept:
+                log.info("lane sweep: deleted the keys of %d lane attempts that ended before %s", swept,
+                         rows[-1]["ended_at"].isoformat())
+            self._swept_at = 0.0 if len(rows) == SWEEP_BATCH else time.monotonic()
+        except Exception as e:  # Ray's store away, the database busy: the claims wait for the next sweep
+            log.warning("lane sweep failed (%s); tried again in %.0f s", e, SWEEP_EVERY_S)
+            self._swept_at = time.monotonic()
 
     def _pass(self, live, ray_jobs, now) -> None:
         nodes = None
@@ -174,6 +205,8 @@ class Reconciler(LoopService):
                 return
             except ResultUnavailable:
                 pass  # the backend said why; the attempt is looked at again next pass
+            except InvalidTransition as e:
+                self._conflict(r["job_id"], r["number"], e)
             except Exception:
                 log.exception("reconciling %s failed; next pass tries again", r["submission_id"])
 
@@ -244,7 +277,8 @@ class Reconciler(LoopService):
     # only once it is committed; a pass that cannot commit leaves Ray's side as it
     # was, and the next pass writes the same outcomes again.
     def _later(self, write, after=None) -> None:
-        self._writes.append((write, after))
+        # The job the pass works on now: its write's log lines name it, not the last job of the pass.
+        self._writes.append((write, after, logcontext.job_id.get(), logcontext.attempt.get()))
         if len(self._writes) >= WRITE_BATCH:
             self._flush()
 
@@ -255,23 +289,38 @@ class Reconciler(LoopService):
         done = []
         try:
             with db.transaction(self.sessions) as s:
-                for write, after in writes:
-                    try:
-                        with s.begin_nested():
-                            write(s)
-                    except Exception:
-                        log.exception("reconciler: writing an outcome failed; next pass tries again")
-                        continue
-                    done.append(after)
+                for write, after, job, n in writes:
+                    with logcontext.job_context(job, n):
+                        try:
+                            with s.begin_nested():
+                                write(s)
+                        except InvalidTransition as e:
+                            self._conflict(job, n, e)
+                            continue
+                        except Exception:
+                            log.exception("reconciler: writing an outcome failed; next pass tries again")
+                            continue
+                    done.append((after, job, n))
         except Exception:
             log.exception("reconciler: committing %d outcomes failed; next pass writes them again", len(writes))
             return
-        for after in done:
+        for after, job, n in done:
             if after is not None:
-                try:
-                    after()
-                except Exception:
-                    log.exception("reconciler: cleaning up after an outcome failed")
+                with logcontext.job_context(job, n):
+                    try:
+                        after()
+                    except Exception:
+                        log.exception("reconciler: cleaning up after an outcome failed")
+
+    def _conflict(self, job: str | None, n: int | None, e: InvalidTransition) -> None:
+        """Another replica (or a cancel) moved the job since this pass read it."""
+        seen = self._conflicts[(job, n)] = self._conflicts.get((job, n), 0) + 1
+        if seen == CONFLICTS_WARN:
+            log.warning("reconciler: attempt %s of job %s: its outcome was refused %d times (%s); still trying",
+                        n, job, seen, e)
+        else:
+            log.debug("reconciler: attempt %s of job %s moved since this pass read it (%s); next pass reads it again",
+                      n, job, e)
 
     def _running(self, r, rj: RayJob) -> None:
         if traits(r["spec"]["kind"]).serves:
@@ -312,14 +361,16 @@ class Reconciler(LoopService):
             save_trials(s, r["job_id"], items, attempt=r["number"])
         self._trials_seen[sid] = (now, len(items))
 
-    def _forget(self, r) -> None:
+    def _forget(self, r, *, ran: bool = False) -> None:
         """The attempt's outcome is stored: what it and the dispatcher left in Ray's
-        store goes (its result, its inputs; a command job has neither)."""
+        store goes (its result, its inputs; a command job has neither). ``ran``: it
+        succeeded, so a lane host took its todo item (no delete of it needed)."""
         in_lane = self._via(r) is self.lanes
         if in_lane:
             # Its keys go (its log tail is in the database now); a stop request only
             # if one may have been made (a cancel, a timeout).
             self.lanes.forget(r["submission_id"], group=(r["placement"] or {}).get("lane"),
+                              lane_env=(r["placement"] or {}).get("lane_env"), taken=ran,
                               stopped=r["job_status"] == JobStatus.CANCELLING.value or bool(r["cause"]))
         if reports_result(r):
             self.backend.forget_result(r["submission_id"])
@@ -330,7 +381,8 @@ class Reconciler(LoopService):
             self._trials_seen.pop(r["submission_id"], None)
 
     def _succeeded(self, r, rj: RayJob) -> None:
-        result = self.backend.result(r["submission_id"]) if reports_result(r) else None
+        result = (rj.result[1] if rj.result is not None else self.backend.result(r["submission_id"])) \
+            if reports_result(r) else None  # a lane's was read with its status (``LaneBackend.get_many``)
 
         def write(s):
             lifecycle.attempt_succeeded(s, r["job_id"], r["number"], exit_code=rj.driver_exit_code,
@@ -340,7 +392,7 @@ class Reconciler(LoopService):
         self._later(write, after=lambda: self._after_success(r))
 
     def _after_success(self, r) -> None:
-        self._forget(r)
+        self._forget(r, ran=True)
         if self.on_ended:
             self.on_ended()
 
@@ -366,7 +418,7 @@ class Reconciler(LoopService):
         if self.on_ended:
             self.on_ended()
 
-    def _cancel_unsubmitted(self, job_id: str, n: int, lane: str | None) -> None:
+    def _cancel_unsubmitted(self, job_id: str, n: int, lane: str | None, lane_env: str | None = None) -> None:
         with db.transaction(self.sessions) as s:
             stopped = lifecycle.cancelled_before_submit(s, job_id, n)
         if stopped and n:
@@ -375,7 +427,7 @@ class Reconciler(LoopService):
             try:
                 if lane and self.lanes is not None:
                     # ... or in its lane: taken there it never runs, and its keys go (none will look again).
-                    self.lanes.discard(submission_id(job_id, n), group=lane)
+                    self.lanes.discard(submission_id(job_id, n), group=lane, lane_env=lane_env)
                 else:
                     self.backend.stop(submission_id(job_id, n))
             except RayUnavailable as e:

@@ -353,7 +353,8 @@ class ControlPlane:
             gcs = RayGcs(ray_address, token)
         self.backend = RayJobsBackend(dashboard_url, token, gcs=gcs)
         # Always there, so attempts already in a lane are followed even with the fast lane turned off since.
-        self.lanes = LaneBackend(self.backend, idle_s=self.settings.lane_idle_s, slots=self.settings.lane_slots)
+        self.lanes = LaneBackend(self.backend, idle_s=self.settings.lane_idle_s, slots=self.settings.lane_slots,
+                                 max_envs=self.settings.lane_max_envs)
         fast_lane = self.settings.fast_lane
         self.router = lambda spec: route(spec, profile, self.cluster_view(), fast_lane=fast_lane)
         self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work,

@@ -15,10 +15,10 @@ attempt is named by its job id and number.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.errors import InvalidTransition
@@ -50,10 +50,24 @@ def live_attempts(s: Session) -> list[Any]:
     ).mappings().all()
 
 
-def cancelling_jobs(s: Session) -> list[tuple[str, int, str | None]]:
-    """(job id, attempts made, its warm lane or None) of every CANCELLING job."""
-    return [(jid, n, (placement or {}).get("lane")) for jid, n, placement in s.execute(
+def cancelling_jobs(s: Session) -> list[tuple[str, int, str | None, str | None]]:
+    """(job id, attempts made, its warm lane or None, its lane env or None) of every CANCELLING job."""
+    return [(jid, n, (placement or {}).get("lane"), (placement or {}).get("lane_env")) for jid, n, placement in s.execute(
         select(jobs.c.id, jobs.c.attempts, jobs.c.placement).where(jobs.c.status == JobStatus.CANCELLING.value))]
+
+
+def ended_attempts(s: Session, *, after: tuple[datetime, int] | None, until: datetime,
+                   limit: int) -> list[dict[str, Any]]:
+    """Attempts that ended after ``after`` ((ended_at, row id), exclusive) and by
+    ``until``, oldest first, with their job's placement: the lane sweep's next
+    batch (``ix_attempts_ended_at``, whatever the number of attempts ever made)."""
+    q = (select(attempts.c.id, attempts.c.ended_at, attempts.c.submission_id, jobs.c.placement)
+         .join(jobs, jobs.c.id == attempts.c.job_id)
+         .where(attempts.c.ended_at.is_not(None), attempts.c.ended_at <= until)
+         .order_by(attempts.c.ended_at, attempts.c.id).limit(limit))
+    if after is not None:
+        q = q.where(or_(attempts.c.ended_at > after[0], and_(attempts.c.ended_at == after[0], attempts.c.id > after[1])))
+    return [dict(r) for r in s.execute(q).mappings()]
 
 
 def has_result(s: Session, job_id: str) -> bool:

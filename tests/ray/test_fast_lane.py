@@ -5,6 +5,7 @@ say why."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -18,7 +19,7 @@ from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus
 from tests.conftest import ADMIN_HEADERS
 from tests.helpers import wait_for
-from tests.ray.conftest import wait_status
+from tests.ray.conftest import cancel_leftovers, wait_status
 
 pytestmark = pytest.mark.ray
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -35,6 +36,7 @@ def lapi(lane_settings):
 
     with TestClient(create_app(lane_settings), headers=ADMIN_HEADERS) as c:
         yield c
+        cancel_leftovers(c)
 
 
 @pytest.fixture
@@ -332,3 +334,44 @@ def test_lane_jobs_spread_over_the_groups_nodes_each_within_its_cpus(lapi, gcs, 
     assert {d["status"] for d in done} == {"SUCCEEDED"}
     nodes = {lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[0]["driver_node_id"] for j in jobs}
     assert len(nodes) == 2
+
+
+def test_jobs_with_an_uploaded_package_run_in_a_lane_of_its_runtime_env(lapi, ray_cluster, gcs, tmp_path):
+    """A working_dir package (the client's upload) makes a lane env: a host
+    started by Ray in that runtime env runs the package's jobs, function calls
+    and commands alike, in its unpacked directory, as a Ray job of its own would;
+    jobs of the node's own environment keep their own hosts."""
+    from raylane.client.packaging import build
+
+    code = tmp_path / "laptop"
+    code.mkdir()
+    (code / "lanepkg.py").write_text("import os\n\n\ndef greet(name):\n    return f'hello {name} from {os.getcwd()}'\n")
+    (code / "data.txt").write_text("packaged-data\n")
+    pkg = build(code)
+    r = lapi.put(f"/v1/packages/{pkg.sha256}", content=pkg.data)
+    assert r.status_code in (200, 201), r.text
+    env = {"working_dir": f"raylane://packages/{pkg.sha256}"}
+    fn = lapi.post("/v1/jobs", json={"name": "pkg-fn", "kind": "function", "entrypoint": "lanepkg:greet",
+                                     "args": {"name": "lane"}, "runtime_env": env}).json()
+    cmd = lapi.post("/v1/jobs", json={"name": "pkg-cmd", "kind": "command", "entrypoint": "cat data.txt",
+                                      "runtime_env": env}).json()
+    own = lapi.post("/v1/jobs", json={"name": "own", "kind": "command", "entrypoint": "true"}).json()
+    key = lanes.env_key(env)
+    assert fn["placement"]["lane"] == "cpu" and fn["placement"]["lane_env"] == key, fn["placement"]
+    assert cmd["placement"]["lane_env"] == key and own["placement"]["lane_env"] is None
+    assert f"lane env {key}" in fn["placement"]["reasons"][-1]
+    done = {j["name"]: wait_status(lapi, j["id"], TERMINAL, timeout=180) for j in (fn, cmd, own)}
+    assert {n: d["status"] for n, d in done.items()} == {"pkg-fn": "SUCCEEDED", "pkg-cmd": "SUCCEEDED",
+                                                         "own": "SUCCEEDED"}, {n: d["status_reason"] for n, d in done.items()}
+    greeting = done["pkg-fn"]["result"]["value"]
+    assert greeting.startswith("hello lane from ") and "_ray_pkg_" in greeting  # run where Ray unpacked it
+    assert lapi.get(f"/v1/jobs/{cmd['id']}/logs").text.strip() == "packaged-data"
+    hosts = {n: lapi.get(f"/v1/jobs/{d['id']}/attempts").json()[0]["ray_job"] for n, d in done.items()}
+    assert hosts["pkg-fn"] == hosts["pkg-cmd"] and f"-e{key[:lanes.HOST_ID_ENV_CHARS]}-" in hosts["pkg-fn"]  # one host for the env's jobs
+    assert hosts["own"] != hosts["pkg-fn"] and "-e" not in hosts["own"].rsplit("-", 2)[-2]
+    host = ray_job(ray_cluster, hosts["pkg-fn"])
+    assert host["runtime_env"]["working_dir"] == f"gcs://_ray_pkg_{pkg.sha256}.zip"
+    assert host["metadata"]["raylane_lane_env"] == key
+    # The env is recorded for whoever starts its next host; the jobs' items are gone from its queue.
+    assert json.loads(gcs.kv_get(lanes.env_record_key(key))) == env
+    assert gcs.kv_get(lanes.todo_key("cpu", f"raylane-{fn['id']}-1", key)) is None
