@@ -79,6 +79,30 @@ def rapi(ray_settings):
 
     with TestClient(create_app(ray_settings), headers=ADMIN_HEADERS) as c:
         yield c
+        cancel_leftovers(c)
+
+
+ACTIVE = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING"]
+
+
+def cancel_leftovers(api, timeout: float = 90) -> None:
+    """Cancel what a test left active, through the control plane, and wait until
+    it has stopped. The cluster is shared by the package: a test that failed
+    before its own clean-up (a gate job holding both GPUs) would otherwise leave
+    its Ray jobs running, and every later test that needs those GPUs would wait
+    for them and fail far from the cause."""
+    left = api.get("/v1/jobs", params={"status": ACTIVE, "limit": 500}).json()["items"]
+    if not left:
+        return
+    for j in left:
+        api.post(f"/v1/jobs/{j['id']}/cancel")
+
+    def stopped():
+        still = api.get("/v1/jobs", params={"status": ACTIVE, "limit": 500}).json()["items"]
+        assert not still, f"still active after cancel: {[(j['id'], j['status']) for j in still]}"
+        return True
+
+    wait_for(stopped, timeout=timeout, what="the test's leftover jobs to stop")
 
 
 def wait_status(api, job_id: str, statuses: set[str], timeout: float = 120) -> dict:

@@ -138,8 +138,10 @@ def test_waits_with_reason_then_priority_order_when_capacity_frees(rapi, tmp_pat
     # The GPU group is full: a low-priority job, then a high-priority one.
     low = rapi.post("/v1/jobs", json=gate(tmp_path / "never", 1, "low", priority=10)).json()
     high = rapi.post("/v1/jobs", json=gate(tmp_path / "release-h", 2, "high", priority=90)).json()
-    j = wait_for(lambda: (lambda j: j if j["status_reason"].startswith("waiting for") else None)(
-        rapi.get(f"/v1/jobs/{low['id']}").json()), timeout=30, what="a waiting reason")
+    # Its first reason is the submit's own ("waiting for admission"); an admission
+    # pass replaces it with what the group lacks.
+    j = wait_for(lambda: (lambda j: j if j["status_reason"] != "waiting for admission" else None)(
+        rapi.get(f"/v1/jobs/{low['id']}").json()), timeout=30, what="admission's reason")
     assert j["status"] == "PENDING"
     assert j["status_reason"] == "waiting for 1 GPUs in group gpu: 0 free"
     release_a.touch()
