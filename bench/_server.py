@@ -75,10 +75,14 @@ class Bench:
             self.cluster.down()
 
 
-def start_cluster_and_server(env: dict[str, str], *, gcs: bool = False, prefix: str = "raylane-bench-") -> Bench:
+def start_cluster_and_server(env: dict[str, str], *, gcs: bool = False, prefix: str = "raylane-bench-",
+                             tree: Path | None = None) -> Bench:
     """Start the local cluster, then the server with ``env`` attached to it (``gcs``:
     also Ray's GCS address, as a deployment gives it). The cluster is stopped again
-    if the server does not start; call ``stop()`` when done."""
+    if the server does not start; call ``stop()`` when done. ``tree``: the server
+    and the cluster's nodes (a lane host, a job's runner) run another checkout's code."""
+    if tree is not None:
+        os.environ["PYTHONPATH"] = str(Path(tree).resolve())  # the nodes' processes inherit it
     from raylane.orchestrator.domain.profile import default_profile
     from raylane.orchestrator.tooling.localcluster import LocalCluster
 
@@ -89,7 +93,7 @@ def start_cluster_and_server(env: dict[str, str], *, gcs: bool = False, prefix: 
     if gcs:
         ray["RAYLANE_RAY_ADDRESS"] = state.gcs_address
     try:
-        server, url = start_server(work, {**ray, **env})
+        server, url = start_server(work, {**ray, **env}, tree=tree)
     except BaseException:
         cluster.down()
         raise

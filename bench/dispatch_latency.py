@@ -10,7 +10,15 @@ so drift on a shared machine hits both alike.
     python bench/dispatch_latency.py [--n 20] [--burst 200] [--pairs 3] [--queue-ahead 8]
 
 Bursts run in --pairs alternated pairs (direct first in odd pairs); the median
-ratio and its spread are reported with the machine's load.
+ratio and its spread are reported with the machine's load (``--pairs 0``: the
+one-job figures only).
+
+Each single job's time is also split into phases (medians in ms), from the
+job's events and Ray's own record of the attempt (one machine, one clock):
+submit and admission (to the DISPATCHING event), dispatch (to Ray's record of
+the submit), in Ray (Ray's start to end time), the reconciler (Ray's end to the
+SUCCEEDED event) and the client's poll; the direct path's are Ray's record,
+in Ray, and the client's poll. What Raylane adds is where those differ.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -103,20 +112,48 @@ def main() -> None:
         assert st not in ("FAILED", "CANCELLED"), st
         return st == "SUCCEEDED"
 
-    def one(submit, done) -> float:
-        t = time.perf_counter()
+    def one(submit, done, phases=None, of=None) -> float:
+        wall0, t = time.time(), time.perf_counter()
         x = submit()
         while not done(x):
             time.sleep(POLL_S)
-        return time.perf_counter() - t
+        took = time.perf_counter() - t
+        if phases is not None:
+            phases.append(of(x, wall0, wall0 + took))
+        return took
+
+    def ray_times(sid: str) -> tuple[float, float]:
+        info = ray.get_job_info(sid)
+        return info.start_time / 1000, info.end_time / 1000
+
+    def direct_phases(sid: str, t0: float, seen: float) -> dict:
+        start, end = ray_times(sid)
+        return {"to Ray's record": start - t0, "in Ray": end - start, "end seen by the client": seen - end}
+
+    def raylane_phases(jid: str, t0: float, seen: float) -> dict:
+        """Where one job's time went, from the job's events and Ray's record of its
+        attempt (one machine, one clock): what Raylane adds is every phase but "in Ray"."""
+        job = http.get(f"/v1/jobs/{jid}").json()
+        at = {e["to_status"]: datetime.fromisoformat(e["at"]).timestamp()
+              for e in http.get(f"/v1/jobs/{jid}/events").json()}
+        start, end = ray_times(job["ray_submission_id"])
+        return {"submit and admission (to DISPATCHING)": at["DISPATCHING"] - t0,
+                "dispatch (to Ray's record)": start - at["DISPATCHING"], "in Ray": end - start,
+                "reconciler (Ray's end to SUCCEEDED stored)": at["SUCCEEDED"] - end,
+                "end seen by the client": seen - at["SUCCEEDED"]}
+
+    def medians_ms(phases: list[dict]) -> dict:
+        return {k: round(statistics.median(p[k] for p in phases) * 1000, 1) for k in phases[0]}
 
     try:
         one(direct_submit, direct_done), one(raylane_submit, raylane_done)  # warm-up
-        d, r = [], []
+        d, r, dph, rph = [], [], [], []
         for _ in range(args.n):
-            d.append(one(direct_submit, direct_done))
-            r.append(one(raylane_submit, raylane_done))
+            d.append(one(direct_submit, direct_done, dph, direct_phases))
+            r.append(one(raylane_submit, raylane_done, rph, raylane_phases))
         dp50, rp50 = statistics.median(d), statistics.median(r)
+        print(json.dumps({"direct_phases_p50_ms": medians_ms(dph), "raylane_phases_p50_ms": medians_ms(rph)},
+                         indent=2), file=sys.stderr)
 
         def burst(submit, done) -> tuple[float, int]:
             mon = PeakRSS(head_pgid)
@@ -142,6 +179,7 @@ def main() -> None:
                 bd, bd_mem = burst(direct_submit, direct_done)
             pairs.append((bd, br, bd_mem, br_mem))
             print(f"pair {i + 1}: direct {bd:.1f} s, raylane {br:.1f} s, ratio {br / bd:.3f}", file=sys.stderr)
+        pairs = pairs or [(float("nan"),) * 4]  # --pairs 0: one job only
         ratios = sorted(br / bd for bd, br, _, _ in pairs)
         bd, br = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
         bd_mem, br_mem = max(p[2] for p in pairs), max(p[3] for p in pairs)
@@ -153,6 +191,7 @@ def main() -> None:
             "burst_ratio_median": statistics.median(ratios), "burst_ratio_min": ratios[0], "burst_ratio_max": ratios[-1],
             "burst_pairs": [{"direct_s": p[0], "raylane_s": p[1], "ratio": p[1] / p[0]} for p in pairs],
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "queue_ahead_jobs": args.queue_ahead,
+            "direct_phases_p50_ms": medians_ms(dph), "raylane_phases_p50_ms": medians_ms(rph),
             "direct_head_peak_rss_mb": bd_mem / 2**20, "raylane_head_peak_rss_mb": br_mem / 2**20,
         }
         print(json.dumps(out, indent=2))

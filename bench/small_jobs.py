@@ -44,6 +44,13 @@ POLL_S = 0.01
 UNFINISHED = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING"]
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy so far, all cores (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's CPU time so far, its reaped children's included (/proc/<pid>/stat)."""
     try:
@@ -62,13 +69,14 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--profile", metavar="FILE",
                     help="sample the server with py-spy (GIL holders, raw) during the function burst into FILE")
+    ap.add_argument("--tree", type=Path, help="run the server and the nodes from another checkout (before/after)")
     args = ap.parse_args()
 
     from ray.job_submission import JobSubmissionClient
 
     bench = _server.start_cluster_and_server({
         "RAYLANE_FAST_LANE": "true", "RAYLANE_LANE_SLOTS": str(args.slots), "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL",
-        "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"}, gcs=True)
+        "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0"}, gcs=True, tree=args.tree)
     state, url, head_pgid = bench.state, bench.url, bench.head_pgid
     http = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {TOKEN}"})
     ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})
@@ -130,11 +138,22 @@ def main() -> None:
                 continue
         return None
 
+    def pid_of(needle: bytes) -> int | None:
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and needle in (d / "cmdline").read_bytes().split(b"\0")[0]:
+                    return int(d.name)
+            except OSError:
+                continue
+        return None
+
     def measured(fn, n, name=None):
         mon = PeakRSS(head_pgid)
         mon.start()
-        procs = {"server": bench.server.pid, "host": lane_host_pid()} if name else {}
+        # The GCS too: every lane job is a few calls to Ray's KV store, on the head node's CPU.
+        procs = {"server": bench.server.pid, "host": lane_host_pid(), "gcs": pid_of(b"gcs_server")} if name else {}
         before = {k: cpu_seconds(p) for k, p in procs.items() if p}
+        machine0 = machine_busy_seconds() if name else 0.0
         try:
             return fn(n), mon
         finally:
@@ -142,6 +161,8 @@ def main() -> None:
             mon.join()
             for k, t in before.items():
                 cpu[f"{name} {k}"] = cpu_seconds(procs[k]) - t
+            if name:  # every process of the machine: the client, Ray's daemons and whatever else runs here
+                cpu[f"{name} machine"] = machine_busy_seconds() - machine0
 
     try:
         lane_one()  # starts the lane's host: the figures below are on a warm lane
@@ -164,21 +185,26 @@ def main() -> None:
         assert not failed["items"], failed["items"][:3]
         direct_s, direct_mon = measured(direct_burst, args.direct)
         load = os.getloadavg()
+
+        def rate(n, s):  # a part left out (--lane 0, --direct 0: a profiling run) has none
+            return n / s if n and s > 0 else None
+
+        direct_rate = rate(args.direct, direct_s)
         out = {
-            "lane_jobs": args.lane, "lane_s": lane_s, "lane_jobs_per_s": args.lane / lane_s,
-            "function_jobs": args.functions, "function_s": fn_s, "function_jobs_per_s": args.functions / fn_s,
-            "direct_jobs": args.direct, "direct_s": direct_s, "direct_jobs_per_s": args.direct / direct_s,
-            "throughput_ratio": (args.lane / lane_s) / (args.direct / direct_s),
-            "function_ratio": (args.functions / fn_s) / (args.direct / direct_s),
-            "single_n": args.single, "lane_p50_ms": statistics.median(single) * 1000,
-            "lane_p90_ms": sorted(single)[int(0.9 * len(single))] * 1000,
+            "lane_jobs": args.lane, "lane_s": lane_s, "lane_jobs_per_s": rate(args.lane, lane_s),
+            "function_jobs": args.functions, "function_s": fn_s, "function_jobs_per_s": rate(args.functions, fn_s),
+            "direct_jobs": args.direct, "direct_s": direct_s, "direct_jobs_per_s": direct_rate,
+            "throughput_ratio": rate(args.lane, lane_s) / direct_rate if args.lane and direct_rate else None,
+            "function_ratio": rate(args.functions, fn_s) / direct_rate if args.functions and direct_rate else None,
+            "single_n": args.single, "lane_p50_ms": statistics.median(single) * 1000 if single else None,
+            "lane_p90_ms": sorted(single)[int(0.9 * len(single))] * 1000 if single else None,
             "head_idle_rss_mb": idle_rss / 2**20, "head_peak_rss_lane_mb": lane_mon.peak / 2**20,
             "head_peak_rss_function_mb": fn_mon.peak / 2**20, "head_peak_rss_direct_mb": direct_mon.peak / 2**20, "slots": args.slots,
             # CPU per job, robust to a busy machine where wall time is not: the
             # server's (its loops and the bench's polling) and the lane host's (with
             # its reaped children: the forks and shells that ran the jobs).
-            "cpu_ms_per_job": {k: 1000 * v / (args.lane if k.startswith("commands") else args.functions)
-                               for k, v in cpu.items()},
+            "cpu_ms_per_job": {k: 1000 * v / n for k, v in cpu.items()
+                               if (n := args.lane if k.startswith("commands") else args.functions)},
             "loadavg_after": load, "cpus": os.cpu_count(),
         }
         print(json.dumps(out, indent=2))
