@@ -529,6 +529,12 @@ class LaneBackend:
 
     # Tombstones ------------------------------------------------------------------
 
+    def store_known(self) -> bool:
+        """Whether Ray's store is known (configured, or found for other work): the
+        sweep never goes looking for it, so a control plane without Ray logs nothing
+        of it."""
+        return getattr(self.ray, "gcs", None) is not None
+
     def sweep_mark(self) -> tuple[datetime, int] | None:
         """How far the sweep got (``lanes.SWEEP_MARK_KEY``), by any control plane."""
         value = self._kv("kv_get", lanes.SWEEP_MARK_KEY)

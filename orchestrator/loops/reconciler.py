@@ -113,7 +113,7 @@ class Reconciler(LoopService):
         for jid, n, lane, lane_env in cancelling_unsubmitted:
             if jid not in live_ids:
                 self._cancel_unsubmitted(jid, n, lane, lane_env)
-        if self.lanes is not None and time.monotonic() - self._swept_at >= SWEEP_EVERY_S:
+        if self.lanes is not None and time.monotonic() - self._swept_at >= SWEEP_EVERY_S and self.lanes.store_known():
             self._sweep_lanes()
         if not live:
             return
@@ -152,7 +152,10 @@ class Reconciler(LoopService):
                 log.info("lane sweep: deleted the keys of %d lane attempts that ended before %s", swept,
                          rows[-1]["ended_at"].isoformat())
             self._swept_at = 0.0 if len(rows) == SWEEP_BATCH else time.monotonic()
-        except Exception as e:  # Ray's store away, the database busy: the claims wait for the next sweep
+        except RayUnavailable as e:  # said once per outage by whoever needs Ray; the claims wait
+            log.debug("lane sweep: Ray's store unreachable (%s); tried again in %.0f s", e, SWEEP_EVERY_S)
+            self._swept_at = time.monotonic()
+        except Exception as e:  # the database busy, an error of Ray's store: the claims wait for the next sweep
             log.warning("lane sweep failed (%s); tried again in %.0f s", e, SWEEP_EVERY_S)
             self._swept_at = time.monotonic()
 
