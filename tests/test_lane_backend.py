@@ -586,3 +586,50 @@ def test_an_ended_attempts_result_is_read_with_its_log_tail_in_one_call(lb, ray)
     assert got["fn-1"].result == (True, {"value": "1"}) and got["fn-1"].log_tail == "out\n"
     assert got["none-1"].result == (True, None)  # read, and there was none: not asked again
     assert got["bad-1"].result is None  # a failure reports no result
+
+
+class Clock:
+    """``time`` as backends.lanes reads it, with a monotonic clock the test moves."""
+
+    def __init__(self):
+        import time as _time
+
+        self._time, self.t = _time, 1_000.0
+
+    def monotonic(self):
+        return self.t
+
+    def time(self):
+        return self._time.time()
+
+
+def test_what_a_long_running_control_plane_remembers_stays_bounded_as_nodes_hosts_and_envs_come_and_go(
+        monkeypatch):
+    """Months of spot churn: every node lives a while and goes, some hosts fail at
+    start, every job ships a new package. What the backend keeps in memory is what
+    its current hosts, nodes and envs need, not an entry per host ever started."""
+    from raylane.orchestrator.backends import lanes as backend
+
+    clock = Clock()
+    monkeypatch.setattr(backend, "time", clock)
+    monkeypatch.setattr(backend, "MEMO_MAX", 10)
+    ray = EnvRay([])
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)
+    for i in range(120):
+        node = f"{i:04x}" * 14
+        ray.nodes = [(node, 4.0)]
+        env = {"working_dir": f"raylane://packages/{i:064x}"}
+        lb.submit(submission_id=f"j{i}-1", group="cpu", command="true", env={}, lane_env=lanes.env_key(env),
+                  runtime_env=env)
+        lb.ensure_host("cpu")
+        if i % 2:  # this node's host of the node's own env fails at start: counted, its next start waits
+            first = ray.jobs[lanes.host_submission_id("cpu", 1, node)]
+            first.status, first.start_time, first.end_time = "FAILED", 1_000, 1_500
+            clock.t += 2.0  # past HOST_CHECK_S: Ray is asked again
+            with pytest.raises(Exception):
+                lb.ensure_host("cpu")
+        clock.t += 120.0  # the node is reclaimed; the next one joins
+    assert len(ray.jobs) >= 240  # a host per node and env was started and is remembered by Ray, not here
+    assert len(lb._hosts) <= 4 and len(lb._live_host) <= 4
+    assert len(lb._start_failures) <= 2 and len(lb._env_broken) <= 2
+    assert len(lb._counted_failures) <= 10 + 1 and len(lb._envs) <= 10 + 1

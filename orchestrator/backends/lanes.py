@@ -55,6 +55,12 @@ ENV_SETUP_FAILED = "RUNTIME_ENV_SETUP_FAILURE"  # Ray's error type of a job whos
 ENV_HOLD_S = 10.0  # an env wanted this recently keeps its hosts, over max_envs if need be (``_want_env``)
 ENV_REFUSED_S = 30.0  # an env no host can be started in (not handed to Ray) fails its waiting items this long
 REFUSED = b"refused: no host of its lane could be started"  # the claim of an attempt whose dispatch was refused
+# What a control plane remembers of hosts, nodes and envs is pruned this often
+# (``_prune``), so one that runs for months holds what its current hosts need,
+# not an entry for every host, node and env it ever saw (hosts come and go with
+# every idle period, spot nodes with every reclaim, envs with every new package).
+PRUNE_EVERY_S = 60.0
+MEMO_MAX = 1024  # host sids whose failed start is counted, envs read: at most this many kept
 
 
 class LaneEnvConflict(ValueError):
@@ -83,7 +89,8 @@ class LaneBackend:
         self._envs: dict[str, dict[str, Any]] = {}  # lane env key -> the env (``lanes.env_of``), recorded in Ray's store
         self._env_used: dict[str, dict[str, float]] = {}  # group -> {env key: last wanted (monotonic)}
         self._env_broken: dict[tuple[str, str], tuple[str, float]] = {}  # (group, env) -> (Ray's message, until)
-        self._counted_failures: set[str] = set()  # host sids whose failed start is counted
+        self._counted_failures: dict[str, None] = {}  # host sids whose failed start is counted (oldest first)
+        self._pruned_at = time.monotonic()
         self._foreign_versions: set[int] = set()  # protocol versions of statuses seen and left alone (logged once)
 
     def _gcs(self):
@@ -140,6 +147,7 @@ class LaneBackend:
         that node's CPUs; one for the whole group while its nodes are unknown.
         Returns one of them. Hosts found live serve ``HOST_CHECK_S`` of calls (a
         burst's submits) unasked."""
+        self._prune()
         with self._lock:
             known = self._live_host.get((group, env))
         if known is not None and time.monotonic() - known[0] < HOST_CHECK_S:
@@ -150,6 +158,30 @@ class LaneBackend:
         with self._lock:
             self._live_host[(group, env)] = (time.monotonic(), sid)
         return sid
+
+    def _prune(self) -> None:
+        """Forget, at most every ``PRUNE_EVERY_S``, what no call reads again: Ray's
+        answers about hosts and the live host of each (group, env) older than
+        ``HOST_CHECK_S`` (they are asked afresh anyway), start backoffs that ended
+        ``MAX_START_BACKOFF_S`` ago (a node gone, an env no longer wanted: its count
+        starts over), broken envs whose wait ended, all but the newest ``MEMO_MAX``
+        counted failures (a failed host's id is not looked at again once its key
+        names the next) and envs beyond ``MEMO_MAX`` no group wants now (read again
+        from Ray's store if they come back)."""
+        now = time.monotonic()
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        with self._lock:
+            self._pruned_at = now
+            self._hosts = {k: v for k, v in self._hosts.items() if now - v[0] < HOST_CHECK_S}
+            self._live_host = {k: v for k, v in self._live_host.items() if now - v[0] < HOST_CHECK_S}
+            self._start_failures = {k: v for k, v in self._start_failures.items()
+                                    if now < v[1] + MAX_START_BACKOFF_S}
+            self._env_broken = {k: v for k, v in self._env_broken.items() if now < v[1]}
+            self._counted_failures = dict.fromkeys(list(self._counted_failures)[-MEMO_MAX:])
+            if len(self._envs) > MEMO_MAX:
+                wanted = {e for used in self._env_used.values() for e in used}
+                self._envs = {k: v for k, v in self._envs.items() if k in wanted}
 
     def _want_env(self, group: str, env: str) -> None:
         """``env`` is wanted in ``group`` now; if that makes more than ``max_envs``
@@ -232,7 +264,7 @@ class LaneBackend:
         quick = bool(rj and rj.start_time and rj.end_time and rj.end_time - rj.start_time < FAST_FAIL_MS)
         if rj is not None and rj.status == "FAILED" and (quick or rj.error_type == ENV_SETUP_FAILED) \
                 and rj.submission_id not in self._counted_failures:
-            self._counted_failures.add(rj.submission_id)
+            self._counted_failures[rj.submission_id] = None
             count += 1
             until = now + min(MAX_START_BACKOFF_S, 2.0 ** count)
             with self._lock:
@@ -430,7 +462,7 @@ class LaneBackend:
         Ray job in that env would: FAILED, ``RUNTIME_ENV_SETUP_FAILURE``, Ray's
         words. Claimed here first (no host can run it after)."""
         with self._lock:
-            message = self._env_broken[(st.group or "", st.env)][0]
+            message = self._env_broken.get((st.group or "", st.env), (ENV_SETUP_FAILED, 0.0))[0]
         if not self._kv("kv_put", lanes.claim_key(sid), b"its lane env could not be set up", overwrite=False):
             return  # a host took it meanwhile: it runs
         st.status, st.error_type, st.end_time = "FAILED", ENV_SETUP_FAILED, int(time.time() * 1000)
