@@ -194,6 +194,10 @@ def test_the_sweep_deletes_lane_keys_of_attempts_ended_past_their_keep_and_resum
         s.execute(update(attempts).where(attempts.c.job_id == ids["recent"]).values(ended_at=now - timedelta(days=1.5)))
     rec.run_once()  # within SWEEP_EVERY_S of the last sweep: none now
     assert lanes.claim_key(sid["recent"]) in gcs.d
+    dels = []
+    real_del = gcs.kv_del
+    monkeypatch.setattr(gcs, "kv_del", lambda key, **kw: (dels.append(key), real_del(key, **kw)))
     Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes).run_once()  # another replica, or a restart
     assert keys_of(lane, sid["recent"]) == {}
+    assert dels == [lanes.claim_key(sid["recent"])]  # nothing else was left of it: one call, not one per key it might have
     assert keys_of(lane, sid["older"]) == {lanes.claim_key(sid["older"]): lanes.FORGOTTEN}

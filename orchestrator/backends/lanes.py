@@ -584,24 +584,30 @@ class LaneBackend:
         of ``lifecycle.ended_attempts``, oldest first): the claim, a tombstone no
         late redispatch can need any more, and any status, log tail, stop request
         or re-put todo item a failed or raced forget left. Attempts of Ray jobs
-        have no lane keys and are passed over. Then the mark moves past the last
-        row. Returns the lane attempts swept."""
-        swept = 0
+        have no lane keys and are passed over. One read finds the leftovers, so a
+        batch costs a call per claim, not four (the reconciler waits on it). Then
+        the mark moves past the last row. Returns the lane attempts swept."""
+        swept: list[tuple[str, str]] = []  # (sid, its todo key)
         for r in ended:
             placement = r["placement"] or {}
-            group = placement.get("lane")
-            if not group:
-                continue
-            sid = r["submission_id"]
-            self._kv("kv_del", lanes.claim_key(sid))
-            self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
-            self._kv("kv_del", lanes.stop_key(sid))
-            self._kv("kv_del", lanes.todo_key(group, sid, placement.get("lane_env")))
-            swept += 1
+            if placement.get("lane"):
+                sid = r["submission_id"]
+                swept.append((sid, lanes.todo_key(placement["lane"], sid, placement.get("lane_env"))))
+        if swept:
+            left = self._kv("kv_multi_get", [k for sid, todo in swept
+                                             for k in (lanes.status_key(sid), lanes.logs_key(sid),
+                                                       lanes.stop_key(sid), todo)])
+            for sid, todo in swept:
+                self._kv("kv_del", lanes.claim_key(sid))
+                if lanes.status_key(sid) in left or lanes.logs_key(sid) in left:
+                    self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
+                for key in (lanes.stop_key(sid), todo):
+                    if key in left:
+                        self._kv("kv_del", key)
         if ended:
             last = ended[-1]
             self._kv("kv_put", lanes.SWEEP_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
-        return swept
+        return len(swept)
 
 
 def _left_alone(submission_id: str, st: LaneStatus) -> RayJob:

@@ -58,7 +58,7 @@ DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attem
 # attempt refused this many times while it stays live is no race: one WARNING says so.
 CONFLICTS_WARN = 5
 SWEEP_EVERY_S = 60.0  # how often ended lane attempts' tombstones past their keep are deleted (``_sweep_lanes``)
-SWEEP_BATCH = 1000  # ended attempts read per sweep; a full batch sweeps again at the next pass
+SWEEP_BATCH = 200  # ended attempts read per sweep (a GCS call per lane claim); a full batch sweeps on at the next pass
 
 
 def reports_result(r) -> bool:
