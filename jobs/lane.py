@@ -357,9 +357,11 @@ class Host:
             st.status, st.message = "STOPPED", "stopped on request"
         elif rc == 0:
             result = self._result_path(r.sid)
-            if result.exists():  # a function's: where the reconciler reads any runner's result
+            # A function's, where the reconciler reads any runner's result. Only a call
+            # has one: a command could write a file of that name in its directory.
+            if isinstance(r.proc, WarmCall) and result.exists():
                 self.store.put(protocol.result_key(r.sid), result.read_bytes())
-                result.unlink()
+            result.unlink(missing_ok=True)
             st.status = "SUCCEEDED"
         else:
             tail = r.log_path.read_bytes()[-FAILED_TAIL_CHARS:].decode(errors="replace")

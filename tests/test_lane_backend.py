@@ -586,6 +586,15 @@ def test_an_ended_attempts_result_is_read_with_its_log_tail_in_one_call(lb, ray)
     assert got["fn-1"].result == (True, {"value": "1"}) and got["fn-1"].log_tail == "out\n"
     assert got["none-1"].result == (True, None)  # read, and there was none: not asked again
     assert got["bad-1"].result is None  # a failure reports no result
+    # A result that is not JSON (no runner of ours wrote it) is no result, and stops no other attempt's pass.
+    for sid in ("junk-1", "ok-1"):
+        lb.submit(submission_id=sid, group="cpu", command="json:dumps", env={}, args={"obj": 1})
+        ray.gcs.kv_put(lanes.claim_key(sid), HOST1.encode(), overwrite=False)
+        ray.gcs.kv_put(lanes.status_key(sid), LaneStatus("SUCCEEDED", group="cpu", host=HOST1, exit_code=0).encode())
+    ray.gcs.kv_put(protocol.result_key("junk-1"), b"{")
+    ray.gcs.kv_put(protocol.result_key("ok-1"), protocol.encode_result({"value": "2"}))
+    got = lb.get_many(["junk-1", "ok-1"])
+    assert got["junk-1"].result == (True, None) and got["ok-1"].result == (True, {"value": "2"})
 
 
 class Clock:

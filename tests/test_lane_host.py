@@ -331,3 +331,14 @@ def test_a_short_item_writes_only_its_end_and_a_longer_one_says_running_first(tm
     Host(store, "cpu", "raylane-lane-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path).run()
     assert store.statuses[lanes.status_key("quick")] == ["SUCCEEDED"]  # one write: the claim said who ran it
     assert store.statuses[lanes.status_key("slow")] == ["RUNNING", "SUCCEEDED"]
+
+
+def test_a_command_that_writes_a_result_file_publishes_no_result(tmp_path):
+    """Only a function call has a result: a command that writes a file with the
+    result's name in its directory (by mistake, or to poison the control plane's
+    read) leaves nothing in Ray's store under the result key."""
+    store = MemoryStore()
+    enqueue(store, "cmd", "printf '{' > cmd.result")
+    Host(store, "cpu", "raylane-lane-cpu-1", slots=1, idle_s=0.2, workdir=tmp_path).run()
+    assert status(store, "cmd").status == "SUCCEEDED"
+    assert protocol.result_key("cmd") not in store.d

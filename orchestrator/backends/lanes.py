@@ -449,7 +449,11 @@ class LaneBackend:
                 out[sid].log_tail = got.get(lanes.logs_key(sid), b"").decode(errors="replace")
             for sid in done:
                 value = got.get(protocol.result_key(sid))
-                out[sid].result = (True, protocol.decode_result(value) if value else None)
+                try:
+                    out[sid].result = (True, protocol.decode_result(value) if value else None)
+                except ValueError as e:  # not JSON: what it left is no result, and stops no other attempt's pass
+                    log.warning("%s: its result in Ray's store is not JSON (%s); stored without one", sid, e)
+                    out[sid].result = (True, None)
         return out
 
     def _env_broken_now(self, group: str | None, env: str) -> bool:
