@@ -364,6 +364,10 @@ def test_jobs_of_one_runtime_env_share_hosts_started_in_it_apart_from_other_envs
     assert ray.runtime_envs[hb]["pip"] == ["emoji"] and ray.runtime_envs[hc] is None
     assert f"RAYLANE_LANE_ENV={ka} " in ray.entrypoints[ha] and "RAYLANE_LANE_IN_WORKING_DIR=1 " in ray.entrypoints[ha]
     assert "RAYLANE_LANE_ENV" not in ray.entrypoints[hc]
+    # An env's host is a module a node of an older package has not got: there it fails at start, rather than
+    # ignore the env and take the node's own environment's items in this env's code.
+    assert f" python -m {lanes.ENV_HOST_MODULE} --group cpu " in ray.entrypoints[ha]
+    assert f" python -m {lanes.HOST_MODULE} --group cpu " in ray.entrypoints[hc]
     assert ray.jobs[ha].metadata["raylane_lane_env"] == ka
     # Each env's items are queued where its hosts (and only they) look.
     assert lanes.todo_key("cpu", "a-1", ka) in ray.gcs.d and lanes.todo_key("cpu", "a-1") not in ray.gcs.d

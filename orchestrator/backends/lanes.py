@@ -303,7 +303,8 @@ class LaneBackend:
                 self.ray.submit(
                     submission_id=sid, runtime_env=runtime_env, entrypoint_num_cpus=0,
                     entrypoint=" ".join(f"{k}={shlex.quote(v)}" for k, v in opts.items())
-                               + f" python -m {lanes.HOST_MODULE} --group {shlex.quote(group)} --host {sid} "
+                               + f" python -m {lanes.ENV_HOST_MODULE if env else lanes.HOST_MODULE}"
+                               f" --group {shlex.quote(group)} --host {shlex.quote(sid)} "
                                f"--slots {self.slots} --idle-s {self.idle_s:g}",
                     metadata={"raylane_lane": group, **({"raylane_lane_node": node} if node else {}),
                               **({"raylane_lane_env": env} if env else {})},

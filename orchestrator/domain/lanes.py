@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from raylane.orchestrator.domain.specs import JobSpec
 
 HOST_MODULE = "raylane.jobs.lane"
+ENV_HOST_MODULE = "raylane.jobs.lane_env"  # a lane env's host: no node of an older package can start one
 MAX_LANE_CPUS = 1.0  # more than one core is a job worth its own Ray job (and its own cgroup of resources)
 MAX_LOG_BYTES = 64 * 1024  # of one job's output kept in Ray's KV store: a tail, not an archive
 # Lane kinds: a shell command (a process of the host's) and a function (a call in a
