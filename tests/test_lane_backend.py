@@ -646,3 +646,31 @@ def test_what_a_long_running_control_plane_remembers_stays_bounded_as_nodes_host
     assert len(lb._hosts) <= 4 and len(lb._live_host) <= 4
     assert len(lb._start_failures) <= 2 and len(lb._env_broken) <= 2
     assert len(lb._counted_failures) <= 10 + 1 and len(lb._envs) <= 10 + 1
+
+
+def test_a_database_error_starting_an_envs_host_fails_no_job_and_the_host_starts_later(monkeypatch):
+    """Reading the env's package from the database failed (SQLite busy, PostgreSQL
+    failing over): that is no fault of the env's, so no job of it is refused or
+    failed; its items wait, and the next look starts the host."""
+    from sqlalchemy.exc import OperationalError
+
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    n1 = "aa11" * 14
+    ray = EnvRay([(n1, 4.0)])
+    db_up = {"yes": False}
+
+    def to_ray(env):
+        if not db_up["yes"]:
+            raise OperationalError("SELECT data FROM packages", {}, Exception("database is locked"))
+        return env
+
+    lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)
+    ka = lanes.env_key(PKG_A)
+    lb.submit(submission_id="a-1", group="cpu", command="true", env={}, lane_env=ka, runtime_env=PKG_A)  # no raise
+    assert lanes.todo_key("cpu", "a-1", ka) in ray.gcs.d and lanes.claim_key("a-1") not in ray.gcs.d
+    assert not ray.jobs
+    assert lb.get_many(["a-1"])["a-1"].status == "PENDING"  # still down: it waits, nothing failed
+    assert lanes.claim_key("a-1") not in ray.gcs.d
+    db_up["yes"] = True
+    assert lb.get_many(["a-1"])["a-1"].status == "PENDING"
+    assert lanes.host_submission_id("cpu", 1, n1, ka) in ray.jobs

@@ -34,6 +34,8 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJob, RayJobsBackend, RayUnavailable
 from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.lanes import LaneStatus
@@ -380,6 +382,11 @@ class LaneBackend:
             self.ensure_host(group, lane_env)
         except RayUnavailable:
             raise  # the item waits: the dispatch is tried again, and adopts it
+        except SQLAlchemyError as e:
+            # The database failed reading the env's package (busy, failing over): no fault
+            # of the env's. The item is queued; the reconciler starts the env's host.
+            log.warning("%s: queued; a host of its lane could not be started now (%s); the reconciler starts one",
+                        submission_id, e)
         except Exception:
             # Refused (its env's package is gone, Ray refused it): the dispatcher records
             # the attempt FAILED, so nothing may run it later. Taken here, its keys go.
@@ -420,6 +427,9 @@ class LaneBackend:
                 if env is None:
                     raise
                 hostless.add((group, env))  # its hosts fail at start: its waiting items may fail below
+            except SQLAlchemyError as e:  # the database failed reading its package: its items wait, none fails
+                log.warning("lane env %s of group %s: its host could not be started now (%s); the next pass tries "
+                            "again", env, group, e)
             except Exception as e:
                 if env is None:
                     raise
