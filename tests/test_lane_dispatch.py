@@ -147,7 +147,9 @@ def test_the_sweep_deletes_lane_keys_of_attempts_ended_past_their_keep_and_resum
     """A claim is a tombstone for ``lane_tombstone_keep_s``, not for ever: the
     reconciler then deletes it with whatever of the attempt is left in Ray's store,
     a batch at a time from where the last sweep stopped, and leaves a recent
-    attempt's claim and a Ray job's keys alone."""
+    attempt's claim alone. A Ray job's attempt costs no call; a leftover todo item
+    goes before its claim, found where the attempt ran even if its job has been
+    placed elsewhere since."""
     from datetime import timedelta
 
     from sqlalchemy import update
@@ -165,24 +167,30 @@ def test_the_sweep_deletes_lane_keys_of_attempts_ended_past_their_keep_and_resum
         assert lane.get(jid, project=None).status is JobStatus.CANCELLED
     sid = {name: submission_id(jid, 1) for name, jid in ids.items()}
     gcs = lane.ray.gcs
-    # Leftovers a failed forget could leave: a status and a re-put todo item.
+    gcs.kv_del(lanes.claim_key(sid["ray"]))  # an attempt that ran as a Ray job of its own: no lane keys at all
+    # Leftovers a failed forget could leave: a status and a re-put todo item; and the
+    # job has been placed elsewhere since (a retry routed off the lane).
     gcs.kv_put(lanes.status_key(sid["old"]), b"{}")
     gcs.kv_put(lanes.todo_key("cpu", sid["old"]), b"{}")
-    gcs.kv_put(lanes.claim_key(sid["ray"]), b"not the sweep's")  # keys of a job that ran as a Ray job of its own
     now = utcnow()
     with db.transaction(lane.sessions) as s:
-        s.execute(update(jobs).where(jobs.c.id == ids["ray"]).values(placement={"group": "cpu"}))
+        s.execute(update(jobs).where(jobs.c.id == ids["old"]).values(placement={"node_group": "gpu", "lane": None}))
         for name, days in (("ray", 4), ("older", 3), ("old", 2)):
             s.execute(update(attempts).where(attempts.c.job_id == ids[name])
                       .values(ended_at=now - timedelta(days=days)))
+    dels = []
+    real_del = gcs.kv_del
+    monkeypatch.setattr(gcs, "kv_del", lambda key, **kw: (dels.append(key), real_del(key, **kw)))
     rec = Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes)
 
     rec.run_once()  # the batch of two: the Ray job's attempt and "older"
     assert keys_of(lane, sid["older"]) == {}
+    assert dels == [lanes.claim_key(sid["older"])]  # nothing of the Ray job's, nothing else of "older"
     assert lanes.claim_key(sid["old"]) in gcs.d
+    dels.clear()
     rec.run_once()  # a full batch: the next pass sweeps on at once
     assert keys_of(lane, sid["old"]) == {}
-    assert keys_of(lane, sid["ray"]) == {lanes.claim_key(sid["ray"]): b"not the sweep's"}
+    assert dels == [lanes.todo_key("cpu", sid["old"]), lanes.attempt_prefix(sid["old"]), lanes.claim_key(sid["old"])]
     assert keys_of(lane, sid["recent"]) == {lanes.claim_key(sid["recent"]): lanes.FORGOTTEN}
     mark = lane.lanes.sweep_mark()
     assert mark is not None and mark[0] == now - timedelta(days=2)
@@ -194,10 +202,31 @@ def test_the_sweep_deletes_lane_keys_of_attempts_ended_past_their_keep_and_resum
         s.execute(update(attempts).where(attempts.c.job_id == ids["recent"]).values(ended_at=now - timedelta(days=1.5)))
     rec.run_once()  # within SWEEP_EVERY_S of the last sweep: none now
     assert lanes.claim_key(sid["recent"]) in gcs.d
-    dels = []
-    real_del = gcs.kv_del
-    monkeypatch.setattr(gcs, "kv_del", lambda key, **kw: (dels.append(key), real_del(key, **kw)))
     Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes).run_once()  # another replica, or a restart
     assert keys_of(lane, sid["recent"]) == {}
-    assert dels == [lanes.claim_key(sid["recent"])]  # nothing else was left of it: one call, not one per key it might have
     assert keys_of(lane, sid["older"]) == {lanes.claim_key(sid["older"]): lanes.FORGOTTEN}
+
+
+def test_a_sweep_past_its_time_budget_stops_and_the_next_pass_goes_on(lane, settings, monkeypatch):
+    """A backlog (the first sweep after an upgrade, a day of a busy lane) is swept
+    a little at each pass, never in one long stall of the loop that sees jobs end."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from raylane.orchestrator.store.tables import attempts
+    from raylane.orchestrator.store.transitions import utcnow
+
+    monkeypatch.setattr("raylane.orchestrator.backends.lanes.SWEEP_BUDGET_S", 0.0)  # one attempt a sweep
+    sids = []
+    for name in ("a", "b", "c"):
+        jid = submit(lane, name)
+        lane.dispatcher.after_submit_hook = lambda c: cancel_before_record(lane, c)
+        lane.dispatcher.run_once()
+        sids.append(submission_id(jid, 1))
+    with db.transaction(lane.sessions) as s:
+        s.execute(update(attempts).values(ended_at=utcnow() - timedelta(days=2)))
+    rec = Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes)
+    for swept in (1, 2, 3):
+        rec.run_once()
+        assert [lanes.claim_key(sid) in lane.ray.gcs.d for sid in sids] == [False] * swept + [True] * (3 - swept)

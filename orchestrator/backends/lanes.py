@@ -62,6 +62,7 @@ REFUSED = b"refused: no host of its lane could be started"  # the claim of an at
 # not an entry for every host, node and env it ever saw (hosts come and go with
 # every idle period, spot nodes with every reclaim, envs with every new package).
 PRUNE_EVERY_S = 60.0
+SWEEP_BUDGET_S = 0.05  # the most one sweep deletes for (``sweep``): the reconciler's pass waits on it
 MEMO_MAX = 1024  # host sids whose failed start is counted, envs read: at most this many kept
 
 
@@ -598,31 +599,48 @@ class LaneBackend:
         """Delete what is left in Ray's store of attempts that ended long ago (rows
         of ``lifecycle.ended_attempts``, oldest first): the claim, a tombstone no
         late redispatch can need any more, and any status, log tail, stop request
-        or re-put todo item a failed or raced forget left. Attempts of Ray jobs
-        have no lane keys and are passed over. One read finds the leftovers, so a
-        batch costs a call per claim, not four (the reconciler waits on it). Then
-        the mark moves past the last row. Returns the lane attempts swept."""
-        swept: list[tuple[str, str]] = []  # (sid, its todo key)
+        or re-put todo item a failed or raced forget left. The group is the one
+        the attempt ran in and the env its spec's, not its job's placement now (a
+        retry may have gone elsewhere). One read finds what is left: an attempt
+        of a Ray job has nothing, one of a lane its claim, usually alone. Its todo
+        item goes before its claim (an item left without its claim would be run
+        by the next host that lists it). Stops after ``SWEEP_BUDGET_S`` (the reconciler
+        waits on it) and moves the mark past the last row it swept. Returns the
+        rows swept, from the first."""
+        if not ended:
+            return 0
+        t0 = time.monotonic()
+        keys: list[list[str]] = []  # per row: the keys to delete, claim last
         for r in ended:
-            placement = r["placement"] or {}
-            if placement.get("lane"):
-                sid = r["submission_id"]
-                swept.append((sid, lanes.todo_key(placement["lane"], sid, placement.get("lane_env"))))
-        if swept:
-            left = self._kv("kv_multi_get", [k for sid, todo in swept
-                                             for k in (lanes.status_key(sid), lanes.logs_key(sid),
-                                                       lanes.stop_key(sid), todo)])
-            for sid, todo in swept:
+            sid, group = r["submission_id"], r["node_group"]
+            todos = []
+            if group:
+                todos.append(lanes.todo_key(group, sid))
+                try:
+                    env = lanes.env_key_of_stored(r["spec"])
+                except ValueError:  # a spec stored under older rules: its default lane's item only
+                    env = None
+                if env:
+                    todos.append(lanes.todo_key(group, sid, env))
+            keys.append([*todos, lanes.stop_key(sid), lanes.status_key(sid), lanes.logs_key(sid),
+                         lanes.claim_key(sid)])
+        left = self._kv("kv_multi_get", [k for row in keys for k in row])
+        done = 0
+        for r, row in zip(ended, keys):
+            if done and time.monotonic() - t0 > SWEEP_BUDGET_S:
+                break
+            sid = r["submission_id"]
+            for key in row[:-3]:
+                if key in left:
+                    self._kv("kv_del", key)
+            if lanes.status_key(sid) in left or lanes.logs_key(sid) in left:
+                self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
+            if lanes.claim_key(sid) in left:
                 self._kv("kv_del", lanes.claim_key(sid))
-                if lanes.status_key(sid) in left or lanes.logs_key(sid) in left:
-                    self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
-                for key in (lanes.stop_key(sid), todo):
-                    if key in left:
-                        self._kv("kv_del", key)
-        if ended:
-            last = ended[-1]
-            self._kv("kv_put", lanes.SWEEP_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
-        return len(swept)
+            done += 1
+        last = ended[done - 1]
+        self._kv("kv_put", lanes.SWEEP_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
+        return done
 
 
 def _left_alone(submission_id: str, st: LaneStatus) -> RayJob:

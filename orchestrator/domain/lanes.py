@@ -141,6 +141,17 @@ def env_of(spec: JobSpec) -> dict[str, Any] | None:
     return out or None
 
 
+def env_key_of_stored(spec: dict[str, Any] | None) -> str | None:
+    """``env_key(env_of(...))`` of a spec as stored: the lane env its attempts ran
+    in, had they taken the lane (the spec parsed only if it has such an env)."""
+    runtime_env = (spec or {}).get("runtime_env") or {}
+    if not any(runtime_env.get(k) for k in ENV_FIELDS):
+        return None
+    from raylane.orchestrator.domain.specs import JobSpec
+
+    return env_key(env_of(JobSpec.from_stored(spec)))
+
+
 def env_key(env: dict[str, Any] | None) -> str | None:
     """The name of a lane env: a hash of what it holds (a package URI names its
     contents, so the same code is the same env). None for the node's own."""

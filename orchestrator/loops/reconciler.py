@@ -149,9 +149,10 @@ class Reconciler(LoopService):
                 rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH)
             swept = self.lanes.sweep(rows)
             if swept:
-                log.info("lane sweep: deleted the keys of %d lane attempts that ended before %s", swept,
-                         rows[-1]["ended_at"].isoformat())
-            self._swept_at = 0.0 if len(rows) == SWEEP_BATCH else time.monotonic()
+                log.debug("lane sweep: what is left of %d attempts that ended by %s deleted", swept,
+                          rows[swept - 1]["ended_at"].isoformat())
+            # A full batch, or one cut short by its time budget: more are due, swept at the next pass.
+            self._swept_at = 0.0 if len(rows) == SWEEP_BATCH or swept < len(rows) else time.monotonic()
         except RayUnavailable as e:  # said once per outage by whoever needs Ray; the claims wait
             log.debug("lane sweep: Ray's store unreachable (%s); tried again in %.0f s", e, SWEEP_EVERY_S)
             self._swept_at = time.monotonic()

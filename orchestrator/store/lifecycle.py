@@ -59,9 +59,11 @@ def cancelling_jobs(s: Session) -> list[tuple[str, int, str | None, str | None]]
 def ended_attempts(s: Session, *, after: tuple[datetime, int] | None, until: datetime,
                    limit: int) -> list[dict[str, Any]]:
     """Attempts that ended after ``after`` ((ended_at, row id), exclusive) and by
-    ``until``, oldest first, with their job's placement: the lane sweep's next
-    batch (``ix_attempts_ended_at``, whatever the number of attempts ever made)."""
-    q = (select(attempts.c.id, attempts.c.ended_at, attempts.c.submission_id, jobs.c.placement)
+    ``until``, oldest first, with the group they ran in and their job's spec: the
+    lane sweep's next batch (``ix_attempts_ended_at``, whatever the number of
+    attempts ever made). Every attempt, not only those of jobs placed in a lane
+    now: a retry may have been routed elsewhere than the attempt it follows."""
+    q = (select(attempts.c.id, attempts.c.ended_at, attempts.c.submission_id, attempts.c.node_group, jobs.c.spec)
          .join(jobs, jobs.c.id == attempts.c.job_id)
          .where(attempts.c.ended_at.is_not(None), attempts.c.ended_at <= until)
          .order_by(attempts.c.ended_at, attempts.c.id).limit(limit))
