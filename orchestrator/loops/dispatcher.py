@@ -157,6 +157,8 @@ class Dispatcher(LoopService):
         with db.transaction(self.sessions) as s:
             for sha in shas:
                 store_packages.touch(s, sha, now=utcnow())
+        if len(self._touched) > 1024:  # a package per job for months: only the last minute's matter
+            self._touched = {k: t for k, t in self._touched.items() if now - t <= 60.0}
         self._touched.update({sha: now for sha in shas})
 
     def submit(self, c: Claimed, recorded_later: list | None = None) -> None:
