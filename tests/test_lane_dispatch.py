@@ -230,3 +230,12 @@ def test_a_sweep_past_its_time_budget_stops_and_the_next_pass_goes_on(lane, sett
     for swept in (1, 2, 3):
         rec.run_once()
         assert [lanes.claim_key(sid) in lane.ray.gcs.d for sid in sids] == [False] * swept + [True] * (3 - swept)
+
+
+def test_the_packages_lane_jobs_touched_are_remembered_for_a_minute_not_for_ever(lane):
+    import time
+
+    d = lane.dispatcher
+    d._touched = {f"{i:064x}": time.monotonic() - 120 for i in range(2000)}  # months of one package per job
+    d._touch_packages({"working_dir": "raylane://packages/" + "ab" * 32})
+    assert list(d._touched) == ["ab" * 32]
