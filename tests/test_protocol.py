@@ -226,6 +226,9 @@ def test_the_control_plane_reads_a_result_and_deletes_it_once_stored():
     assert backend.result("raylane-01job-1") == {"loss": 0.5}
     backend.forget_result("raylane-01job-1")
     assert gcs.kv == {}
+    # A value that is not JSON (the job's own code wrote the key) is no result, not an error each pass.
+    gcs.kv[protocol.result_key("raylane-01job-2")] = b"{"
+    assert backend.result("raylane-01job-2") is None
 
 
 def test_an_unreachable_gcs_delays_a_result_then_gives_it_up_without_holding_the_job(monkeypatch):

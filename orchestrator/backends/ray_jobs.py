@@ -350,6 +350,10 @@ class RayJobsBackend:
             log.warning("result of %s unreadable for now (giving up after %.0f s): %s", submission_id,
                         self.result_patience_s, e)
             raise ResultUnavailable(f"result of {submission_id} unreadable for now: {e}") from e
+        except ValueError as e:  # not JSON: no runner of ours wrote it (the job's own code did); no result
+            log.warning("the result of %s in Ray's store is not JSON (%s); the attempt is recorded without one",
+                        submission_id, e)
+            result = None
         with self._lock:
             self._result_failing.pop(submission_id, None)
         return result
