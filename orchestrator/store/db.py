@@ -25,6 +25,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000  # longer than any write transaction we make
 PING_IDLE_S = 1.0  # PostgreSQL: a pooled connection idle longer is pinged before use
 _IDLE_SINCE = "raylane.idle_since"  # a pool record's info key: when it was checked in
 READ_ONLY = "raylane_read_only"  # a connection execution option: this transaction only reads
+# What a store call raises when the database failed (busy, gone, failing over), for
+# the layers above, which import no SQLAlchemy (tests/test_layers.py).
+StoreError = exc.SQLAlchemyError
 
 
 def normalise_url(url: str) -> str:
