@@ -79,7 +79,10 @@ def test_batch_inference_survives_spot_node_loss(rapi, ray_cluster, tmp_path):
 
     src, out = tmp_path / "in.parquet", tmp_path / "out"
     make(str(src), n=20000)
-    spec = {"name": "chaos-batch", "kind": "batch_inference", "entrypoint": "examples.predict:Linear",
+    # examples.predict.Linear, slower per batch: its map work lasts long enough to be
+    # killed in the middle of (the plain one can end in the seconds between two looks).
+    spec = {"name": "chaos-batch", "kind": "batch_inference", "entrypoint": "chaos_funcs:SlowLinear",
+            "runtime_env": {"working_dir": FUNCS},
             "resources": {"num_workers": 2, "cpus_per_worker": 1},
             "batch": {"input_uri": str(src), "output_uri": str(out), "batch_size": 50}}
     job = rapi.post("/v1/jobs", json=spec).json()

@@ -50,3 +50,17 @@ def drain_trial(config):
     from raylane.jobs.base import checkpoint_requested
 
     _run(config, checkpoint_requested)
+
+
+class SlowLinear:
+    """``examples.predict.Linear`` that takes ``delay_s`` a batch: the spot-loss
+    test's map actors stay alive long enough (400 batches: ~12 s a pass) for the
+    test to find their node and kill it while they work, however fast the machine
+    and however long their node took to be counted dead before they started."""
+
+    def __init__(self, delay_s: float = 0.03):
+        self.delay_s = delay_s
+
+    def __call__(self, batch):
+        time.sleep(self.delay_s)
+        return {"id": batch["id"], "x": batch["x"], "y": 3.0 * batch["x"] + 1.0}
