@@ -53,6 +53,13 @@ def lane_status(gcs, sid: str) -> LaneStatus | None:
     return LaneStatus.decode(value) if value else None
 
 
+def host_of(gcs, sid: str) -> str | None:
+    """The host that took the attempt: its claim names it before the command starts
+    (the status names it only once the command has run 50 ms, ``jobs.lane.RUNNING_AFTER_S``)."""
+    value = gcs.kv_get(lanes.claim_key(sid)) or b""
+    return value.decode() if value.startswith(lanes.HOST_ID_PREFIX.encode()) else None
+
+
 def ray_job(ray_cluster, sid: str) -> dict | None:
     r = httpx.get(ray_cluster.state.dashboard_url + f"/api/jobs/{sid}", headers=ray_cluster.auth_headers())
     return r.json() if r.status_code == 200 else None
@@ -228,9 +235,8 @@ def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, tmp_path, g
                    timeout=30, what="the first attempt's pid")
     with open(f"/proc/{pid}/stat") as f:
         host_pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the shell's parent: the lane host
-    # RUNNING, naming its host, is written once the command has run 50 ms: wait for it.
-    host_sid = wait_for(lambda: (lane_status(gcs, f"raylane-{j['id']}-1") or LaneStatus("PENDING")).host,
-                        timeout=30, what="the attempt's status naming its host")
+    host_sid = host_of(gcs, f"raylane-{j['id']}-1")
+    assert host_sid, gcs.kv_get(lanes.claim_key(f"raylane-{j['id']}-1"))
     os.kill(host_pid, signal.SIGKILL)  # the host dies as with its node, without a word
     done = wait_status(lapi, j["id"], TERMINAL, timeout=120)
     assert done["status"] == "SUCCEEDED", done["status_reason"]
@@ -273,11 +279,8 @@ def test_a_lane_whose_spot_node_is_killed_mid_job_is_preempted_retried_and_succe
                                     "placement": {"node_group": "spot-cpu"}, "retry": {"backoff_s": 0}}).json()
     assert j["placement"]["lane"] == "spot-cpu"
     wait_for(lambda: marker.exists() and marker.read_text().strip(), timeout=90, what="the first attempt running")
-    # Its host writes RUNNING, naming itself, only once the command has run 50 ms (the
-    # marker can come first on a slow machine): until then the status is PENDING, no host.
-    host_sid = wait_for(lambda: (lane_status(gcs, f"raylane-{j['id']}-1") or LaneStatus("PENDING")).host,
-                        timeout=30, what="the attempt's status naming its host")
-    host = ray_job(ray_cluster, host_sid)
+    host_sid = host_of(gcs, f"raylane-{j['id']}-1")
+    host = ray_job(ray_cluster, host_sid) if host_sid else None
     assert host is not None, host_sid
     victim = next(n for n in ray_cluster.state.nodes if n.ports.get("node_id") == host["driver_node_id"])
     assert victim.group == "spot-cpu"
