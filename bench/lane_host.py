@@ -76,6 +76,14 @@ class BenchStore:
         for keys in self.listed.values():
             keys.pop(key, None)
 
+    # Ray's job records (namespace "job" there), which a host writes per item since session 13.
+    def put_job_info(self, sid, value):
+        self.d[f"job-info/{sid}"] = value
+
+    def job_info(self, sid):
+        value = self.d.get(f"job-info/{sid}")
+        return json.loads(value) if value else None
+
     def keys(self, prefix):
         keys = self.listed.get(prefix)
         return list(keys) if keys is not None else [k for k in list(self.d) if k.startswith(prefix)]

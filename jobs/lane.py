@@ -105,6 +105,17 @@ class Store:
     def keys(self, prefix: str) -> list[str]:
         return [k.decode() for k in self._c.internal_kv_keys(prefix.encode(), self._ns, timeout=KV_TIMEOUT_S)]
 
+    def put_job_info(self, submission_id: str, value: bytes) -> None:
+        """A lane attempt's record where Ray's job manager keeps its jobs' (``lanes.dashboard_record``)."""
+        self._c.internal_kv_put(lanes.job_info_key(submission_id).encode(), value, True,
+                                lanes.JOB_INFO_NAMESPACE.encode(), timeout=KV_TIMEOUT_S)
+
+    def job_info(self, submission_id: str) -> dict | None:
+        """Ray's record of a Ray job (the host's own: its node), or None."""
+        value = self._c.internal_kv_get(lanes.job_info_key(submission_id).encode(), lanes.JOB_INFO_NAMESPACE.encode(),
+                                        timeout=KV_TIMEOUT_S)
+        return json.loads(value) if value else None
+
     def ray_job_status(self, submission_id: str) -> str | None:
         """Ray's status of a Ray job (its job manager's record in the same store)."""
         from ray._private import ray_constants
@@ -145,6 +156,7 @@ class Running:
     stop_at: float | None = None  # when SIGTERM was sent
     killed: bool = False
     cpus: float = 0.0  # what admission counted it to hold
+    item: dict = field(default_factory=dict)  # what it was queued with (its record in Ray's dashboard)
     started: float = field(default_factory=time.monotonic)
     announced: bool = False  # its RUNNING status is written (``RUNNING_AFTER_S``)
 
@@ -178,6 +190,8 @@ class Host:
     _cpus_of: dict[str, float] = field(default_factory=dict)  # todo key -> its item's CPUs (items never change)
     foreign: set[str] = field(default_factory=set)  # todo keys of another protocol version, left alone (logged once)
     _stops_at: float = 0.0  # when stop requests were last listed
+    _node_id: str | None = None  # its node, as Ray's record of its own job says (read once)
+    _records_failing: bool = False  # a dashboard record could not be written (logged once)
 
     def run(self) -> int:
         if self.workers is None:
@@ -281,10 +295,10 @@ class Host:
                 self.lost = f"lost its function workers ({e})"
                 st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, st.start_time
                 st.message = f"lane host {self.host_id} {self.lost}"
-                self._last_write(sid, st)
+                self._last_write(sid, st, item)
                 return
             st.pid = proc.pid
-            self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item))
+            self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item), item=item)
             return
         if SETPRIV:
             how = dict(args=[SETPRIV, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", item["command"]],
@@ -297,12 +311,12 @@ class Host:
         except OSError as e:
             out.close()
             st.status, st.exit_code, st.message, st.end_time = "FAILED", 127, f"could not start: {e}", st.start_time
-            self._last_write(sid, st)
+            self._last_write(sid, st, item)
             return
         finally:
             out.close()  # the child holds its own copy
         st.pid = proc.pid
-        self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item))
+        self.running[sid] = Running(sid, proc, log_path, st, cpus=lanes.item_cpus(item), item=item)
         log.info("%s: started pid %d", sid, proc.pid)
 
     def _result_path(self, sid: str) -> Path:
@@ -325,6 +339,7 @@ class Host:
             if not r.announced and now - r.started >= RUNNING_AFTER_S:
                 r.announced = True
                 self.store.put(lanes.status_key(sid), r.status.encode())
+                self._record(sid, r.status, r.item)
             if sid in stops and r.stop_at is None:
                 r.stop_at = now
                 _signal(r.proc, signal.SIGTERM)
@@ -367,15 +382,32 @@ class Host:
             tail = r.log_path.read_bytes()[-FAILED_TAIL_CHARS:].decode(errors="replace")
             st.status = "FAILED"
             st.message = f"Job entrypoint command failed with exit code {rc}, last available logs:\n{tail}"
-        self._last_write(r.sid, st)
+        self._last_write(r.sid, st, r.item)
         r.log_path.unlink(missing_ok=True)
         log.info("%s: %s (exit code %d)", r.sid, st.status, rc)
 
-    def _last_write(self, sid: str, st: LaneStatus) -> None:
+    def _record(self, sid: str, st: LaneStatus, item: dict) -> None:
+        """The attempt's record in Ray's dashboard (``lanes.dashboard_record``): a
+        view of it, so a failure to write it fails nothing (said once in the log)."""
+        try:
+            if self._node_id is None:
+                own = self.store.job_info(self.host_id) or {}
+                self._node_id = own.get("driver_node_id") or ""
+            self.store.put_job_info(sid, lanes.dashboard_record(item, st, node_id=self._node_id or None))
+        except Exception as e:
+            if not self._records_failing:
+                self._records_failing = True
+                log.warning("could not write %s's record in Ray's dashboard (%s: %s); its status is unaffected, "
+                            "and no more of these failures are logged", sid, type(e).__name__, e)
+
+    def _last_write(self, sid: str, st: LaneStatus, item: dict | None = None) -> None:
         """An item's final status, then a look at its claim: the control plane marks
         it ``FORGOTTEN`` before it deletes the attempt's keys, so either this read
-        sees the mark or this write came before that delete (``domain.lanes``)."""
+        sees the mark or this write came before that delete (``domain.lanes``).
+        Then its end in Ray's dashboard, which stays until the sweep deletes it
+        with the tombstone (a forgotten attempt's record too: it says what ran)."""
         self.store.put(lanes.status_key(sid), st.encode())
+        self._record(sid, st, item or {})
         if self.store.get(lanes.claim_key(sid)) == lanes.FORGOTTEN:
             for key in (lanes.status_key(sid), lanes.logs_key(sid), lanes.stop_key(sid), protocol.result_key(sid)):
                 self.store.delete(key)
@@ -390,7 +422,7 @@ class Host:
             st.status, st.error_type, st.end_time = "FAILED", lanes.HOST_LOST, int(time.time() * 1000)
             st.message = f"lane host {self.host_id} {why}"
             try:
-                self._last_write(r.sid, st)
+                self._last_write(r.sid, st, r.item)
             except Exception:  # the reconciler sees the host gone all the same
                 log.exception("could not record %s as lost", r.sid)
 

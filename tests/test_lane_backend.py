@@ -20,6 +20,7 @@ HOST1 = lanes.host_submission_id("cpu", 1)
 class Gcs:
     def __init__(self):
         self.d: dict[str, bytes] = {}
+        self.records: dict[str, bytes] = {}  # Ray's job records (namespace "job"), by submission id
         self.multi_gets = 0
 
     def kv_get(self, key):
@@ -38,6 +39,15 @@ class Gcs:
     def kv_del(self, key, *, prefix=False):
         for k in [k for k in self.d if (k.startswith(key) if prefix else k == key)]:
             del self.d[k]
+
+    def job_records(self, sids):
+        return {sid: self.records[sid] for sid in sids if sid in self.records}
+
+    def put_job_record(self, sid, value):
+        self.records[sid] = value
+
+    def delete_job_record(self, sid):
+        self.records.pop(sid, None)
 
 
 class Ray:
@@ -194,6 +204,29 @@ def test_an_ended_attempt_brings_its_log_tail_and_is_then_forgotten_but_its_clai
     lb.forget("b-1", group="cpu", stopped=True)
     # Never claimed: the tombstone alone is left, so no host can take it later either.
     assert {k: v for k, v in gcs.d.items() if "b-1" in k} == {lanes.claim_key("b-1"): lanes.FORGOTTEN}
+
+
+def test_an_attempt_that_lost_its_host_mid_run_is_failed_in_rays_dashboard_when_forgotten(lb, ray):
+    """A host killed with its node writes no end: its attempt's record in Ray's
+    dashboard would say RUNNING for a day. Forgetting an attempt that did not
+    succeed ends a live lane record; an ended one, a succeeded attempt's and a
+    Ray job's own record are left as they are."""
+    host_rec = lambda status, **kw: lanes.dashboard_record(  # noqa: E731
+        {"command": "sleep 9", "meta": {"raylane_job_id": "j"}},
+        LaneStatus(status, group="cpu", host=HOST1, start_time=1, **kw), node_id="node-1")
+    gcs = ray.gcs
+    gcs.records.update({"lost-1": host_rec("RUNNING"), "bad-1": host_rec("FAILED", end_time=2, exit_code=1),
+                        "ok-1": host_rec("RUNNING"),  # its end not yet written, but it succeeded: the host writes it
+                        "ray-1": json.dumps({"status": "RUNNING", "entrypoint": "python x.py",
+                                             "metadata": {"raylane_job_id": "k"}}).encode()})
+    before = dict(gcs.records)
+    for sid in ("lost-1", "bad-1", "ray-1"):
+        lb.forget(sid, group="cpu")
+    lb.forget("ok-1", group="cpu", taken=True)
+    lost = json.loads(gcs.records["lost-1"])
+    assert lost["status"] == "FAILED" and lost["end_time"] >= lost["start_time"]
+    assert HOST1 in lost["message"] and "was lost" in lost["message"]
+    assert {k: v for k, v in gcs.records.items() if k != "lost-1"} == {k: v for k, v in before.items() if k != "lost-1"}
 
 
 def test_a_status_of_another_protocol_version_is_left_alone_and_said_once(lb, ray, caplog):

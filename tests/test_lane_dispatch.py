@@ -172,6 +172,11 @@ def test_the_sweep_deletes_lane_keys_of_attempts_ended_past_their_keep_and_resum
     # job has been placed elsewhere since (a retry routed off the lane).
     gcs.kv_put(lanes.status_key(sid["old"]), b"{}")
     gcs.kv_put(lanes.todo_key("cpu", sid["old"]), b"{}")
+    # Records in Ray's job store: a lane host's goes with the tombstone, a Ray job's own stays Ray's.
+    gcs.records[sid["older"]] = lanes.dashboard_record(
+        {"command": "true"}, lanes.LaneStatus("SUCCEEDED", group="cpu", host=lanes.host_submission_id("cpu", 1)),
+        node_id=None)
+    ray_own = gcs.records[sid["ray"]] = b'{"status": "SUCCEEDED", "entrypoint": "true", "metadata": {}}'
     now = utcnow()
     with db.transaction(lane.sessions) as s:
         s.execute(update(jobs).where(jobs.c.id == ids["old"]).values(placement={"node_group": "gpu", "lane": None}))
@@ -186,6 +191,7 @@ def test_the_sweep_deletes_lane_keys_of_attempts_ended_past_their_keep_and_resum
     rec.run_once()  # the batch of two: the Ray job's attempt and "older"
     assert keys_of(lane, sid["older"]) == {}
     assert dels == [lanes.claim_key(sid["older"])]  # nothing of the Ray job's, nothing else of "older"
+    assert gcs.records == {sid["ray"]: ray_own}
     assert lanes.claim_key(sid["old"]) in gcs.d
     dels.clear()
     rec.run_once()  # a full batch: the next pass sweeps on at once

@@ -20,6 +20,7 @@ class MemoryStore:
 
     def __init__(self):
         self.d: dict[str, bytes] = {}
+        self.infos: dict[str, bytes] = {}  # Ray's job records (namespace "job"), apart from the lane keys
         self.lock = threading.Lock()
 
     def get(self, key):
@@ -37,6 +38,13 @@ class MemoryStore:
 
     def keys(self, prefix):
         return [k for k in list(self.d) if k.startswith(prefix)]
+
+    def put_job_info(self, sid, value):
+        self.infos[sid] = value
+
+    def job_info(self, sid):
+        value = self.infos.get(sid)
+        return json.loads(value) if value else None
 
 
 def status(store, sid) -> LaneStatus:
@@ -162,6 +170,15 @@ class ControlPlaneView:
     def kv_del(self, key, *, prefix=False):
         for k in self.store.keys(key) if prefix else [key]:
             self.store.delete(k)
+
+    def job_records(self, sids):
+        return {s: self.store.infos[s] for s in sids if s in self.store.infos}
+
+    def put_job_record(self, sid, value):
+        self.store.infos[sid] = value
+
+    def delete_job_record(self, sid):
+        self.store.infos.pop(sid, None)
 
     def get(self, sid):
         from raylane.orchestrator.backends.ray_jobs import RayJob
@@ -342,3 +359,52 @@ def test_a_command_that_writes_a_result_file_publishes_no_result(tmp_path):
     Host(store, "cpu", "raylane-lane-cpu-1", slots=1, idle_s=0.2, workdir=tmp_path).run()
     assert status(store, "cmd").status == "SUCCEEDED"
     assert protocol.result_key("cmd") not in store.d
+
+
+def test_each_item_has_a_record_where_ray_keeps_its_jobs_that_rays_own_code_reads(tmp_path, monkeypatch):
+    """Ray's dashboard, ``ray job list`` and ``ray job status`` read a job from its
+    job manager's records: the host writes one per item (RUNNING once it has run
+    ``RUNNING_AFTER_S``, then its end), with the dispatcher's metadata, the
+    host's node (from Ray's record of the host's own job) and no runtime env."""
+    from ray.dashboard.modules.job.common import JobInfo, JobStatus
+
+    monkeypatch.setattr("raylane.jobs.lane.RUNNING_AFTER_S", 1.0)
+    writes: list[tuple[str, str]] = []
+
+    class Recording(MemoryStore):
+        def put_job_info(self, sid, value):
+            writes.append((sid, json.loads(value)["status"]))
+            super().put_job_info(sid, value)
+
+    store = Recording()
+    host = "raylane-lane-v1-cpu-1"
+    store.put_job_info(host, json.dumps({"status": "RUNNING", "entrypoint": "x", "driver_node_id": "n0de"}).encode())
+    writes.clear()
+    meta = {"raylane_job_id": "j1", "raylane_project": "research", "raylane_kind": "command"}
+    store.put(lanes.todo_key("cpu", "quick"), lanes.encode_item("quick", "echo $SECRET", {"SECRET": "s3"},
+                                                                metadata=meta, cpus=0.5))
+    store.put(lanes.todo_key("cpu", "slow"), lanes.encode_item("slow", "sleep 1.5; exit 4", {}, metadata=meta))
+    Host(store, "cpu", host, slots=2, idle_s=0.2, workdir=tmp_path).run()
+    assert sorted(writes) == [("quick", "SUCCEEDED"), ("slow", "FAILED"), ("slow", "RUNNING")]
+    quick = JobInfo.from_json(store.job_info("quick"))  # Ray's own parser takes it
+    assert quick.status is JobStatus.SUCCEEDED and quick.entrypoint == "echo $SECRET"
+    assert quick.metadata == {**meta, "raylane_lane_host": host, "raylane_lane": "cpu"}
+    assert quick.driver_node_id == "n0de" and quick.driver_exit_code == 0 and quick.entrypoint_num_cpus == 0.5
+    assert quick.start_time <= quick.end_time and quick.runtime_env is None
+    assert "s3" not in store.infos["quick"].decode()  # env vars (storage credentials) are not in Ray's job list
+    assert "/v1/jobs/j1/logs" in quick.message
+    slow = JobInfo.from_json(store.job_info("slow"))
+    assert slow.status is JobStatus.FAILED and slow.driver_exit_code == 4
+
+
+def test_a_record_that_cannot_be_written_fails_no_item(tmp_path, caplog):
+    class NoRecords(MemoryStore):
+        def put_job_info(self, sid, value):
+            raise TimeoutError("GCS busy")
+
+    store = NoRecords()
+    enqueue(store, "a", "true")
+    enqueue(store, "b", "true")
+    Host(store, "cpu", "raylane-lane-v1-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path).run()
+    assert status(store, "a").status == status(store, "b").status == "SUCCEEDED"
+    assert sum("record in Ray's dashboard" in r.message for r in caplog.records) == 1  # said once

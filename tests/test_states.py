@@ -142,8 +142,8 @@ def test_an_attempt_observed_from_claim_to_success(cp):
 
 def test_a_lane_attempt_names_the_host_that_ran_it(cp):
     """A warm lane's attempt is no Ray job of its own: the reconciler records the
-    host that took it (``ray_job``); its link stays Ray's job list, which works
-    for every role (a host's page serves every project: admins only)."""
+    host that took it (``ray_job``); its link is its own page in Ray's dashboard,
+    the record its host writes there (a host's page serves every project: admins only)."""
     ray = "http://ray:8265"
     jid = _dispatched(cp)
     with db.transaction(cp.sessions) as s:
@@ -160,7 +160,7 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
         job = store.get_job(s, jid, project=None, dashboard_url=ray)
         att = store.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
     assert att.ray_job == "raylane-lane-v1-cpu-3"
-    assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs"
+    assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs/{submission_id(jid, 1)}"
     # A Ray job's attempt runs in its own Ray job: no ray_job, a link to its page.
     other = _dispatched(cp, attempt=AttemptStatus.SUBMITTED)
     with db.transaction(cp.sessions) as s:

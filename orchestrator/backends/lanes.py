@@ -357,12 +357,13 @@ class LaneBackend:
 
     def submit(self, *, submission_id: str, group: str, command: str, env: dict[str, str],
                args: dict | None = None, cpus: float = 0.0, lane_env: str | None = None,
-               runtime_env: dict[str, Any] | None = None) -> None:
+               runtime_env: dict[str, Any] | None = None, metadata: dict[str, str] | None = None) -> None:
         """Queue the attempt in the group's lane (and make sure its hosts run):
         ``command`` a shell command, or with ``args`` a function's import path;
         ``cpus`` what admission counted it to hold (a host takes it only where its
         node's CPUs have room); ``lane_env`` its lane env's key, ``runtime_env``
-        that env (``lanes.env_of``), which its hosts are started in.
+        that env (``lanes.env_of``), which its hosts are started in; ``metadata``
+        the Ray job metadata of the attempt, on its record in Ray's dashboard.
 
         Raises:
             AlreadySubmitted: the attempt was queued before (a retried dispatch); it is adopted.
@@ -375,7 +376,7 @@ class LaneBackend:
                 raise ValueError("a lane env needs its runtime_env")
             self._record_env(lane_env, runtime_env)
         self._kv("kv_put", lanes.todo_key(group, submission_id, lane_env),
-                 lanes.encode_item(submission_id, command, env, args=args, cpus=cpus))
+                 lanes.encode_item(submission_id, command, env, args=args, cpus=cpus, metadata=metadata))
         added = self._kv("kv_put", lanes.status_key(submission_id),
                          LaneStatus("PENDING", group=group, env=lane_env).encode(), overwrite=False)
         try:
@@ -544,6 +545,28 @@ class LaneBackend:
             self._kv("kv_del", lanes.todo_key(group, submission_id, lane_env))
         if stopped:
             self._kv("kv_del", lanes.stop_key(submission_id))
+        if not taken:
+            try:
+                self._end_record(submission_id)
+            except RayUnavailable as e:  # a view: the outcome is stored, the sweep deletes the record
+                log.debug("%s: its record in Ray's dashboard was not ended: %s", submission_id, e)
+
+    def _end_record(self, submission_id: str) -> None:
+        """An attempt that did not succeed may have lost its host mid-run (killed
+        with its node): its record in Ray's dashboard still says RUNNING, and no
+        host will write its end. It says FAILED from here, as Ray's own job
+        manager says of a job whose driver's node died. One read, for the
+        attempts that did not succeed only."""
+        value = self._kv("job_records", [submission_id]).get(submission_id)
+        if value is None or not lanes.is_lane_record(value):
+            return
+        rec = json.loads(value)
+        if rec.get("status") not in HOST_LIVE:
+            return
+        rec.update(status="FAILED", end_time=int(time.time() * 1000),
+                   message=f"Its lane host ({(rec.get('metadata') or {}).get(lanes.LANE_HOST_META)}) was lost "
+                           "while it ran; Raylane has its outcome and any retry (/v1/jobs).")
+        self._kv("put_job_record", submission_id, json.dumps(rec).encode())
 
     def discard(self, submission_id: str, *, group: str | None = None, lane_env: str | None = None) -> None:
         """The attempt was cancelled before it was recorded as submitted: nothing
@@ -598,7 +621,8 @@ class LaneBackend:
         """Delete what is left in Ray's store of attempts that ended long ago (rows
         of ``lifecycle.ended_attempts``, oldest first): the claim, a tombstone no
         late redispatch can need any more, and any status, log tail, stop request
-        or re-put todo item a failed or raced forget left. The group is the one
+        or re-put todo item a failed or raced forget left, and its record in Ray's
+        dashboard (``lanes.dashboard_record``; a Ray job's own record stays). The group is the one
         the attempt ran in and the env its spec's, not its job's placement now (a
         retry may have gone elsewhere). One read finds what is left: an attempt
         of a Ray job has nothing, one of a lane its claim, usually alone. Its todo
@@ -624,6 +648,9 @@ class LaneBackend:
             keys.append([*todos, lanes.stop_key(sid), lanes.status_key(sid), lanes.logs_key(sid),
                          lanes.claim_key(sid)])
         left = self._kv("kv_multi_get", [k for row in keys for k in row])
+        # Their records in Ray's dashboard (a lane host's, not a Ray job's own, which stays Ray's).
+        records = {sid for sid, v in self._kv("job_records", [r["submission_id"] for r in ended]).items()
+                   if lanes.is_lane_record(v)}
         done = 0
         for r, row in zip(ended, keys):
             if done and time.monotonic() - t0 > SWEEP_BUDGET_S:
@@ -634,6 +661,8 @@ class LaneBackend:
                     self._kv("kv_del", key)
             if lanes.status_key(sid) in left or lanes.logs_key(sid) in left:
                 self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
+            if sid in records:
+                self._kv("delete_job_record", sid)
             if lanes.claim_key(sid) in left:
                 self._kv("kv_del", lanes.claim_key(sid))
             done += 1

@@ -181,6 +181,26 @@ class RayGcs:
             keys=list(keys), namespace=JOB_INFO_NAMESPACE))
         return {keys[e.key]: json.loads(e.value) for e in reply.results if e.value and e.key in keys}
 
+    # Ray's job records, as a lane host writes them for its attempts (``lanes.dashboard_record``).
+
+    def job_records(self, submission_ids: list[str]) -> dict[str, bytes]:
+        """Ray's job records of those ids that have one, undecoded, in one call."""
+        if not submission_ids:
+            return {}
+        keys = {f"{JOB_INFO_PREFIX}{sid}".encode(): sid for sid in submission_ids}
+        reply = self._call(self._kv.InternalKVMultiGet, gcs_service_pb2.InternalKVMultiGetRequest(
+            keys=list(keys), namespace=JOB_INFO_NAMESPACE))
+        return {keys[e.key]: e.value for e in reply.results if e.value and e.key in keys}
+
+    def put_job_record(self, submission_id: str, value: bytes) -> None:
+        self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(
+            key=f"{JOB_INFO_PREFIX}{submission_id}".encode(), value=value, overwrite=True,
+            namespace=JOB_INFO_NAMESPACE))
+
+    def delete_job_record(self, submission_id: str) -> None:
+        self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
+            key=f"{JOB_INFO_PREFIX}{submission_id}".encode(), namespace=JOB_INFO_NAMESPACE))
+
     def kv_put(self, key: str, value: bytes, *, overwrite: bool = True) -> bool:
         """True if the key was added (with overwrite off: this caller took it)."""
         reply = self._call(self._kv.InternalKVPut, gcs_service_pb2.InternalKVPutRequest(

@@ -271,16 +271,74 @@ class LaneStatus:
 
 
 def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, Any] | None = None,
-                cpus: float = 0.0) -> bytes:
+                cpus: float = 0.0, metadata: dict[str, str] | None = None) -> bytes:
     """What a host needs to run an attempt: a shell command, or (``args`` given)
     a function's import path to call with ``args``; ``cpus``: what admission
-    counted it to hold, which a host's CPUs must have room for (``item_cpus``)."""
+    counted it to hold, which a host's CPUs must have room for (``item_cpus``);
+    ``metadata``: the Ray job metadata the dispatcher gives any attempt (its job,
+    project, kind...), which the host puts on the attempt's record in Ray's
+    dashboard (``dashboard_record``). A host of an older release ignores it."""
     item: dict[str, Any] = {"v": PROTOCOL_VERSION, "sid": sid, "command": command, "env": env}
     if args is not None:
         item["call"] = args
     if cpus:
         item["cpus"] = cpus
+    if metadata:
+        item["meta"] = metadata
     return json.dumps(item).encode()
+
+
+# An attempt's record in Ray's dashboard --------------------------------------
+#
+# A lane attempt is no Ray job, but its host writes a record for it where Ray's
+# job manager keeps its own (``JobInfoStorageClient``: namespace ``job``, key
+# ``_ray_internal_job_info_<sid>``), so Ray's dashboard, ``ray job list`` and
+# ``ray job status <sid>`` show it as they show any job: status, entrypoint,
+# times, the node it ran on, exit code and Raylane's metadata (its project, which
+# ``api.rayscope`` scopes a member's view by; ``raylane_lane_host``, the Ray job
+# that ran it). RUNNING once it has run ``jobs.lane.RUNNING_AFTER_S``, then its end; never
+# a runtime env (its env vars carry the storage credentials). Its output stays
+# Raylane's (``/v1/jobs/<id>/logs``): the record names no driver agent, so Ray's
+# log pane is empty rather than wrong. The control plane deletes the record with
+# the attempt's tombstone (``LaneBackend.sweep``): Ray's job list holds the last
+# day's lane attempts, not every one ever run.
+JOB_INFO_NAMESPACE = "job"  # ray_constants.KV_NAMESPACE_JOB
+JOB_INFO_PREFIX = "_ray_internal_job_info_"  # JobInfoStorageClient.JOB_DATA_KEY_PREFIX
+LANE_HOST_META = "raylane_lane_host"  # in a record's metadata: the host (a Ray job) that ran it
+
+
+def job_info_key(sid: str) -> str:
+    return f"{JOB_INFO_PREFIX}{sid}"
+
+
+def dashboard_record(item: dict[str, Any], st: "LaneStatus", *, node_id: str | None) -> bytes:
+    """Ray's ``JobInfo.to_json()`` of a lane attempt (the fields Ray's
+    ``JobInfo.from_json`` takes, and no others: it refuses unknown ones)."""
+    meta = {str(k): str(v) for k, v in (item.get("meta") or {}).items()}
+    meta[LANE_HOST_META] = st.host or ""
+    meta["raylane_lane"] = st.group or ""
+    message = st.message
+    if message is None:
+        message = {"RUNNING": "Running in a Raylane warm lane (no Ray job of its own).",
+                   "SUCCEEDED": "Job finished successfully (in a Raylane warm lane)."}.get(st.status, st.status)
+    message += f" Host: Ray job {st.host}. Output: Raylane's /v1/jobs/{meta.get('raylane_job_id', '<id>')}/logs."
+    return json.dumps({
+        "status": st.status, "entrypoint": str(item.get("command", "")), "message": message,
+        "error_type": None, "start_time": st.start_time, "end_time": st.end_time, "metadata": meta,
+        "entrypoint_num_cpus": item_cpus(item) or None, "entrypoint_num_gpus": None, "entrypoint_memory": None,
+        "entrypoint_resources": None, "driver_agent_http_address": None, "driver_node_id": node_id,
+        "driver_exit_code": st.exit_code,
+    }).encode()
+
+
+def is_lane_record(value: bytes) -> bool:
+    """Whether a record in Ray's job store is a lane attempt's (``dashboard_record``),
+    not a Ray job's own, which the control plane never deletes."""
+    try:
+        meta = json.loads(value).get("metadata") or {}
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(meta, dict) and bool(meta.get(LANE_HOST_META))
 
 
 def item_cpus(item: dict[str, Any]) -> float:

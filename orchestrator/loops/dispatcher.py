@@ -212,7 +212,8 @@ class Dispatcher(LoopService):
                     self._touch_packages(lane_env)
                 self.lanes.submit(submission_id=sid, group=pl.lane, command=spec.entrypoint, env={**job_env, **env},
                                   args=spec.args if traits(spec.kind).runner else None,
-                                  cpus=float(pl.total.get("CPU", 0.0)), lane_env=pl.lane_env, runtime_env=lane_env)
+                                  cpus=float(pl.total.get("CPU", 0.0)), lane_env=pl.lane_env, runtime_env=lane_env,
+                                  metadata=metadata)
                 note = f"queued in the warm lane of group {pl.lane}" + (f", lane env {pl.lane_env}" if pl.lane_env else "")
             else:
                 note = self._submit_ray_job(c, sid, env, entrypoint, runtime_env, metadata)

@@ -347,22 +347,18 @@ def list_events(session: Session, job_id: str, *, project: str | None = DEFAULT_
 
 def list_attempts(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
                   dashboard_url: str | None = None) -> list[Attempt]:
-    lane = (get_row(session, job_id, project)["placement"] or {}).get("lane")
+    get_row(session, job_id, project)  # NotFound for another project's job
     rows = session.execute(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)).mappings()
     return [Attempt(**{k: r[k] for k in Attempt.model_fields if k in r},
-                    dashboard_url=job_dashboard_url(dashboard_url, r["submission_id"], lane=lane)) for r in rows]
+                    dashboard_url=job_dashboard_url(dashboard_url, r["submission_id"])) for r in rows]
 
 
-def job_dashboard_url(base: str | None, sid: str | None, *, lane: str | None = None) -> str | None:
+def job_dashboard_url(base: str | None, sid: str | None) -> str | None:
+    """An attempt's page in Ray's dashboard. A warm lane's attempt is no Ray job,
+    but its host writes it a record where Ray keeps its jobs' (``domain.lanes.
+    dashboard_record``), so its page is at the same place."""
     if not base or not sid:
         return None
-    if lane:
-        # A warm lane's attempt is no Ray job of its own, and its host's page
-        # (raylane-lane-v<protocol>-<group>-<n>, the attempt's ``ray_job``) serves
-        # every project, so it is an admin's read through /ray (api/rayscope.py):
-        # the link is Ray's job list, which works for whoever may see the job
-        # (docs/fast-lane.md).
-        return f"{base.rstrip('/')}/#/jobs"
     return f"{base.rstrip('/')}/#/jobs/{sid}"
 
 
@@ -380,7 +376,6 @@ def _views(session: Session, rows, dashboard_url: str | None) -> list[Job]:
 
 def _view(r, labels: dict[str, str], result, dashboard_url: str | None, *, spec: JobSpec | None = None) -> Job:
     sid = submission_id(r["id"], r["attempts"]) if r["attempts"] else None
-    lane = (r["placement"] or {}).get("lane")
     return Job(
         id=r["id"], name=r["name"], kind=r["kind"], project=r["project"], status=r["status"],
         status_reason=r["status_reason"], priority=r["priority"], labels=labels,
@@ -388,7 +383,7 @@ def _view(r, labels: dict[str, str], result, dashboard_url: str | None, *, spec:
         finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
         preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
         placement=r["placement"], ray_submission_id=sid,
-        dashboard_url=job_dashboard_url(dashboard_url, sid, lane=lane),
+        dashboard_url=job_dashboard_url(dashboard_url, sid),
         result=result, spec=spec if spec is not None else JobSpec.from_stored(r["spec"]),
     )
 

@@ -87,8 +87,15 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert f"lane-says-{job['id']}-hello" in lapi.get(f"/v1/jobs/{job['id']}/logs").text
     sid = f"raylane-{job['id']}-1"
-    # No Ray job of its own: its host's Ray job ran it, on a cpu node.
-    assert ray_job(ray_cluster, sid) is None
+    # No Ray job of its own (its host's Ray job ran it, on a cpu node), but a page
+    # in Ray's dashboard all the same: the record its host wrote, read by Ray's job API.
+    page = ray_job(ray_cluster, sid)
+    assert page is not None and page["status"] == "SUCCEEDED" and page["driver_exit_code"] == 0, page
+    assert page["entrypoint"] == "echo lane-says-$RAYLANE_JOB_ID-$GREETING" and not page.get("runtime_env")
+    assert {k: page["metadata"].get(k) for k in ("raylane_job_id", "raylane_project", "raylane_lane")} == \
+        {"raylane_job_id": job["id"], "raylane_project": job["project"], "raylane_lane": "cpu"}
+    listed = httpx.get(ray_cluster.state.dashboard_url + "/api/jobs/", headers=ray_cluster.auth_headers())
+    assert listed.status_code == 200 and sid in {j["submission_id"] for j in listed.json()}  # Ray's Jobs page
     # Its outcome and log are in the database: its keys have left Ray's store (which keeps live attempts only).
     assert lane_status(gcs, sid) is None and not gcs.kv_get(lanes.logs_key(sid))
     assert gcs.kv_get(lanes.claim_key(sid)) == lanes.FORGOTTEN  # the tombstone stays
@@ -98,10 +105,14 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert gcs.kv_get(lanes.host_key("cpu", host["driver_node_id"])).decode() == host_sid
     assert host_sid == lanes.host_submission_id("cpu", int(host_sid.rsplit("-", 1)[1]), host["driver_node_id"])
     assert host["status"] == "RUNNING" and host["metadata"]["raylane_lane"] == "cpu"
+    assert page["metadata"]["raylane_lane_host"] == host_sid and page["driver_node_id"] == host["driver_node_id"]
     assert att["driver_node_id"] == host["driver_node_id"] and att["exit_code"] == 0
-    # It names the Ray job that ran it (its lane's host); its link is Ray's job list, where that host is.
+    # It names the Ray job that ran it (its lane's host); its link is its own page in Ray's dashboard,
+    # which Raylane's /ray serves as it serves a Ray job's.
     assert att["ray_job"] == host_sid
-    assert done["dashboard_url"].endswith("/#/jobs") and att["dashboard_url"] == done["dashboard_url"]
+    assert done["dashboard_url"].endswith(f"/#/jobs/{sid}") and att["dashboard_url"] == done["dashboard_url"]
+    proxied = lapi.get(f"/ray/api/jobs/{sid}")
+    assert proxied.status_code == 200 and proxied.json()["metadata"]["raylane_job_id"] == job["id"], proxied.text
     # The host reads its own Ray job's status where Ray's job manager keeps it (its self-check).
     probe = lapi.post("/v1/jobs", json={"name": "probe", "kind": "command", "entrypoint":
                                         f"python -c 'from raylane.jobs.lane import _probe; print(_probe(\"{host_sid}\"))'"}).json()
@@ -128,14 +139,16 @@ def test_a_function_job_is_a_call_in_the_lane_or_a_ray_job_with_the_same_result(
         done = wait_status(lapi, j["id"], TERMINAL, timeout=120)
         assert done["status"] == "SUCCEEDED", done["status_reason"]
         assert done["result"] == {"value": "[1, 2]"}
-    assert ray_job(ray_cluster, f"raylane-{lane['id']}-1") is None
-    assert ray_job(ray_cluster, f"raylane-{iso['id']}-1")["status"] == "SUCCEEDED"
+    in_lane, own = ray_job(ray_cluster, f"raylane-{lane['id']}-1"), ray_job(ray_cluster, f"raylane-{iso['id']}-1")
+    assert in_lane["status"] == own["status"] == "SUCCEEDED"  # both in Ray's job list
+    assert in_lane["metadata"]["raylane_lane_host"] and "raylane_lane_host" not in own["metadata"]
+    assert in_lane["entrypoint"] == "json:dumps"
     failed = wait_status(lapi, boom["id"], TERMINAL, timeout=60)
     assert failed["status"] == "FAILED" and failed["failure_cause"] == "APP_ERROR"
     assert "JSONDecodeError" in lapi.get(f"/v1/jobs/{boom['id']}/logs").text
 
 
-def test_cancel_stops_the_running_process(lapi, tmp_path, gcs):
+def test_cancel_stops_the_running_process(lapi, ray_cluster, tmp_path, gcs):
     pidfile = tmp_path / "pid"
     j = lapi.post("/v1/jobs", json={"name": "long", "kind": "command",
                                     "entrypoint": f"echo $$ > {pidfile}; exec sleep 600"}).json()
@@ -143,10 +156,14 @@ def test_cancel_stops_the_running_process(lapi, tmp_path, gcs):
     pid = wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and int(pidfile.read_text()),
                    timeout=30, what="the command's pid")
     assert not gone(pid)
+    sid = f"raylane-{j['id']}-1"
+    wait_for(lambda: (ray_job(ray_cluster, sid) or {}).get("status") == "RUNNING", timeout=30,
+             what="the running job's page in Ray's dashboard")
     assert lapi.post(f"/v1/jobs/{j['id']}/cancel").json()["job"]["status"] == "CANCELLING"
     done = wait_status(lapi, j["id"], {"CANCELLED"}, timeout=60)
     assert done["status"] == "CANCELLED"
     assert gone(pid)
+    assert ray_job(ray_cluster, sid)["status"] == "STOPPED"
     assert lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[0]["status"] == "STOPPED"
     assert lane_status(gcs, f"raylane-{j['id']}-1") is None and not gcs.kv_get(lanes.stop_key(f"raylane-{j['id']}-1"))
 
@@ -225,7 +242,7 @@ def test_a_redispatched_lane_attempt_runs_once(lane_settings, tmp_path):
     cp2.close()
 
 
-def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, tmp_path, gcs):
+def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, ray_cluster, tmp_path, gcs):
     marker, out = tmp_path / "first-try", tmp_path / "runs"
     cmd = f"if [ -e {marker} ]; then echo ran >> {out}; else echo $$ > {marker}; sleep 600; fi"
     j = lapi.post("/v1/jobs", json={"name": "survivor", "kind": "command", "entrypoint": cmd,
@@ -244,6 +261,9 @@ def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, tmp_path, g
     first, second = lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[:2]
     assert first["cause"] == "LOST" and host_sid in first["message"], first
     assert second["status"] == "SUCCEEDED"
+    # Its host wrote no end for the first attempt: the control plane did, in Ray's dashboard too.
+    assert ray_job(ray_cluster, f"raylane-{j['id']}-1")["status"] == "FAILED"
+    assert ray_job(ray_cluster, f"raylane-{j['id']}-2")["status"] == "SUCCEEDED"
     assert second["ray_job"] != host_sid and first["driver_node_id"] == second["driver_node_id"]
     # A new host replaced the lost one, on the same node.
     assert gcs.kv_get(lanes.host_key("cpu", first["driver_node_id"])).decode() == second["ray_job"]
