@@ -191,7 +191,7 @@ class Host:
     foreign: set[str] = field(default_factory=set)  # todo keys of another protocol version, left alone (logged once)
     _stops_at: float = 0.0  # when stop requests were last listed
     _node_id: str | None = None  # its node, as Ray's record of its own job says (read once)
-    _records_failing: bool = False  # a dashboard record could not be written (logged once)
+    _records_failing: bool = False  # a dashboard record could not be written (logged once, until one is)
 
     def run(self) -> int:
         if self.workers is None:
@@ -398,7 +398,12 @@ class Host:
             if not self._records_failing:
                 self._records_failing = True
                 log.warning("could not write %s's record in Ray's dashboard (%s: %s); its status is unaffected, "
-                            "and no more of these failures are logged", sid, type(e).__name__, e)
+                            "and no more of these failures are logged until a write succeeds", sid,
+                            type(e).__name__, e)
+            return
+        if self._records_failing:
+            self._records_failing = False
+            log.info("records in Ray's dashboard are written again (from %s)", sid)
 
     def _last_write(self, sid: str, st: LaneStatus, item: dict | None = None) -> None:
         """An item's final status, then a look at its claim: the control plane marks

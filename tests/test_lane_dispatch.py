@@ -245,3 +245,52 @@ def test_the_packages_lane_jobs_touched_are_remembered_for_a_minute_not_for_ever
     d._touched = {f"{i:064x}": time.monotonic() - 120 for i in range(2000)}  # months of one package per job
     d._touch_packages({"working_dir": "raylane://packages/" + "ab" * 32})
     assert list(d._touched) == ["ab" * 32]
+
+
+def test_rays_dashboard_keeps_live_lane_jobs_and_a_bounded_tail_of_ended_ones(lane, settings, monkeypatch):
+    """Each lane attempt has a record in Ray's dashboard (its host writes it), and
+    Ray's Jobs page lists every record on each read: the records of ended lane
+    attempts go once they are not among the newest ``lane_dashboard_keep`` ended
+    attempts, or an hour after their end. A Ray job's own record is Ray's and stays;
+    a live attempt's is never touched. The sweep resumes from its mark."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from raylane.orchestrator.store.tables import attempts
+    from raylane.orchestrator.store.transitions import utcnow
+
+    ids = {}
+    for name in ("a", "b", "c", "d", "ray"):
+        jid = ids[name] = submit(lane, name)
+        lane.dispatcher.after_submit_hook = lambda c: cancel_before_record(lane, c)
+        lane.dispatcher.run_once()
+    sid = {name: submission_id(jid, 1) for name, jid in ids.items()}
+    gcs = lane.ray.gcs
+    host = lanes.host_submission_id("cpu", 1)
+    for name in "abcd":
+        gcs.records[sid[name]] = lanes.dashboard_record(
+            {"command": "true"}, lanes.LaneStatus("SUCCEEDED", group="cpu", host=host), node_id=None)
+    ray_own = gcs.records[sid["ray"]] = b'{"status": "SUCCEEDED", "entrypoint": "true", "metadata": {}}'
+    live = gcs.records["raylane-live-1"] = lanes.dashboard_record(
+        {"command": "sleep 9"}, lanes.LaneStatus("RUNNING", group="cpu", host=host), node_id=None)
+    now = utcnow()
+    with db.transaction(lane.sessions) as s:
+        for name, minutes in (("a", 120), ("b", 30), ("ray", 25), ("c", 20), ("d", 10)):
+            s.execute(update(attempts).where(attempts.c.job_id == ids[name])
+                      .values(ended_at=now - timedelta(minutes=minutes)))
+
+    # Within the hour, but past the newest two ended attempts ("d", "c"): "a" and "b" go.
+    Reconciler(settings.model_copy(update={"lane_dashboard_keep": 2}), lane.sessions, lane.ray,
+               lanes=lane.lanes).run_once()
+    assert set(gcs.records) == {sid["c"], sid["d"], sid["ray"], "raylane-live-1"}
+    assert gcs.records[sid["ray"]] == ray_own and gcs.records["raylane-live-1"] == live
+    mark = lane.lanes.sweep_mark(lanes.RECORDS_MARK_KEY)
+    assert mark is not None and mark[0] == now - timedelta(minutes=25)  # the Ray job's attempt, passed
+
+    # With room for a thousand, only the hour bounds them; the next sweep starts at
+    # the mark (a record written behind it stays until the tombstone sweep's day).
+    gcs.records[sid["a"]] = b'{"status": "SUCCEEDED", "metadata": {"raylane_lane_host": "h"}}'
+    monkeypatch.setattr(lanes, "RECORD_KEEP_S", 15 * 60.0)  # "c" is past it, "d" not
+    Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes).run_once()
+    assert set(gcs.records) == {sid["a"], sid["d"], sid["ray"], "raylane-live-1"}

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from raylane.orchestrator.backends.ray_jobs import RayJob
+from raylane.orchestrator.domain import lanes
 from raylane.orchestrator.domain.errors import InvalidTransition
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.specs import JobSpec, RetryPolicy
@@ -168,6 +169,18 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
     with db.transaction(cp.sessions) as s:
         att = store.list_attempts(s, other, project=None, dashboard_url=ray)[0]
     assert att.ray_job is None and att.dashboard_url == f"{ray}/#/jobs/{submission_id(other, 1)}"
+    # Past the dashboard's tail (an hour after it ended) the lane attempt's record is
+    # gone: its link is Ray's job list. A Ray job's own page stays (Ray keeps it).
+    long_ago = utcnow() - timedelta(seconds=lanes.RECORD_KEEP_S + 60)
+    with db.transaction(cp.sessions) as s:
+        s.execute(update(attempts).where(attempts.c.job_id.in_([jid, other])).values(ended_at=long_ago))
+        s.execute(update(jobs).where(jobs.c.id.in_([jid, other])).values(finished_at=long_ago))
+    with db.transaction(cp.sessions) as s:
+        job = store.get_job(s, jid, project=None, dashboard_url=ray)
+        att = store.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
+        own = store.list_attempts(s, other, project=None, dashboard_url=ray)[0]
+    assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs"
+    assert own.dashboard_url == f"{ray}/#/jobs/{submission_id(other, 1)}"
 
 
 def test_an_attempt_and_its_job_change_together_or_not_at_all(cp):

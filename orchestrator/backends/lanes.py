@@ -556,7 +556,11 @@ class LaneBackend:
         with its node): its record in Ray's dashboard still says RUNNING, and no
         host will write its end. It says FAILED from here, as Ray's own job
         manager says of a job whose driver's node died. One read, for the
-        attempts that did not succeed only."""
+        attempts that did not succeed only. No compare-and-set (Ray's KV store
+        has none): a host Ray counted lost that ran on and writes its end
+        between this read and this write has it overwritten, and the record then
+        says what Raylane stored of the attempt (lost, and retried), as the job's
+        history does; one that writes after this leaves its own end."""
         value = self._kv("job_records", [submission_id]).get(submission_id)
         if value is None or not lanes.is_lane_record(value):
             return
@@ -605,24 +609,26 @@ class LaneBackend:
         of it."""
         return getattr(self.ray, "gcs", None) is not None
 
-    def sweep_mark(self) -> tuple[datetime, int] | None:
-        """How far the sweep got (``lanes.SWEEP_MARK_KEY``), by any control plane."""
-        value = self._kv("kv_get", lanes.SWEEP_MARK_KEY)
+    def sweep_mark(self, key: str = lanes.SWEEP_MARK_KEY) -> tuple[datetime, int] | None:
+        """How far the sweep got (``lanes.SWEEP_MARK_KEY``; the records sweep's:
+        ``lanes.RECORDS_MARK_KEY``), by any control plane."""
+        value = self._kv("kv_get", key)
         if not value:
             return None
         try:
             at, row = value.decode().split("|")
             return datetime.fromisoformat(at), int(row)
         except ValueError:
-            log.warning("lane sweep mark %r is unreadable: sweeping from the first ended attempt", value[:80])
+            log.warning("lane sweep mark %s=%r is unreadable: sweeping from the first ended attempt", key, value[:80])
             return None
 
     def sweep(self, ended: list[dict[str, Any]]) -> int:
         """Delete what is left in Ray's store of attempts that ended long ago (rows
         of ``lifecycle.ended_attempts``, oldest first): the claim, a tombstone no
         late redispatch can need any more, and any status, log tail, stop request
-        or re-put todo item a failed or raced forget left, and its record in Ray's
-        dashboard (``lanes.dashboard_record``; a Ray job's own record stays). The group is the one
+        or re-put todo item a failed or raced forget left, and a record in Ray's
+        dashboard a host wrote after ``sweep_records`` passed (a Ray job's own
+        record stays). The group is the one
         the attempt ran in and the env its spec's, not its job's placement now (a
         retry may have gone elsewhere). One read finds what is left: an attempt
         of a Ray job has nothing, one of a lane its claim, usually alone. Its todo
@@ -648,7 +654,7 @@ class LaneBackend:
             keys.append([*todos, lanes.stop_key(sid), lanes.status_key(sid), lanes.logs_key(sid),
                          lanes.claim_key(sid)])
         left = self._kv("kv_multi_get", [k for row in keys for k in row])
-        # Their records in Ray's dashboard (a lane host's, not a Ray job's own, which stays Ray's).
+        # Records in Ray's dashboard written late (a lane host's, not a Ray job's own, which stays Ray's).
         records = {sid for sid, v in self._kv("job_records", [r["submission_id"] for r in ended]).items()
                    if lanes.is_lane_record(v)}
         done = 0
@@ -668,6 +674,34 @@ class LaneBackend:
             done += 1
         last = ended[done - 1]
         self._kv("kv_put", lanes.SWEEP_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
+        return done
+
+
+    def sweep_records(self, ended: list[dict[str, Any]]) -> int:
+        """Delete the records in Ray's dashboard (``lanes.dashboard_record``) of
+        attempts past the dashboard's tail (rows of ``lifecycle.ended_attempts``,
+        oldest first, the reconciler's ``_sweep_records`` says which): Ray's job
+        list keeps live lane attempts and the newest ended ones, not every one.
+        One read of their records; a Ray job's own record is never deleted (it is
+        Ray's, and Raylane's history links to it). A host that writes a record
+        after this (one Ray counted lost that ran on) leaves it to the tombstone
+        sweep (``sweep``, a day later). Stops
+        after ``SWEEP_BUDGET_S`` and moves ``lanes.RECORDS_MARK_KEY`` past the last
+        row it swept. Returns the rows swept, from the first."""
+        if not ended:
+            return 0
+        t0 = time.monotonic()
+        records = {sid for sid, v in self._kv("job_records", [r["submission_id"] for r in ended]).items()
+                   if lanes.is_lane_record(v)}
+        done = 0
+        for r in ended:
+            if done and time.monotonic() - t0 > SWEEP_BUDGET_S:
+                break
+            if r["submission_id"] in records:
+                self._kv("delete_job_record", r["submission_id"])
+            done += 1
+        last = ended[done - 1]
+        self._kv("kv_put", lanes.RECORDS_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
         return done
 
 

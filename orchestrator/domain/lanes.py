@@ -299,12 +299,19 @@ def encode_item(sid: str, command: str, env: dict[str, str], *, args: dict[str, 
 # that ran it). RUNNING once it has run ``jobs.lane.RUNNING_AFTER_S``, then its end; never
 # a runtime env (its env vars carry the storage credentials). Its output stays
 # Raylane's (``/v1/jobs/<id>/logs``): the record names no driver agent, so Ray's
-# log pane is empty rather than wrong. The control plane deletes the record with
-# the attempt's tombstone (``LaneBackend.sweep``): Ray's job list holds the last
-# day's lane attempts, not every one ever run.
+# log pane is empty rather than wrong. Records are kept for live attempts and a
+# short tail of ended ones only (``LaneBackend.sweep_records``): an ended attempt's
+# record goes once it is not among the newest ``lane_dashboard_keep`` ended
+# attempts, or ``RECORD_KEEP_S`` after its end, whichever comes first. Ray's
+# dashboard lists every record it has on each read of its Jobs page (a GCS get
+# each) and Raylane's ``/ray`` proxy takes 32 MiB of it at most: a day of lane
+# jobs (about 950 bytes a record) would pass that at 0.4 jobs/s.
 JOB_INFO_NAMESPACE = "job"  # ray_constants.KV_NAMESPACE_JOB
 JOB_INFO_PREFIX = "_ray_internal_job_info_"  # JobInfoStorageClient.JOB_DATA_KEY_PREFIX
 LANE_HOST_META = "raylane_lane_host"  # in a record's metadata: the host (a Ray job) that ran it
+RECORD_KEEP_S = 3600.0  # an ended attempt's record stays at most this long (fewer under load: lane_dashboard_keep)
+# How far the records sweep got, "<ended_at ISO>|<attempts row id>" as ``SWEEP_MARK_KEY``.
+RECORDS_MARK_KEY = "lane/records-swept-until"
 
 
 def job_info_key(sid: str) -> str:
@@ -317,10 +324,11 @@ def dashboard_record(item: dict[str, Any], st: "LaneStatus", *, node_id: str | N
     meta = {str(k): str(v) for k, v in (item.get("meta") or {}).items()}
     meta[LANE_HOST_META] = st.host or ""
     meta["raylane_lane"] = st.group or ""
-    message = st.message
-    if message is None:
-        message = {"RUNNING": "Running in a Raylane warm lane (no Ray job of its own).",
-                   "SUCCEEDED": "Job finished successfully (in a Raylane warm lane)."}.get(st.status, st.status)
+    message = (st.message or {"RUNNING": "Running in a Raylane warm lane (no Ray job of its own).",
+                              "SUCCEEDED": "Job finished successfully in a Raylane warm lane.",
+                              "STOPPED": "Job was stopped in a Raylane warm lane."}.get(
+        st.status, f"Job ended {st.status} in a Raylane warm lane.")).rstrip()
+    message = message[:1].upper() + message[1:] + ("" if message.endswith(".") else ".")
     message += f" Host: Ray job {st.host}. Output: Raylane's /v1/jobs/{meta.get('raylane_job_id', '<id>')}/logs."
     return json.dumps({
         "status": st.status, "entrypoint": str(item.get("command", "")), "message": message,

@@ -33,6 +33,7 @@ from datetime import timedelta
 
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable, ResultUnavailable
+from raylane.orchestrator.domain import lanes as lanes_domain
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.errors import InvalidTransition
 from raylane.orchestrator.domain.kinds import traits
@@ -58,6 +59,7 @@ DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attem
 # attempt refused this many times while it stays live is no race: one WARNING says so.
 CONFLICTS_WARN = 5
 SWEEP_EVERY_S = 60.0  # how often ended lane attempts' tombstones past their keep are deleted (``_sweep_lanes``)
+RECORDS_SWEEP_EVERY_S = 5.0  # how often ended lane attempts' records past the dashboard's tail are deleted
 SWEEP_BATCH = 200  # ended attempts read per sweep (a GCS call per lane claim); a full batch sweeps on at the next pass
 
 
@@ -96,6 +98,7 @@ class Reconciler(LoopService):
         self._writes: list = []  # (write(session), after(), job, attempt) of this pass, committed together (``_flush``)
         self._conflicts: dict[tuple[str | None, int | None], int] = {}  # (job, attempt) -> outcomes refused while live
         self._swept_at = 0.0  # monotonic time of the last lane sweep (0: sweep at the first pass)
+        self._records_swept_at = 0.0  # the same, of the records sweep (``_sweep_records``)
 
     def next_wait(self) -> float:
         # Poll Ray quickly while attempts are young or live: completion is noticed
@@ -115,6 +118,9 @@ class Reconciler(LoopService):
                 self._cancel_unsubmitted(jid, n, lane, lane_env)
         if self.lanes is not None and time.monotonic() - self._swept_at >= SWEEP_EVERY_S and self.lanes.store_known():
             self._sweep_lanes()
+        if self.lanes is not None and time.monotonic() - self._records_swept_at >= RECORDS_SWEEP_EVERY_S \
+                and self.lanes.store_known():
+            self._sweep_records()
         if not live:
             return
         try:
@@ -159,6 +165,36 @@ class Reconciler(LoopService):
         except Exception as e:  # the database busy, an error of Ray's store: the claims wait for the next sweep
             log.warning("lane sweep failed (%s); tried again in %.0f s", e, SWEEP_EVERY_S)
             self._swept_at = time.monotonic()
+
+    def _sweep_records(self) -> None:
+        """Delete the records in Ray's dashboard of lane attempts past its tail:
+        ended before the newest ``lane_dashboard_keep`` ended attempts, or more
+        than ``lanes.RECORD_KEEP_S`` ago (``LaneBackend.sweep_records``), from
+        where the last records sweep (of any replica) stopped; the first starts
+        where the tombstone sweep got (no record is older: the tombstone sweep
+        deleted them). Every ``RECORDS_SWEEP_EVERY_S``, so the tail stays near its
+        size under a lane's full throughput; a full batch sweeps on at the next pass."""
+        try:
+            mark = self.lanes.sweep_mark(lanes_domain.RECORDS_MARK_KEY) or self.lanes.sweep_mark()
+            until = utcnow() - timedelta(seconds=lanes_domain.RECORD_KEEP_S)
+            with db.transaction(self.sessions) as s:
+                tail = lifecycle.nth_newest_end(s, self.settings.lane_dashboard_keep)
+                if tail is not None and tail > until:
+                    until = tail
+                rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH)
+            swept = self.lanes.sweep_records(rows)
+            if swept:
+                log.debug("lane records sweep: %d attempts that ended by %s are off Ray's dashboard", swept,
+                          rows[swept - 1]["ended_at"].isoformat())
+            full = len(rows) == SWEEP_BATCH or swept < len(rows)
+            self._records_swept_at = 0.0 if full else time.monotonic()
+        except RayUnavailable as e:
+            log.debug("lane records sweep: Ray's store unreachable (%s); tried again in %.0f s", e,
+                      RECORDS_SWEEP_EVERY_S)
+            self._records_swept_at = time.monotonic()
+        except Exception as e:
+            log.warning("lane records sweep failed (%s); tried again in %.0f s", e, RECORDS_SWEEP_EVERY_S)
+            self._records_swept_at = time.monotonic()
 
     def _pass(self, live, ray_jobs, now) -> None:
         nodes = None

@@ -7,13 +7,14 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from sqlalchemy import and_, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from raylane.orchestrator.domain import lanes
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
 from raylane.orchestrator.domain.ids import new_job_id, submission_id
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
@@ -349,16 +350,27 @@ def list_attempts(session: Session, job_id: str, *, project: str | None = DEFAUL
                   dashboard_url: str | None = None) -> list[Attempt]:
     get_row(session, job_id, project)  # NotFound for another project's job
     rows = session.execute(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)).mappings()
+    now = utcnow()
     return [Attempt(**{k: r[k] for k in Attempt.model_fields if k in r},
-                    dashboard_url=job_dashboard_url(dashboard_url, r["submission_id"])) for r in rows]
+                    dashboard_url=job_dashboard_url(
+                        dashboard_url, r["submission_id"], now=now,
+                        lane_ended_at=r["ended_at"] if (r["ray_job"] or "").startswith(lanes.HOST_ID_PREFIX) else None))
+            for r in rows]
 
 
-def job_dashboard_url(base: str | None, sid: str | None) -> str | None:
+def job_dashboard_url(base: str | None, sid: str | None, *, lane_ended_at: datetime | None = None,
+                      now: datetime | None = None) -> str | None:
     """An attempt's page in Ray's dashboard. A warm lane's attempt is no Ray job,
     but its host writes it a record where Ray keeps its jobs' (``domain.lanes.
-    dashboard_record``), so its page is at the same place."""
+    dashboard_record``), so its page is at the same place while the record is
+    kept: ``lane_ended_at`` (a lane attempt's end) more than ``lanes.RECORD_KEEP_S``
+    ago, it is gone, and the link is Ray's job list. (Under more than
+    ``lane_dashboard_keep`` lane jobs in that time a record goes sooner, and Ray's
+    page says it does not know the job.)"""
     if not base or not sid:
         return None
+    if lane_ended_at is not None and (now or utcnow()) - lane_ended_at > timedelta(seconds=lanes.RECORD_KEEP_S):
+        return f"{base.rstrip('/')}/#/jobs"
     return f"{base.rstrip('/')}/#/jobs/{sid}"
 
 
@@ -383,7 +395,8 @@ def _view(r, labels: dict[str, str], result, dashboard_url: str | None, *, spec:
         finished_at=r["finished_at"], attempts=r["attempts"], max_attempts=r["max_attempts"],
         preemptions=r["preemptions"], failure_cause=r["failure_cause"], cancel_requested=r["cancel_requested"],
         placement=r["placement"], ray_submission_id=sid,
-        dashboard_url=job_dashboard_url(dashboard_url, sid),
+        dashboard_url=job_dashboard_url(dashboard_url, sid, lane_ended_at=r["finished_at"]
+                                        if (r["placement"] or {}).get("lane") else None),
         result=result, spec=spec if spec is not None else JobSpec.from_stored(r["spec"]),
     )
 

@@ -72,6 +72,14 @@ def ended_attempts(s: Session, *, after: tuple[datetime, int] | None, until: dat
     return [dict(r) for r in s.execute(q).mappings()]
 
 
+def nth_newest_end(s: Session, n: int) -> datetime | None:
+    """When the attempt ended that has ``n`` attempts ended after it (or at the
+    same time): where the tail of the newest ``n`` ended attempts starts, read
+    backwards through ``ix_attempts_ended_at``. None while fewer have ended."""
+    return s.execute(select(attempts.c.ended_at).where(attempts.c.ended_at.is_not(None))
+                     .order_by(attempts.c.ended_at.desc()).offset(n).limit(1)).scalar_one_or_none()
+
+
 def has_result(s: Session, job_id: str) -> bool:
     return s.execute(select(results.c.job_id).where(results.c.job_id == job_id)).first() is not None
 

@@ -65,6 +65,15 @@ def ray_job(ray_cluster, sid: str) -> dict | None:
     return r.json() if r.status_code == 200 else None
 
 
+def ended_page(ray_cluster, sid: str) -> dict:
+    """A lane attempt's page in Ray's dashboard once it says the attempt ended: its
+    host writes the end just after the status the reconciler reads (and the
+    control plane a lost host's after it stored the outcome), so a test that saw
+    the job end may read the page a moment before."""
+    return wait_for(lambda: (p := ray_job(ray_cluster, sid)) and p["status"] not in ("PENDING", "RUNNING") and p,
+                    timeout=30, what=f"{sid}'s end in Ray's dashboard")
+
+
 def gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -89,8 +98,8 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     sid = f"raylane-{job['id']}-1"
     # No Ray job of its own (its host's Ray job ran it, on a cpu node), but a page
     # in Ray's dashboard all the same: the record its host wrote, read by Ray's job API.
-    page = ray_job(ray_cluster, sid)
-    assert page is not None and page["status"] == "SUCCEEDED" and page["driver_exit_code"] == 0, page
+    page = ended_page(ray_cluster, sid)
+    assert page["status"] == "SUCCEEDED" and page["driver_exit_code"] == 0, page
     assert page["entrypoint"] == "echo lane-says-$RAYLANE_JOB_ID-$GREETING" and not page.get("runtime_env")
     assert {k: page["metadata"].get(k) for k in ("raylane_job_id", "raylane_project", "raylane_lane")} == \
         {"raylane_job_id": job["id"], "raylane_project": job["project"], "raylane_lane": "cpu"}
@@ -129,6 +138,28 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     assert att["exit_code"] == 3 and "oh-no" in att["message"]
 
 
+def test_rays_dashboard_keeps_the_newest_ended_lane_jobs_only(lane_settings, ray_cluster):
+    """Ray's Jobs page lists every record on each read: with
+    ``lane_dashboard_keep`` 1, a lane job's page is there once it ended and gone
+    once another lane job ended after it, while that one's stays."""
+    from raylane.api.app import create_app
+
+    with TestClient(create_app(lane_settings.model_copy(update={"lane_dashboard_keep": 1})),
+                    headers=ADMIN_HEADERS) as c:
+        try:
+            first = c.post("/v1/jobs", json={"name": "first", "kind": "command", "entrypoint": "true"}).json()
+            assert wait_status(c, first["id"], TERMINAL, timeout=120)["status"] == "SUCCEEDED"
+            assert ended_page(ray_cluster, f"raylane-{first['id']}-1")["status"] == "SUCCEEDED"
+            second = c.post("/v1/jobs", json={"name": "second", "kind": "command", "entrypoint": "true"}).json()
+            assert wait_status(c, second["id"], TERMINAL, timeout=120)["status"] == "SUCCEEDED"
+            assert ended_page(ray_cluster, f"raylane-{second['id']}-1")["status"] == "SUCCEEDED"
+            wait_for(lambda: ray_job(ray_cluster, f"raylane-{first['id']}-1") is None, timeout=60,
+                     what="the older lane job's page to leave Ray's dashboard")
+            assert ray_job(ray_cluster, f"raylane-{second['id']}-1")["status"] == "SUCCEEDED"
+        finally:
+            cancel_leftovers(c)
+
+
 def test_a_function_job_is_a_call_in_the_lane_or_a_ray_job_with_the_same_result(lapi, ray_cluster):
     spec = {"name": "fn", "kind": "function", "entrypoint": "json:dumps", "args": {"obj": [1, 2]}}
     lane = lapi.post("/v1/jobs", json=spec).json()
@@ -139,7 +170,7 @@ def test_a_function_job_is_a_call_in_the_lane_or_a_ray_job_with_the_same_result(
         done = wait_status(lapi, j["id"], TERMINAL, timeout=120)
         assert done["status"] == "SUCCEEDED", done["status_reason"]
         assert done["result"] == {"value": "[1, 2]"}
-    in_lane, own = ray_job(ray_cluster, f"raylane-{lane['id']}-1"), ray_job(ray_cluster, f"raylane-{iso['id']}-1")
+    in_lane, own = ended_page(ray_cluster, f"raylane-{lane['id']}-1"), ray_job(ray_cluster, f"raylane-{iso['id']}-1")
     assert in_lane["status"] == own["status"] == "SUCCEEDED"  # both in Ray's job list
     assert in_lane["metadata"]["raylane_lane_host"] and "raylane_lane_host" not in own["metadata"]
     assert in_lane["entrypoint"] == "json:dumps"
@@ -163,7 +194,7 @@ def test_cancel_stops_the_running_process(lapi, ray_cluster, tmp_path, gcs):
     done = wait_status(lapi, j["id"], {"CANCELLED"}, timeout=60)
     assert done["status"] == "CANCELLED"
     assert gone(pid)
-    assert ray_job(ray_cluster, sid)["status"] == "STOPPED"
+    assert ended_page(ray_cluster, sid)["status"] == "STOPPED"
     assert lapi.get(f"/v1/jobs/{j['id']}/attempts").json()[0]["status"] == "STOPPED"
     assert lane_status(gcs, f"raylane-{j['id']}-1") is None and not gcs.kv_get(lanes.stop_key(f"raylane-{j['id']}-1"))
 
@@ -262,8 +293,8 @@ def test_a_lost_lane_host_is_retried_and_the_job_succeeds_once(lapi, ray_cluster
     assert first["cause"] == "LOST" and host_sid in first["message"], first
     assert second["status"] == "SUCCEEDED"
     # Its host wrote no end for the first attempt: the control plane did, in Ray's dashboard too.
-    assert ray_job(ray_cluster, f"raylane-{j['id']}-1")["status"] == "FAILED"
-    assert ray_job(ray_cluster, f"raylane-{j['id']}-2")["status"] == "SUCCEEDED"
+    assert ended_page(ray_cluster, f"raylane-{j['id']}-1")["status"] == "FAILED"
+    assert ended_page(ray_cluster, f"raylane-{j['id']}-2")["status"] == "SUCCEEDED"
     assert second["ray_job"] != host_sid and first["driver_node_id"] == second["driver_node_id"]
     # A new host replaced the lost one, on the same node.
     assert gcs.kv_get(lanes.host_key("cpu", first["driver_node_id"])).decode() == second["ray_job"]
