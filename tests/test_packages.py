@@ -238,3 +238,64 @@ def test_the_dispatcher_hands_ray_the_package_a_spec_names(cp, settings):
     assert env == {"working_dir": f"gcs://_ray_pkg_{sha}.zip", "py_modules": ["s3://b/m.zip"], "env_vars": {"A": "1"}}
     assert backend.got == {sha: data}
     assert d._packages_to_ray({"working_dir": "/srv/code"}) == {"working_dir": "/srv/code"}
+
+
+def test_a_database_error_reading_a_jobs_package_refuses_nothing_and_the_submit_is_tried_again(
+        cp, settings, monkeypatch):
+    """The dispatcher reads and marks a job's uploaded package in the database just
+    before handing it to Ray. A failure there (a locked SQLite, a PostgreSQL
+    failover) is the database's, not the job's: the attempt keeps its claim and is
+    submitted, with the same id, once its lease expires, as when Ray is out of reach."""
+    from sqlalchemy.exc import OperationalError
+
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.domain.specs import JobSpec
+    from raylane.orchestrator.domain.states import JobStatus
+    from raylane.orchestrator.loops import dispatcher as dispatcher_mod
+    from raylane.orchestrator.loops.dispatcher import Dispatcher
+    from raylane.orchestrator.store import db, lifecycle
+    from raylane.orchestrator.store.tables import jobs
+    from tests.test_scheduler import view
+
+    class Backend:
+        reachability = None
+
+        def __init__(self):
+            self.submitted: list[tuple[str, dict]] = []
+
+        def cluster_view(self):
+            return view()
+
+        def ensure_package(self, sha, load):
+            assert load() is not None
+            return f"gcs://_ray_pkg_{sha}.zip"
+
+        def submit(self, *, submission_id, runtime_env, **kw):
+            self.submitted.append((submission_id, runtime_env))
+
+    data = b"PK code"
+    sha = hashlib.sha256(data).hexdigest()
+    assert cp.packages.upload(sha, data, project="default", actor="t")
+    job, _ = cp.submit(JobSpec(name="pkg", kind="command", entrypoint="python main.py",
+                               runtime_env={"working_dir": f"raylane://packages/{sha}"}), project="default", actor="t")
+    backend = Backend()
+    d = Dispatcher(settings, cp.sessions, backend, default_profile())
+    real_touch = dispatcher_mod.store_packages.touch
+
+    def locked(*a, **kw):
+        raise OperationalError("UPDATE packages", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(dispatcher_mod.store_packages, "touch", locked)
+    d.run_once()
+    got = cp.get(job.id, project=None)
+    assert got.status is JobStatus.DISPATCHING and backend.submitted == [], got.status_reason
+    monkeypatch.setattr(dispatcher_mod.store_packages, "touch", real_touch)
+    d.run_once()
+    assert backend.submitted == []  # still held by its lease
+    with db.transaction(cp.sessions) as s:  # the lease runs out
+        s.execute(jobs.update().where(jobs.c.id == job.id).values(lease_expires_at=jobs.c.created_at))
+    d.run_once()
+    assert [(sid, env["working_dir"]) for sid, env in backend.submitted] == [
+        (f"raylane-{job.id}-1", f"gcs://_ray_pkg_{sha}.zip")]
+    with db.transaction(cp.sessions) as s:
+        assert lifecycle._attempt_status(s, job.id, 1).value == "SUBMITTED"
