@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--pairs", type=int, default=3, help="alternated (expert, Raylane) pairs")
     ap.add_argument("--with-defaults", action="store_true", help="also one run of Tune's defaults (slow)")
+    ap.add_argument("--raylane-env", action="append", default=[], metavar="K=V",
+                    help="an env var of Raylane's sweep job (its driver's: TUNE_GLOBAL_CHECKPOINT_S=auto, say)")
     args = ap.parse_args()
     from ray.job_submission import JobSubmissionClient
 
@@ -75,6 +77,9 @@ def main() -> None:
             spec["sweep"]["num_samples"] = args.samples
             spec["sweep"]["scheduler"] = "fifo"  # the same algorithm as the direct runs
             spec["sweep"].pop("max_concurrent_trials", None)  # no knobs: Raylane's defaults
+            if args.raylane_env:
+                spec.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(
+                    kv.split("=", 1) for kv in args.raylane_env)
             t = time.perf_counter()
             job = httpx.post(url + "/v1/jobs", json=spec).json()
             while True:
@@ -106,7 +111,7 @@ def main() -> None:
             print(f"pair {i + 1}: expert {expert['wall_s']:.1f} s, Raylane {ours['wall_s']:.1f} s, "
                   f"ratio {ours['wall_s'] / expert['wall_s']:.2f}, load {before:.1f} -> {load():.1f}", flush=True)
         ratios = sorted(p["ratio"] for p in pairs)
-        out = {"samples": args.samples, "pairs": pairs, "median_ratio": statistics.median(ratios),
+        out = {"samples": args.samples, "raylane_env": args.raylane_env, "pairs": pairs, "median_ratio": statistics.median(ratios),
                "spread": [ratios[0], ratios[-1]]}
         if args.with_defaults:
             default = direct("default")

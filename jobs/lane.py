@@ -66,6 +66,11 @@ LOG_EVERY_S = 0.5  # a running item's output tail is refreshed at most this ofte
 # host, straight to its end, one KV write fewer. The claim names the host
 # meanwhile, so the control plane sees the item taken and its host's fate.
 RUNNING_AFTER_S = 0.05
+# A running item's record in Ray's dashboard is written again this often: Ray's job
+# manager, restarted with its dashboard, marks every RUNNING record whose job has no
+# supervisor FAILED ("failed to get job supervisor"), a lane attempt's included;
+# the host puts it right within this time. One KV write per running item per period.
+RECORD_REFRESH_S = 30.0
 STOP_CHECK_S = 0.1  # how often stop requests are listed while items run (a cancel waits at most this)
 SELF_CHECK_S = 1.0  # how often the host asks whether Ray still counts it alive
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long (Ray's job stop waits 3 s too)
@@ -159,6 +164,7 @@ class Running:
     item: dict = field(default_factory=dict)  # what it was queued with (its record in Ray's dashboard)
     started: float = field(default_factory=time.monotonic)
     announced: bool = False  # its RUNNING status is written (``RUNNING_AFTER_S``)
+    recorded: float = 0.0  # when its RUNNING record in Ray's dashboard was last written (``RECORD_REFRESH_S``)
 
 
 @dataclass
@@ -339,6 +345,10 @@ class Host:
             if not r.announced and now - r.started >= RUNNING_AFTER_S:
                 r.announced = True
                 self.store.put(lanes.status_key(sid), r.status.encode())
+                r.recorded = now
+                self._record(sid, r.status, r.item)
+            elif r.announced and now - r.recorded >= RECORD_REFRESH_S:
+                r.recorded = now
                 self._record(sid, r.status, r.item)
             if sid in stops and r.stop_at is None:
                 r.stop_at = now

@@ -408,3 +408,47 @@ def test_a_record_that_cannot_be_written_fails_no_item(tmp_path, caplog):
     Host(store, "cpu", "raylane-lane-v1-cpu-1", slots=2, idle_s=0.2, workdir=tmp_path).run()
     assert status(store, "a").status == status(store, "b").status == "SUCCEEDED"
     assert sum("record in Ray's dashboard" in r.message for r in caplog.records) == 1  # said once
+
+
+def test_a_failure_to_write_records_is_said_again_after_they_were_written_again(tmp_path, caplog):
+    """One warning per outage of the record writes, not one per item, nor one for
+    the host's whole life: a write that succeeds ends the outage."""
+    calls = []
+
+    class Flaky(MemoryStore):
+        def put_job_info(self, sid, value):
+            calls.append(sid)
+            if len(calls) in (1, 3):  # fails, works, fails, then works
+                raise TimeoutError("GCS busy")
+            super().put_job_info(sid, value)
+
+    caplog.set_level("INFO", logger="raylane.lane")
+    store = Flaky()
+    for sid in "abcd":
+        enqueue(store, sid, "true")
+    Host(store, "cpu", "raylane-lane-v1-cpu-1", slots=1, idle_s=0.2, workdir=tmp_path).run()
+    assert len(calls) >= 4 and all(status(store, s).status == "SUCCEEDED" for s in "abcd")
+    assert sum("could not write" in r.message for r in caplog.records) == 2
+    assert sum("written again" in r.message for r in caplog.records) == 2
+
+
+def test_a_running_record_that_rays_restarted_job_manager_marked_failed_is_put_right(tmp_path, monkeypatch):
+    """Ray's job manager, restarted with its dashboard, marks a RUNNING record whose
+    job has no supervisor FAILED: a lane item's is one. Its host writes the record
+    again every ``RECORD_REFRESH_S`` while the item runs, and its end after."""
+    monkeypatch.setattr("raylane.jobs.lane.RECORD_REFRESH_S", 0.2)
+    store = MemoryStore()
+    marker = tmp_path / "go"
+    enqueue(store, "long", f"while [ ! -e {marker} ]; do sleep 0.05; done")
+    host = threading.Thread(target=Host(store, "cpu", "raylane-lane-v1-cpu-1", slots=1, idle_s=0.2,
+                                        workdir=tmp_path).run, daemon=True)
+    host.start()
+    wait_for(lambda: store.job_info("long") and store.job_info("long")["status"] == "RUNNING", timeout=30,
+             what="the item's RUNNING record")
+    failed = {**store.job_info("long"), "status": "FAILED", "message": "Unexpected error occurred: failed to get "
+              "job supervisor.", "error_type": "JOB_SUPERVISOR_ACTOR_START_FAILURE"}
+    store.put_job_info("long", json.dumps(failed).encode())  # what Ray's JobManager._monitor_job does
+    wait_for(lambda: store.job_info("long")["status"] == "RUNNING", timeout=30, what="the record put right")
+    marker.touch()
+    host.join(60)
+    assert not host.is_alive() and store.job_info("long")["status"] == "SUCCEEDED"
