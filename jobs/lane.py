@@ -344,12 +344,15 @@ class Host:
                 continue
             if not r.announced and now - r.started >= RUNNING_AFTER_S:
                 r.announced = True
-                self.store.put(lanes.status_key(sid), r.status.encode())
                 r.recorded = now
-                self._record(sid, r.status, r.item)
+                self._record(sid, r.status, r.item)  # before the status: whoever sees that sees this
+                self.store.put(lanes.status_key(sid), r.status.encode())
             elif r.announced and now - r.recorded >= RECORD_REFRESH_S:
                 r.recorded = now
-                self._record(sid, r.status, r.item)
+                # Not for an attempt the control plane forgot (it counted this host lost
+                # and ended or deleted the record): no record comes back from here.
+                if self.store.get(lanes.claim_key(sid)) != lanes.FORGOTTEN:
+                    self._record(sid, r.status, r.item)
             if sid in stops and r.stop_at is None:
                 r.stop_at = now
                 _signal(r.proc, signal.SIGTERM)
@@ -416,13 +419,15 @@ class Host:
             log.info("records in Ray's dashboard are written again (from %s)", sid)
 
     def _last_write(self, sid: str, st: LaneStatus, item: dict | None = None) -> None:
-        """An item's final status, then a look at its claim: the control plane marks
-        it ``FORGOTTEN`` before it deletes the attempt's keys, so either this read
-        sees the mark or this write came before that delete (``domain.lanes``).
-        Then its end in Ray's dashboard, which stays until the sweep deletes it
-        with the tombstone (a forgotten attempt's record too: it says what ran)."""
-        self.store.put(lanes.status_key(sid), st.encode())
+        """An item's end in Ray's dashboard, then its final status, then a look at
+        its claim: the control plane marks it ``FORGOTTEN`` before it deletes the
+        attempt's keys, so either this read sees the mark or this write came
+        before that delete (``domain.lanes``). The record comes first: the
+        control plane, once it has seen the status, finds the record ended (it
+        ends a record still RUNNING as lost) and may delete it (past the
+        dashboard's tail), which a record written after would undo."""
         self._record(sid, st, item or {})
+        self.store.put(lanes.status_key(sid), st.encode())
         if self.store.get(lanes.claim_key(sid)) == lanes.FORGOTTEN:
             for key in (lanes.status_key(sid), lanes.logs_key(sid), lanes.stop_key(sid), protocol.result_key(sid)):
                 self.store.delete(key)

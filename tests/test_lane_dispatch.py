@@ -253,6 +253,7 @@ def test_rays_dashboard_keeps_live_lane_jobs_and_a_bounded_tail_of_ended_ones(la
     attempts go once they are not among the newest ``lane_dashboard_keep`` ended
     attempts, or an hour after their end. A Ray job's own record is Ray's and stays;
     a live attempt's is never touched. The sweep resumes from its mark."""
+    import time
     from datetime import timedelta
 
     from sqlalchemy import update
@@ -261,14 +262,14 @@ def test_rays_dashboard_keeps_live_lane_jobs_and_a_bounded_tail_of_ended_ones(la
     from raylane.orchestrator.store.transitions import utcnow
 
     ids = {}
-    for name in ("a", "b", "c", "d", "ray"):
+    for name in ("ancient", "a", "b", "c", "d", "ray"):
         jid = ids[name] = submit(lane, name)
         lane.dispatcher.after_submit_hook = lambda c: cancel_before_record(lane, c)
         lane.dispatcher.run_once()
     sid = {name: submission_id(jid, 1) for name, jid in ids.items()}
     gcs = lane.ray.gcs
     host = lanes.host_submission_id("cpu", 1)
-    for name in "abcd":
+    for name in ("ancient", *"abcd"):
         gcs.records[sid[name]] = lanes.dashboard_record(
             {"command": "true"}, lanes.LaneStatus("SUCCEEDED", group="cpu", host=host), node_id=None)
     ray_own = gcs.records[sid["ray"]] = b'{"status": "SUCCEEDED", "entrypoint": "true", "metadata": {}}'
@@ -276,14 +277,19 @@ def test_rays_dashboard_keeps_live_lane_jobs_and_a_bounded_tail_of_ended_ones(la
         {"command": "sleep 9"}, lanes.LaneStatus("RUNNING", group="cpu", host=host), node_id=None)
     now = utcnow()
     with db.transaction(lane.sessions) as s:
-        for name, minutes in (("a", 120), ("b", 30), ("ray", 25), ("c", 20), ("d", 10)):
+        for name, minutes in (("ancient", 3 * 24 * 60), ("a", 120), ("b", 30), ("ray", 25), ("c", 20), ("d", 10)):
             s.execute(update(attempts).where(attempts.c.job_id == ids[name])
                       .values(ended_at=now - timedelta(minutes=minutes)))
 
     # Within the hour, but past the newest two ended attempts ("d", "c"): "a" and "b" go.
-    Reconciler(settings.model_copy(update={"lane_dashboard_keep": 2}), lane.sessions, lane.ray,
-               lanes=lane.lanes).run_once()
-    assert set(gcs.records) == {sid["c"], sid["d"], sid["ray"], "raylane-live-1"}
+    # With no mark at all (Ray's store lost them) the sweep starts a tombstone's keep
+    # ago, not at the first attempt ever: "ancient" is the tombstone sweep's (not run here).
+    rec = Reconciler(settings.model_copy(update={"lane_dashboard_keep": 2}), lane.sessions, lane.ray, lanes=lane.lanes)
+    rec._swept_at = time.monotonic()
+    rec.run_once()
+    assert lane.lanes.sweep_mark() is None
+    assert set(gcs.records) == {sid["ancient"], sid["c"], sid["d"], sid["ray"], "raylane-live-1"}
+    del gcs.records[sid["ancient"]]
     assert gcs.records[sid["ray"]] == ray_own and gcs.records["raylane-live-1"] == live
     mark = lane.lanes.sweep_mark(lanes.RECORDS_MARK_KEY)
     assert mark is not None and mark[0] == now - timedelta(minutes=25)  # the Ray job's attempt, passed

@@ -246,7 +246,7 @@ def test_a_database_error_reading_a_jobs_package_refuses_nothing_and_the_submit_
     before handing it to Ray. A failure there (a locked SQLite, a PostgreSQL
     failover) is the database's, not the job's: the attempt keeps its claim and is
     submitted, with the same id, once its lease expires, as when Ray is out of reach."""
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import OperationalError, ProgrammingError
 
     from raylane.orchestrator.domain.profile import default_profile
     from raylane.orchestrator.domain.specs import JobSpec
@@ -272,6 +272,9 @@ def test_a_database_error_reading_a_jobs_package_refuses_nothing_and_the_submit_
 
         def submit(self, *, submission_id, runtime_env, **kw):
             self.submitted.append((submission_id, runtime_env))
+
+        def forget_inputs(self, sid):
+            pass
 
     data = b"PK code"
     sha = hashlib.sha256(data).hexdigest()
@@ -299,3 +302,15 @@ def test_a_database_error_reading_a_jobs_package_refuses_nothing_and_the_submit_
         (f"raylane-{job.id}-1", f"gcs://_ray_pkg_{sha}.zip")]
     with db.transaction(cp.sessions) as s:
         assert lifecycle._attempt_status(s, job.id, 1).value == "SUBMITTED"
+
+    # An error of the statement, not of the database's availability, fails again if
+    # tried again: the job is refused with it, not held in DISPATCHING for ever.
+    def broken(*a, **kw):
+        raise ProgrammingError("UPDATE packages", {}, Exception("no such column: last_used_at"))
+
+    other, _ = cp.submit(JobSpec(name="pkg2", kind="command", entrypoint="python main.py",
+                                 runtime_env={"working_dir": f"raylane://packages/{sha}"}), project="default", actor="t")
+    monkeypatch.setattr(dispatcher_mod.store_packages, "touch", broken)
+    d.run_once()
+    refused = cp.get(other.id, project=None)
+    assert refused.status is JobStatus.FAILED and "no such column" in refused.status_reason, refused.status_reason

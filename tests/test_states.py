@@ -181,6 +181,13 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
         own = store.list_attempts(s, other, project=None, dashboard_url=ray)[0]
     assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs"
     assert own.dashboard_url == f"{ray}/#/jobs/{submission_id(other, 1)}"
+    # A lane attempt that ended before a host took it (stopped) has no record at all.
+    unhosted = _dispatched(cp)
+    with db.transaction(cp.sessions) as s:
+        s.execute(update(jobs).where(jobs.c.id == unhosted).values(placement={**job.placement.model_dump(mode="json")}))
+        s.execute(update(attempts).where(attempts.c.job_id == unhosted).values(status="STOPPED", ended_at=utcnow()))
+    with db.transaction(cp.sessions) as s:
+        assert store.list_attempts(s, unhosted, project=None, dashboard_url=ray)[0].dashboard_url == f"{ray}/#/jobs"
 
 
 def test_an_attempt_and_its_job_change_together_or_not_at_all(cp):

@@ -60,6 +60,7 @@ DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attem
 CONFLICTS_WARN = 5
 SWEEP_EVERY_S = 60.0  # how often ended lane attempts' tombstones past their keep are deleted (``_sweep_lanes``)
 RECORDS_SWEEP_EVERY_S = 5.0  # how often ended lane attempts' records past the dashboard's tail are deleted
+RECORDS_SETTLE_S = 10.0  # the records sweep reads no attempt that ended more recently (``_sweep_records``)
 SWEEP_BATCH = 200  # ended attempts read per sweep (a GCS call per lane claim); a full batch sweeps on at the next pass
 
 
@@ -99,6 +100,7 @@ class Reconciler(LoopService):
         self._conflicts: dict[tuple[str | None, int | None], int] = {}  # (job, attempt) -> outcomes refused while live
         self._swept_at = 0.0  # monotonic time of the last lane sweep (0: sweep at the first pass)
         self._records_swept_at = 0.0  # the same, of the records sweep (``_sweep_records``)
+        self._records_warned_at = -SWEEP_EVERY_S  # when its failure was last said at WARNING
 
     def next_wait(self) -> float:
         # Poll Ray quickly while attempts are young or live: completion is noticed
@@ -172,15 +174,21 @@ class Reconciler(LoopService):
         than ``lanes.RECORD_KEEP_S`` ago (``LaneBackend.sweep_records``), from
         where the last records sweep (of any replica) stopped; the first starts
         where the tombstone sweep got (no record is older: the tombstone sweep
-        deleted them). Every ``RECORDS_SWEEP_EVERY_S``, so the tail stays near its
-        size under a lane's full throughput; a full batch sweeps on at the next pass."""
+        deleted them), or with neither mark (Ray's store lost them with its head)
+        ``lane_tombstone_keep_s`` ago, not at the first attempt ever. Never past
+        ``RECORDS_SETTLE_S`` ago: an attempt's end time is taken before its commit,
+        and one committed late must not land behind the mark. Every
+        ``RECORDS_SWEEP_EVERY_S``, so the tail stays near its size under a lane's
+        full throughput; a full batch sweeps on at the next pass."""
         try:
-            mark = self.lanes.sweep_mark(lanes_domain.RECORDS_MARK_KEY) or self.lanes.sweep_mark()
-            until = utcnow() - timedelta(seconds=lanes_domain.RECORD_KEEP_S)
+            now = utcnow()
+            mark = self.lanes.sweep_mark(lanes_domain.RECORDS_MARK_KEY) or self.lanes.sweep_mark() \
+                or (now - timedelta(seconds=self.settings.lane_tombstone_keep_s), 0)
+            until = now - timedelta(seconds=lanes_domain.RECORD_KEEP_S)
             with db.transaction(self.sessions) as s:
                 tail = lifecycle.nth_newest_end(s, self.settings.lane_dashboard_keep)
                 if tail is not None and tail > until:
-                    until = tail
+                    until = min(tail, now - timedelta(seconds=RECORDS_SETTLE_S))
                 rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH)
             swept = self.lanes.sweep_records(rows)
             if swept:
@@ -192,8 +200,11 @@ class Reconciler(LoopService):
             log.debug("lane records sweep: Ray's store unreachable (%s); tried again in %.0f s", e,
                       RECORDS_SWEEP_EVERY_S)
             self._records_swept_at = time.monotonic()
-        except Exception as e:
-            log.warning("lane records sweep failed (%s); tried again in %.0f s", e, RECORDS_SWEEP_EVERY_S)
+        except Exception as e:  # said once a minute at most (the database down fails it every 5 s)
+            level = logging.WARNING if time.monotonic() - self._records_warned_at >= SWEEP_EVERY_S else logging.DEBUG
+            if level == logging.WARNING:
+                self._records_warned_at = time.monotonic()
+            log.log(level, "lane records sweep failed (%s); tried again in %.0f s", e, RECORDS_SWEEP_EVERY_S)
             self._records_swept_at = time.monotonic()
 
     def _pass(self, live, ray_jobs, now) -> None:

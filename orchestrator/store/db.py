@@ -28,6 +28,9 @@ READ_ONLY = "raylane_read_only"  # a connection execution option: this transacti
 # What a store call raises when the database failed (busy, gone, failing over), for
 # the layers above, which import no SQLAlchemy (tests/test_layers.py).
 StoreError = exc.SQLAlchemyError
+# Of those, the database's availability (a locked SQLite, a connection lost, the
+# pool's wait run out), not the statement's: the same work may succeed when tried again.
+TransientStoreError = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
 
 
 def normalise_url(url: str) -> str:

@@ -348,28 +348,34 @@ def list_events(session: Session, job_id: str, *, project: str | None = DEFAULT_
 
 def list_attempts(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
                   dashboard_url: str | None = None) -> list[Attempt]:
-    get_row(session, job_id, project)  # NotFound for another project's job
+    lane = (get_row(session, job_id, project)["placement"] or {}).get("lane")  # NotFound for another project's job
     rows = session.execute(select(attempts).where(attempts.c.job_id == job_id).order_by(attempts.c.number)).mappings()
     now = utcnow()
-    return [Attempt(**{k: r[k] for k in Attempt.model_fields if k in r},
-                    dashboard_url=job_dashboard_url(
-                        dashboard_url, r["submission_id"], now=now,
-                        lane_ended_at=r["ended_at"] if (r["ray_job"] or "").startswith(lanes.HOST_ID_PREFIX) else None))
-            for r in rows]
+
+    def link(r) -> str | None:
+        hosted = (r["ray_job"] or "").startswith(lanes.HOST_ID_PREFIX)  # a lane host ran it: it has a record
+        return job_dashboard_url(dashboard_url, r["submission_id"], now=now,
+                                 lane_ended_at=r["ended_at"] if hosted else None,
+                                 recorded=hosted or not lane or r["ended_at"] is None)
+
+    return [Attempt(**{k: r[k] for k in Attempt.model_fields if k in r}, dashboard_url=link(r)) for r in rows]
 
 
 def job_dashboard_url(base: str | None, sid: str | None, *, lane_ended_at: datetime | None = None,
-                      now: datetime | None = None) -> str | None:
+                      now: datetime | None = None, recorded: bool = True) -> str | None:
     """An attempt's page in Ray's dashboard. A warm lane's attempt is no Ray job,
     but its host writes it a record where Ray keeps its jobs' (``domain.lanes.
     dashboard_record``), so its page is at the same place while the record is
     kept: ``lane_ended_at`` (a lane attempt's end) more than ``lanes.RECORD_KEEP_S``
-    ago, it is gone, and the link is Ray's job list. (Under more than
-    ``lane_dashboard_keep`` lane jobs in that time a record goes sooner, and Ray's
-    page says it does not know the job.)"""
+    ago, it is gone, and the link is Ray's job list. (With more than
+    ``lane_dashboard_keep`` attempts ended since, a record goes sooner, and Ray's
+    page says it does not know the job.) ``recorded`` False: a lane attempt that
+    ended before a host took it (stopped, its env could not be set up) has no
+    record, and its link is Ray's job list too."""
     if not base or not sid:
         return None
-    if lane_ended_at is not None and (now or utcnow()) - lane_ended_at > timedelta(seconds=lanes.RECORD_KEEP_S):
+    gone = lane_ended_at is not None and (now or utcnow()) - lane_ended_at > timedelta(seconds=lanes.RECORD_KEEP_S)
+    if gone or not recorded:
         return f"{base.rstrip('/')}/#/jobs"
     return f"{base.rstrip('/')}/#/jobs/{sid}"
 
