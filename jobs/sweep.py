@@ -32,54 +32,17 @@ def _domain(d) -> Any:
 
 
 # How often Tune snapshots the experiment (trial statuses, the searcher) to the
-# job's storage, unless the job's env says otherwise (TUNE_GLOBAL_CHECKPOINT_S). A
-# driver lost with its node without notice loses the trials finished since the
-# last snapshot: the next attempt restores the experiment and runs them again.
-# A snapshot encodes every trial on the driver's loop (only its upload is off it):
-# ~100-200 ms at 200 trials on 2 busy cores (py-spy, docs/benchmarks.md), and in
-# proportion to the trials. So the period adapts as Tune's "auto" does, 19 times
-# the last snapshot's time (at most ~5% of the driver's loop), but from this floor
-# instead of Tune's 10 s (``_adaptive_snapshots``): every 2 s for a small sweep,
-# and no driver spends its time snapshotting a large one.
+# job's storage, unless the job's env says otherwise. A driver lost with its node
+# without notice loses the trials finished since the last snapshot: the next
+# attempt restores the experiment and runs them again. Tune's own default ("auto")
+# waits at least 10 s between snapshots; the snapshot is a small file, written off
+# the driver's loop.
 EXPERIMENT_SNAPSHOT_S = 2.0
-SNAPSHOT_COST_FACTOR = 19  # Tune's: a snapshot every 19 times its own time is ~5% of the loop
-
-
-def _adaptive_snapshots() -> bool:
-    """Tune's automatic snapshot period with ``EXPERIMENT_SNAPSHOT_S`` as its floor
-    (Tune's is 10 s and not configurable): wraps its experiment checkpoint
-    manager, a private class of the Ray release pinned in constraints.txt
-    (``tests/test_sweep_snapshots.py`` fails if it changes). False when that class
-    is not as expected: the caller falls back to the fixed floor."""
-    try:
-        from ray.tune.execution.experiment_state import _ExperimentCheckpointManager as Manager
-    except ImportError:
-        return False
-    if getattr(Manager, "_raylane_adaptive", False):
-        return True
-    if not callable(getattr(Manager, "_update_auto_checkpoint_time", None)):
-        return False
-    init = Manager.__init__
-
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if getattr(self, "_auto_checkpoint_enabled", False):
-            self._checkpoint_period = EXPERIMENT_SNAPSHOT_S
-
-    def _update_auto_checkpoint_time(self, time_taken: float) -> None:
-        if self._auto_checkpoint_enabled:
-            self._checkpoint_period = max(EXPERIMENT_SNAPSHOT_S, time_taken * SNAPSHOT_COST_FACTOR)
-
-    Manager.__init__ = __init__
-    Manager._update_auto_checkpoint_time = _update_auto_checkpoint_time
-    Manager._raylane_adaptive = True
-    return True
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
     t0 = time.time()
-    if "TUNE_GLOBAL_CHECKPOINT_S" not in os.environ:  # the job's own setting wins
-        os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "auto" if _adaptive_snapshots() else f"{EXPERIMENT_SNAPSHOT_S:g}"
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", f"{EXPERIMENT_SNAPSHOT_S:g}")
     sw = ctx.spec.sweep
     pl = ctx.placement
     fn = load_callable(ctx.spec.entrypoint)
