@@ -654,9 +654,7 @@ class LaneBackend:
             keys.append([*todos, lanes.stop_key(sid), lanes.status_key(sid), lanes.logs_key(sid),
                          lanes.claim_key(sid)])
         left = self._kv("kv_multi_get", [k for row in keys for k in row])
-        # Records in Ray's dashboard written late (a lane host's, not a Ray job's own, which stays Ray's).
-        records = {sid for sid, v in self._kv("job_records", [r["submission_id"] for r in ended]).items()
-                   if lanes.is_lane_record(v)}
+        records = self._lane_records(ended)  # written late, after the records sweep passed
         done = 0
         for r, row in zip(ended, keys):
             if done and time.monotonic() - t0 > SWEEP_BUDGET_S:
@@ -677,6 +675,12 @@ class LaneBackend:
         return done
 
 
+    def _lane_records(self, ended: list[dict[str, Any]]) -> set[str]:
+        """Which of these attempts have a lane host's record in Ray's job store, in
+        one read: never a Ray job's own record, which stays Ray's."""
+        return {sid for sid, v in self._kv("job_records", [r["submission_id"] for r in ended]).items()
+                if lanes.is_lane_record(v)}
+
     def sweep_records(self, ended: list[dict[str, Any]]) -> int:
         """Delete the records in Ray's dashboard (``lanes.dashboard_record``) of
         attempts past the dashboard's tail (rows of ``lifecycle.ended_attempts``,
@@ -691,8 +695,7 @@ class LaneBackend:
         if not ended:
             return 0
         t0 = time.monotonic()
-        records = {sid for sid, v in self._kv("job_records", [r["submission_id"] for r in ended]).items()
-                   if lanes.is_lane_record(v)}
+        records = self._lane_records(ended)
         done = 0
         for r in ended:
             if done and time.monotonic() - t0 > SWEEP_BUDGET_S:
