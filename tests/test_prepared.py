@@ -1,19 +1,20 @@
 """``store.prepared``: a row inserted through a prepared insert reads back the same
 as one inserted by ``insert(table)``, on SQLite and PostgreSQL (types, defaults,
-JSON, UTC datetimes), and a unique violation is still SQLAlchemy's IntegrityError."""
+JSON, UTC datetimes), and a unique violation is still SQLAlchemy's IntegrityError.
+Deferred rows (PostgreSQL: sent at commit as one statement) are all stored or none."""
 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import event, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from raylane.orchestrator.domain.ids import new_job_id
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.store import db
+from raylane.orchestrator.store import db, tallies
 from raylane.orchestrator.store.jobs import _job_row
 from raylane.orchestrator.store.prepared import PreparedInsert
-from raylane.orchestrator.store.tables import job_labels, jobs
+from raylane.orchestrator.store.tables import audit_log, events, job_labels, jobs
 from raylane.orchestrator.store.transitions import utcnow
 
 SPEC = JobSpec(name="p", kind="command", entrypoint="echo 'a \"b\"' %s", labels={"k": "v"})
@@ -53,3 +54,73 @@ def test_a_duplicate_is_an_integrity_error(cp):
         with db.transaction(cp.sessions) as s:
             PreparedInsert(jobs).execute(s, row)
             PreparedInsert(jobs).execute(s, row)
+
+
+# Deferred rows (PreparedInsert.defer) ---------------------------------------------
+
+
+def _writes(engine):
+    """The INSERT statements (a WITH of them counts once) the engine sends, as a list."""
+    sent = []
+
+    def note(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith(("INSERT", "WITH")):
+            sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    return sent, lambda: event.remove(engine, "before_cursor_execute", note)
+
+
+def test_a_submits_rows_are_one_statement_on_postgresql_and_all_stored(api, cp):
+    sent, stop = _writes(cp.engine)
+    try:
+        r = api.post("/v1/jobs", json={"name": "one", "kind": "command", "entrypoint": "echo hi",
+                                       "labels": {"team": "a", "tier": "b"}})
+    finally:
+        stop()
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    # PostgreSQL: the job, its two labels, its event, the audit row and the
+    # tallies' upsert in one statement. SQLite runs them one by one (no INSERT in a CTE).
+    assert len(sent) == (1 if cp.engine.dialect.name == "postgresql" else 5), sent
+    with db.transaction(cp.sessions) as s:
+        assert s.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one() == "PENDING"
+        assert dict(s.execute(select(job_labels.c.key, job_labels.c.value)
+                              .where(job_labels.c.job_id == job_id)).all()) == {"team": "a", "tier": "b"}
+        assert s.execute(select(events.c.to_status).where(events.c.job_id == job_id)).scalars().all() == ["PENDING"]
+        assert s.execute(select(audit_log.c.status_code).where(audit_log.c.target == job_id)).scalars().all() == [201]
+        assert tallies.read(s, ["jobs"]) == {("jobs", "PENDING", "none"): 1}
+    assert api.get(f"/v1/jobs/{job_id}").json()["labels"] == {"team": "a", "tier": "b"}
+
+
+def test_deferred_rows_go_with_the_commit_or_not_at_all(cp):
+    first, second, third = _row(), _row(), _row()
+    with pytest.raises(RuntimeError):
+        with db.transaction(cp.sessions) as s:
+            PreparedInsert(jobs).defer(s, first)
+            raise RuntimeError("rolled back")
+    # A savepoint's rows run at once: its rollback drops them, the rest commits.
+    with db.transaction(cp.sessions) as s:
+        with pytest.raises(RuntimeError):
+            with s.begin_nested():
+                PreparedInsert(jobs).defer(s, second)
+                raise RuntimeError("savepoint rolled back")
+        PreparedInsert(jobs).defer(s, third)
+        PreparedInsert(job_labels).defer(s, [{"job_id": third["id"], "key": "x", "value": "1"},
+                                             {"job_id": third["id"], "key": "y", "value": "2"}])
+        tallies.add(s, "jobs_created", "command")
+    with db.transaction(cp.sessions) as s:
+        assert s.execute(select(jobs.c.id)).scalars().all() == [third["id"]]
+        assert dict(s.execute(select(job_labels.c.key, job_labels.c.value)).all()) == {"x": "1", "y": "2"}
+        assert tallies.read(s, ["jobs_created"]) == {("jobs_created", "command", ""): 1}
+
+
+def test_a_deferred_row_that_breaks_a_constraint_fails_its_commit_and_keeps_nothing(cp):
+    row = _row()
+    with pytest.raises(IntegrityError):
+        with db.transaction(cp.sessions) as s:
+            PreparedInsert(jobs).defer(s, row)
+            PreparedInsert(job_labels).defer(s, {"job_id": "no-such-job", "key": "x", "value": "1"})
+    with db.transaction(cp.sessions) as s:
+        assert s.execute(select(jobs.c.id)).scalars().all() == []
+        assert s.execute(select(job_labels.c.key)).scalars().all() == []

@@ -85,9 +85,11 @@ def submit_view(session: Session, spec: JobSpec, *, project: str = DEFAULT_PROJE
                 idempotency_key: str | None = None, placement: Placement | None = None,
                 dashboard_url: str | None = None) -> tuple[Job, bool]:
     """``submit``, returning the job as GET shows it: a new one built from the row
-    just written (no read back, the spec not validated again), an existing one read."""
+    just written (no read back, the spec not validated again), an existing one read.
+    On PostgreSQL the new job's rows wait for the commit (``PreparedInsert.defer``):
+    the caller reads none of them back in this transaction."""
     job_id, created, row = _submit(session, spec, project=project, actor=actor,
-                                   idempotency_key=idempotency_key, placement=placement, reason=None)
+                                   idempotency_key=idempotency_key, placement=placement, reason=None, defer=True)
     if not created:
         return get_job(session, job_id, project=project, dashboard_url=dashboard_url), False
     row = {**row, "started_at": None, "finished_at": None, "failure_cause": None}
@@ -95,7 +97,8 @@ def submit_view(session: Session, spec: JobSpec, *, project: str = DEFAULT_PROJE
 
 
 def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None,
-            placement: Placement | None, reason: str | None) -> tuple[str, bool, dict[str, Any] | None]:
+            placement: Placement | None, reason: str | None,
+            defer: bool = False) -> tuple[str, bool, dict[str, Any] | None]:
     if idempotency_key is not None:
         existing = _by_key(session, project, idempotency_key)
         if existing is not None:
@@ -108,8 +111,9 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
     _wait_for(row, deps)
     if idempotency_key is None:
         # No unique key to lose a race on: no savepoint (two round trips on
-        # PostgreSQL); any error rolls the caller's unit back.
-        _INSERT_JOB.execute(session, row)
+        # PostgreSQL); any error rolls the caller's unit back. With parents, their
+        # rows reference it at once: it cannot wait for the commit.
+        (_INSERT_JOB.defer if defer and not deps else _INSERT_JOB.execute)(session, row)
     else:
         try:
             with session.begin_nested():
@@ -121,9 +125,10 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
             return _check_same(existing, spec), False, None
     dependencies.record(session, job_id, deps)
     _tally_new(session, row)
+    write = (lambda p, rows: p.defer(session, rows)) if defer else (lambda p, rows: p.execute(session, rows))
     if spec.labels:
-        _INSERT_LABELS.execute(session, [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
-    _INSERT_EVENT.execute(session, {
+        write(_INSERT_LABELS, [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
+    write(_INSERT_EVENT, {
         "job_id": job_id, "at": now, "from_status": None, "to_status": JobStatus.PENDING.value,
         "reason": "submitted" + (f"; routed to {placement.node_group}" if placement else ""), "actor": actor,
         "attempt": None})

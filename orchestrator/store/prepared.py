@@ -12,14 +12,26 @@ with SQLAlchemy's error wrapping (an ``IntegrityError`` is one) and its
 disconnect handling. Columns a row leaves out take their scalar Python default
 (``Column(default=0)``) as ``insert()`` would; a column with another kind of
 default must be given.
+
+``defer``: on PostgreSQL a row nothing reads or references before the commit
+waits, and the transaction's deferred rows go to the server at commit as one
+statement (data-modifying CTEs, ``send_deferred``) with its tallies' upsert as
+the main one. A submit's job, label, event and audit rows and its tallies were
+five statements between BEGIN and COMMIT, each a round trip and SQLAlchemy's
+and psycopg's per-statement work; they are one. SQLite has no INSERT in a CTE
+(and no round trips): there, and inside a savepoint (whose rollback must drop
+them), ``defer`` executes at once.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
-from sqlalchemy import Table, insert
+from sqlalchemy import Table, event, insert
 from sqlalchemy.orm import Session
+
+_DEFERRED = "prepared.deferred"  # session.info: [(sql, params)] to send at commit (PostgreSQL)
 
 
 class PreparedInsert:
@@ -28,6 +40,27 @@ class PreparedInsert:
     def __init__(self, table: Table):
         self.table = table
         self._forms: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], dict, dict, bool]] = {}
+        self._positional: dict[tuple[str, ...], tuple[str, str, tuple[str, ...], dict, dict]] = {}
+
+    def defer(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """``execute``, or on PostgreSQL outside a savepoint: kept, and sent with the
+        transaction's other deferred rows when it commits (``send_deferred``). Only
+        for rows nothing reads before the commit; a foreign key to a row deferred
+        earlier in the same transaction holds (the statement's checks run at its end)."""
+        rows = [rows] if isinstance(rows, dict) else list(rows)
+        if not rows:
+            return
+        conn = session.connection()
+        if conn.dialect.name != "postgresql" or session.in_nested_transaction():
+            return self.execute(session, rows)
+        form = self._positional.get(tuple(rows[0]))
+        if form is None:
+            form = self._compile_positional(conn.dialect, tuple(rows[0]))
+        head, values, order, procs, defaults = form
+        params = []
+        for r in rows:
+            params.extend(self._params(r, order, procs, defaults, True))
+        session.info.setdefault(_DEFERRED, []).append((head + ", ".join([values] * len(rows)), tuple(params)))
 
     def execute(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Insert one row (a dict) or several (a list of dicts with the same keys)."""
@@ -53,7 +86,8 @@ class PreparedInsert:
         values = [procs[k](row[k]) if k in procs else row[k] for k in order]
         return tuple(values) if positional else dict(zip(order, values))
 
-    def _compile(self, dialect, keys: tuple[str, ...]):
+    def _defaults(self, keys: tuple[str, ...]) -> dict[str, Any]:
+        """The scalar defaults of the columns a row leaves out."""
         defaults = {}
         for col in self.table.c:
             if col.key in keys or col.default is None:
@@ -61,6 +95,10 @@ class PreparedInsert:
             if not col.default.is_scalar:
                 raise ValueError(f"{self.table.name}.{col.key} has a non-scalar default: give it in the row")
             defaults[col.key] = col.default.arg
+        return defaults
+
+    def _compile(self, dialect, keys: tuple[str, ...]):
+        defaults = self._defaults(keys)
         compiled = insert(self.table).compile(dialect=dialect, column_keys=[*keys, *defaults])
         order = tuple(compiled.positiontup) if compiled.positional else tuple(compiled.binds)
         unknown = set(order) - set(keys) - set(defaults)
@@ -69,3 +107,41 @@ class PreparedInsert:
         form = (str(compiled), order, dict(compiled._bind_processors), defaults, compiled.positional)
         self._forms[(dialect.name, keys)] = form
         return form
+
+    def _compile_positional(self, dialect, keys: tuple[str, ...]):
+        """The PostgreSQL form with ``%s`` binds (statements joined into one keep
+        their parameters in text order) and no RETURNING: ``(head, "(%s, ...)",
+        order, processors, defaults)``; the VALUES tuple repeats for several rows."""
+        fmt = copy.copy(dialect)  # the connected dialect: its types' processors and casts
+        fmt.paramstyle, fmt.positional = "format", True
+        defaults = self._defaults(keys)
+        compiled = insert(self.table).inline().compile(dialect=fmt, column_keys=[*keys, *defaults])
+        sql = str(compiled)
+        head, sep, values = sql.rpartition(" VALUES ")
+        order = tuple(compiled.positiontup)
+        if not sep or not values.startswith("(") or set(order) - set(keys) - set(defaults):
+            raise ValueError(f"{self.table.name}: unexpected form {sql!r}")
+        form = (head + sep, values, order, dict(compiled._bind_processors), defaults)
+        self._positional[keys] = form
+        return form
+
+
+def send_deferred(session: Session, then: tuple[str, tuple] | None = None) -> bool:
+    """The transaction's deferred rows as one statement: each insert a CTE of
+    ``then`` (a statement with no WITH of its own, the tallies' upsert), or of the
+    last insert. Called by the commit hook (``store.tallies``). Returns whether
+    ``then`` went with them (False: nothing was deferred, send it yourself)."""
+    deferred = session.info.pop(_DEFERRED, None)
+    if not deferred:
+        return False
+    parts = [*deferred, then] if then is not None else deferred
+    *ctes, (main, _) = parts
+    sql = ("WITH " + ", ".join(f"d{i} AS ({q})" for i, (q, _) in enumerate(ctes)) + " " + main) if ctes else main
+    session.connection().exec_driver_sql(sql, tuple(v for _, p in parts for v in p))
+    return then is not None
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _drop_deferred(session: Session, transaction) -> None:
+    if transaction.parent is None:  # committed (sent) or rolled back (dropped with the rest)
+        session.info.pop(_DEFERRED, None)

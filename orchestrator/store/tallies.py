@@ -44,6 +44,7 @@ from sqlalchemy import case, delete, event, func, select
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import FailureCause
+from raylane.orchestrator.store import prepared
 from raylane.orchestrator.store.tables import attempts, jobs, tallies
 
 NONE = "none"  # the node group of a job or attempt not yet routed
@@ -144,8 +145,11 @@ def _shard(session: Session) -> int:
 
 
 def _flush(session: Session) -> None:
+    """The deltas, and on PostgreSQL the rows deferred until commit (``store.prepared``):
+    with them, the first upsert is that one statement's main part."""
     pending = session.info.pop(_PENDING, None)
     if not pending:
+        prepared.send_deferred(session)
         return
     dialect = session.bind.dialect.name
     shard = _shard(session) if dialect == "postgresql" else 0
@@ -153,7 +157,10 @@ def _flush(session: Session) -> None:
     conn = session.connection()
     for i in range(0, len(rows), UPSERT_ROWS):
         chunk = rows[i:i + UPSERT_ROWS]
-        conn.exec_driver_sql(_upsert(dialect, len(chunk)), tuple(v for r in chunk for v in r))
+        upsert = (_upsert(dialect, len(chunk)), tuple(v for r in chunk for v in r))
+        if i > 0 or not prepared.send_deferred(session, upsert):
+            conn.exec_driver_sql(*upsert)
+    prepared.send_deferred(session)  # every delta was 0
 
 
 @event.listens_for(Session, "before_commit")

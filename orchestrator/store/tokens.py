@@ -181,8 +181,9 @@ _AUDIT_ROW = PreparedInsert(audit_log)
 
 
 def append(session: Session, entry: dict[str, Any]) -> None:
-    """``record``, for a caller that needs no id back (a submit's own row)."""
-    _AUDIT_ROW.execute(session, entry)
+    """``record``, for a caller that needs no id back (a submit's own row); on
+    PostgreSQL it goes with the commit (``PreparedInsert.defer``)."""
+    _AUDIT_ROW.defer(session, entry)
 
 
 def add_to_counts(session: Session, counts: dict[int, int]) -> None:
