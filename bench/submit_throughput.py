@@ -47,11 +47,15 @@ def start_server(db_url: str, data_dir: str, tree: Path | None = None) -> tuple[
         "RAYLANE_SUBMIT_RATE_PER_S": "0"}, timeout=60, tree=tree)
 
 
-async def singles(url: str, seconds: float, concurrency: int, client: str = "raw") -> tuple[int, float, list[float]]:
+async def singles(url: str, seconds: float, concurrency: int, client: str = "raw",
+                  rate: float = 0) -> tuple[int, float, list[float]]:
     """``concurrency`` connections each submitting one job after another for ``seconds``:
     (acknowledged, seconds, latencies). ``client="raw"``: HTTP/1.1 written and read
     on asyncio streams, ~0.1 ms of client CPU a request; httpx spent ~3.7 ms, a whole
-    core at 260 submits/s on 2, so its latencies were mostly its own queue."""
+    core at 260 submits/s on 2, so its latencies were mostly its own queue.
+    ``rate``: open loop at that many submits a second (``paced_singles``)."""
+    if rate:
+        return await paced_singles(url, seconds, rate, concurrency)
     if client == "raw":
         return await raw_singles(url, seconds, concurrency)
     return await httpx_singles(url, seconds, concurrency)
@@ -89,6 +93,54 @@ async def raw_singles(url: str, seconds: float, concurrency: int) -> tuple[int, 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done, time.perf_counter() - t0, lat
+
+
+async def paced_singles(url: str, seconds: float, rate: float, connections: int) -> tuple[int, float, list[float]]:
+    """Open loop: a submit due every ``1/rate`` s, sent on the first free one of
+    ``connections`` raw connections. Each latency runs from when its submit was
+    due, not sent: a server that falls behind shows it as a growing wait (no
+    coordinated omission), and the bench asserts every due submit was sent."""
+    from urllib.parse import urlsplit
+
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    body = json.dumps(SPEC).encode()
+    request = (f"POST /v1/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: {AUTH['Authorization']}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    due: asyncio.Queue = asyncio.Queue()
+    lat: list[float] = []
+    total = int(seconds * rate)
+
+    async def connection():
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while True:
+                at = await due.get()
+                if at is None:
+                    return
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":", 1)[1]) for line in head.lower().split(b"\r\n")
+                              if line.startswith(b"content-length:"))
+                answer = await reader.readexactly(length)
+                assert int(head[9:12]) == 201, (head[:12], answer[:300])
+                lat.append(time.perf_counter() - at)
+        finally:
+            writer.close()
+
+    conns = [asyncio.create_task(connection()) for _ in range(connections)]
+    t0 = time.perf_counter()
+    sent = 0
+    while sent < total:
+        now = time.perf_counter()
+        while sent < total and t0 + sent / rate <= now:
+            due.put_nowait(t0 + sent / rate)
+            sent += 1
+        await asyncio.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
+    for _ in conns:
+        due.put_nowait(None)
+    await asyncio.gather(*conns)
+    assert len(lat) == total
+    return total, time.perf_counter() - t0, lat
 
 
 async def httpx_singles(url: str, seconds: float, concurrency: int) -> tuple[int, float, list[float]]:
@@ -207,7 +259,7 @@ def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
         asyncio.run(singles(url, 1.0, 4, args.client))  # warm-up
         base = count_rows(db_url)
         cpu0, own0 = cpu_s(proc.pid), time.process_time()
-        n, dt, lat = asyncio.run(singles(url, args.seconds, args.concurrency, args.client))
+        n, dt, lat = asyncio.run(singles(url, args.seconds, args.concurrency, args.client, args.rate))
         # The server's CPU per submit: what a shared machine's load distorts least.
         cpu_ms = (cpu_s(proc.pid) - cpu0) * 1000 / max(n, 1)
         client_ms = (time.process_time() - own0) * 1000 / max(n, 1)
@@ -283,6 +335,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
                     help="the single submits' client: raw HTTP/1.1 on asyncio streams, or httpx (client-bound here)")
+    ap.add_argument("--rate", type=float, default=0,
+                    help="single submits at this fixed rate (open loop, on --concurrency connections) instead of "
+                         "as fast as --concurrency connections go; latency counted from when each was due")
     ap.add_argument("--db", nargs="+", choices=("sqlite", "postgresql"), default=["sqlite", "postgresql"],
                     help="with --before: the databases to compare on")
     ap.add_argument("--workers", type=int, default=0, help="compare RAYLANE_WORKERS=1 with this many (PostgreSQL)")
