@@ -266,11 +266,14 @@ def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
         assert count_rows(db_url) - base == n, "stored count differs from acknowledged submits"
         lat.sort()
         base = count_rows(db_url)
+        cpu0 = cpu_s(proc.pid)
         bn, bdt = asyncio.run(batches(url, args.batches, 1000, 2))
+        batch_cpu_us = (cpu_s(proc.pid) - cpu0) * 1e6 / max(bn, 1)
         assert count_rows(db_url) - base == bn
         return {"database": label, "single_per_s": n / dt, "single_p50_ms": lat[len(lat) // 2] * 1000,
                 "single_p99_ms": lat[int(len(lat) * 0.99)] * 1000, "batch_jobs_per_s": bn / bdt,
                 "single_n": n, "batch_n": bn, "server_cpu_ms_per_submit": cpu_ms, "client_cpu_ms_per_submit": client_ms,
+                "batch_server_cpu_us_per_job": batch_cpu_us,
                 "load": os.getloadavg()[0]}
     finally:
         _server.stop_server(proc)
@@ -305,7 +308,8 @@ def compare(args) -> None:
                   f"{a['single_per_s']:.0f}, server CPU/submit {b['server_cpu_ms_per_submit']:.2f} -> "
                   f"{a['server_cpu_ms_per_submit']:.2f} ms, p50 {b['single_p50_ms']:.0f} -> {a['single_p50_ms']:.0f} ms, "
                   f"p99 {b['single_p99_ms']:.0f} -> {a['single_p99_ms']:.0f} ms, batch jobs/s "
-                  f"{b['batch_jobs_per_s']:.0f} -> {a['batch_jobs_per_s']:.0f}", flush=True)
+                  f"{b['batch_jobs_per_s']:.0f} -> {a['batch_jobs_per_s']:.0f}, server CPU/batch job "
+                  f"{b['batch_server_cpu_us_per_job']:.0f} -> {a['batch_server_cpu_us_per_job']:.0f} us", flush=True)
     print("| database | pair (first) | load | before/s | after/s | ratio | server CPU ms/submit before/after "
           "| p50 ms before/after | p99 ms before/after | batch jobs/s before/after |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -323,6 +327,10 @@ def compare(args) -> None:
         print(f"{db}: median ratio after/before {statistics.median(ratios):.2f} "
               f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs); server CPU per submit "
               f"after/before {statistics.median(cpu):.2f} (range {min(cpu):.2f}-{max(cpu):.2f})")
+        bcpu = [r["after"]["batch_server_cpu_us_per_job"] / r["before"]["batch_server_cpu_us_per_job"]
+                for r in out if r["db"] == db]
+        print(f"{db}: batches' server CPU per job after/before {statistics.median(bcpu):.2f} "
+              f"(range {min(bcpu):.2f}-{max(bcpu):.2f})")
     print(json.dumps(out))
 
 
