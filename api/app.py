@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from raylane import __version__
 from raylane.api import errors, observability
 from raylane.api.auth import AuthMiddleware
-from raylane.api.epochs import EpochReads
+from raylane.api.epochs import EpochReads, SQLiteEpoch
 from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
@@ -67,7 +67,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         app.state.cp = plane
         app.state.submit_limit.bind(DatabaseWindows(plane.sessions))
         app.state.refusals = RefusalTally(plane.access)
-        app.state.auth_epochs = EpochReads(plane.access.epoch)
+        fast_epoch = SQLiteEpoch.of(plane.engine)
+        app.state.auth_epochs = EpochReads(plane.access.epoch, fast_epoch)
         _bootstrap_access(plane, settings)
         if settings.dashboard_url:
             from raylane.orchestrator.backends.ray_jobs import read_token
@@ -97,6 +98,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             for hook in getattr(app.state, "shutdown_hooks", []):
                 hook(plane)
             plane.stop_loops()
+            if fast_epoch is not None:
+                fast_epoch.close()
             if cp is None:
                 plane.close()
 

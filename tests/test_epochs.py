@@ -1,15 +1,18 @@
 """``api.epochs``: a request gets the auth epoch from a read that began after it
 asked (so a revoke committed before the request is seen), and requests waiting
-together share one read."""
+together share one read; on SQLite it is read on the event loop, and busy falls
+back to that read."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 
 import pytest
 
-from raylane.api.epochs import EpochReads
+from raylane.api.epochs import EpochReads, SQLiteEpoch
+from raylane.orchestrator.services.controlplane import ControlPlane
 
 
 def test_a_request_arriving_during_a_read_waits_for_the_next_one():
@@ -58,3 +61,49 @@ def test_a_failed_read_fails_its_waiters_and_the_next_read_runs():
         return await epochs.current()
 
     assert asyncio.run(main()) == 7
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL reads through the pool (above)
+def test_on_sqlite_the_epoch_is_read_on_the_loop_and_a_revoke_is_seen_at_once(api, cp, monkeypatch):
+    """A token kept in memory costs no pooled read on SQLite (``SQLiteEpoch``), and
+    a revoke committed through another connection refuses the very next request."""
+    token = api.post("/v1/tokens", json={"name": "t", "role": "member", "project": "default"}).json()
+    headers = {"Authorization": f"Bearer {token['token']}"}
+    assert api.get("/v1/jobs", headers=headers).status_code == 200  # verified, kept in memory
+    pooled, read = [], cp.access.epoch
+    monkeypatch.setattr(cp.access, "epoch", lambda: pooled.append(1) or read())
+    api.app.state.auth_epochs._read = cp.access.epoch
+    for _ in range(5):
+        assert api.get("/v1/jobs", headers=headers).status_code == 200
+    assert pooled == []
+    other = ControlPlane(cp.settings)  # another replica on the same file
+    try:
+        other.access.revoke_token(token["id"], actor="test")
+    finally:
+        other.close()
+    r = api.get("/v1/jobs", headers=headers)
+    assert r.status_code == 401, r.text
+
+
+def test_sqlite_busy_falls_back_to_the_pooled_read(tmp_path):
+    """The fast read never waits on a lock: busy (here, a rollback journal with a
+    writer holding it) answers None, and ``EpochReads`` reads the pooled way."""
+    path = tmp_path / "e.db"
+    setup = sqlite3.connect(path, isolation_level=None)
+    setup.execute("CREATE TABLE auth_epoch (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+    setup.execute("INSERT INTO auth_epoch VALUES (1, 4)")
+    fast = SQLiteEpoch(str(path))
+    assert fast() == 4
+    setup.execute("BEGIN EXCLUSIVE")  # no WAL: an exclusive lock keeps readers out
+    try:
+        assert fast() is None
+        pooled = []
+
+        async def main():
+            return await EpochReads(lambda: pooled.append(1) or 5, fast).current()
+
+        assert asyncio.run(main()) == 5 and pooled == [1]
+    finally:
+        setup.execute("ROLLBACK")
+        fast.close()
+        setup.close()
