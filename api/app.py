@@ -67,8 +67,6 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         app.state.cp = plane
         app.state.submit_limit.bind(DatabaseWindows(plane.sessions))
         app.state.refusals = RefusalTally(plane.access)
-        fast_epoch = SQLiteEpoch.of(plane.engine)
-        app.state.auth_epochs = EpochReads(plane.access.epoch, fast_epoch)
         _bootstrap_access(plane, settings)
         if settings.dashboard_url:
             from raylane.orchestrator.backends.ray_jobs import read_token
@@ -88,9 +86,13 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         for hook in hooks:
             hook(plane)
         flusher = asyncio.create_task(app.state.refusals.run())
+        fast_epoch = SQLiteEpoch.of(plane.engine)  # opened last, closed first: nothing between can leak it
+        app.state.auth_epochs = EpochReads(plane.access.epoch, fast_epoch)
         try:
             yield
         finally:
+            if fast_epoch is not None:
+                fast_epoch.close()  # a read after this takes the pooled way
             flusher.cancel()
             await app.state.refusals.flush()
             await app.state.log_followers.close()
@@ -98,8 +100,6 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             for hook in getattr(app.state, "shutdown_hooks", []):
                 hook(plane)
             plane.stop_loops()
-            if fast_epoch is not None:
-                fast_epoch.close()
             if cp is None:
                 plane.close()
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 from typing import Callable
+from urllib.parse import quote
 
 import anyio.to_thread
 from sqlalchemy.engine import Engine
@@ -37,26 +39,37 @@ class SQLiteEpoch:
     SQL = "SELECT n FROM auth_epoch WHERE id = 1"
 
     def __init__(self, path: str):
+        # mode=rw: the file the engine uses or an error, never a new empty one;
         # timeout=0: never wait on a lock on the event loop; autocommit: no
         # snapshot kept between reads.
-        self._conn = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+        self._conn = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=0, isolation_level=None,
+                                     check_same_thread=False)
 
     @classmethod
     def of(cls, engine: Engine) -> "SQLiteEpoch | None":
-        """One for ``engine``'s database when it is a SQLite file (not in memory)."""
-        path = engine.url.database
-        if engine.dialect.name != "sqlite" or not path or path == ":memory:" or path.startswith("file:") \
-                or engine.url.query.get("uri"):
+        """One for ``engine``'s database when it is a SQLite file (not in memory):
+        the file a pooled connection has open, as SQLite names it (absolute), so a
+        relative URL and a later change of directory cannot point it elsewhere."""
+        if engine.dialect.name != "sqlite":
             return None
-        return cls(path)
+        with engine.connect() as conn:
+            path = next((row[2] for row in conn.exec_driver_sql("PRAGMA database_list") if row[1] == "main"), "")
+        if not path or not os.path.isabs(path):  # in memory (or a temporary database): ""
+            return None
+        try:
+            return cls(path)
+        except sqlite3.Error as e:
+            log.warning("auth epoch: cannot open %s for reads on the event loop (%s); reading through the pool",
+                        path, e)
+            return None
 
     def __call__(self) -> int | None:
         try:
-            row = self._conn.execute(self.SQL).fetchone()
+            rows = self._conn.execute(self.SQL).fetchall()  # stepped to the end: the read transaction is over
         except sqlite3.Error as e:
             log.debug("auth epoch: SQLite read failed (%s); reading through the pool", e)
             return None
-        return row[0] if row else None
+        return rows[0][0] if rows else None
 
     def close(self) -> None:
         self._conn.close()

@@ -107,3 +107,25 @@ def test_sqlite_busy_falls_back_to_the_pooled_read(tmp_path):
         setup.execute("ROLLBACK")
         fast.close()
         setup.close()
+
+
+def test_the_loop_reader_opens_the_engines_own_file_and_never_creates_one(tmp_path, monkeypatch):
+    """A relative URL resolved by the engine, then a change of directory: the reader
+    opens the engine's file (SQLite names it), not a new empty one where it stands."""
+    from sqlalchemy import create_engine
+
+    monkeypatch.chdir(tmp_path)
+    engine = create_engine("sqlite:///rel.db")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE auth_epoch (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+        conn.exec_driver_sql("INSERT INTO auth_epoch VALUES (1, 9)")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    fast = SQLiteEpoch.of(engine)
+    try:
+        assert fast() == 9
+        assert list((tmp_path / "elsewhere").iterdir()) == []
+    finally:
+        fast.close()
+        engine.dispose()
+    assert SQLiteEpoch.of(create_engine("sqlite://")) is None  # in memory: the pooled read

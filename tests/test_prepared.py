@@ -124,3 +124,36 @@ def test_a_deferred_row_that_breaks_a_constraint_fails_its_commit_and_keeps_noth
     with db.transaction(cp.sessions) as s:
         assert s.execute(select(jobs.c.id)).scalars().all() == []
         assert s.execute(select(job_labels.c.key)).scalars().all() == []
+
+
+def test_deferred_rows_survive_a_savepoint_that_commits_inside_one_rolled_back(cp):
+    """SQLAlchemy runs the commit hook at a savepoint's commit too: deferred rows wait
+    for the transaction's own commit, so rolling back an enclosing savepoint keeps them."""
+    row = _row()
+    with db.transaction(cp.sessions) as s:
+        PreparedInsert(jobs).defer(s, row)
+        with pytest.raises(RuntimeError):
+            with s.begin_nested():
+                with s.begin_nested():
+                    tallies.add(s, "jobs_created", "command")
+                raise RuntimeError("outer savepoint rolled back")
+    with db.transaction(cp.sessions) as s:
+        assert s.execute(select(jobs.c.id)).scalars().all() == [row["id"]]
+        assert tallies.read(s, ["jobs_created"]) == {}
+
+
+def test_past_the_parameter_bound_rows_execute_at_once(cp, monkeypatch):
+    from raylane.orchestrator.store import prepared
+
+    monkeypatch.setattr(prepared, "MAX_DEFERRED_PARAMS", 40)  # a job row is ~30
+    first, second = _row(), _row()
+    sent, stop = _writes(cp.engine)
+    try:
+        with db.transaction(cp.sessions) as s:
+            PreparedInsert(jobs).defer(s, first)
+            PreparedInsert(jobs).defer(s, second)
+            assert len(sent) == (1 if cp.engine.dialect.name == "postgresql" else 2)  # the second went at once
+    finally:
+        stop()
+    with db.transaction(cp.sessions) as s:
+        assert sorted(s.execute(select(jobs.c.id)).scalars()) == sorted([first["id"], second["id"]])

@@ -26,12 +26,15 @@ them), ``defer`` executes at once.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any, Sequence
 
 from sqlalchemy import Table, event, insert
 from sqlalchemy.orm import Session
 
+log = logging.getLogger(__name__)
 _DEFERRED = "prepared.deferred"  # session.info: [(sql, params)] to send at commit (PostgreSQL)
+MAX_DEFERRED_PARAMS = 30_000  # bound parameters deferred in one transaction; past it, rows execute at once
 
 
 class PreparedInsert:
@@ -60,7 +63,10 @@ class PreparedInsert:
         params = []
         for r in rows:
             params.extend(self._params(r, order, procs, defaults, True))
-        session.info.setdefault(_DEFERRED, []).append((head + ", ".join([values] * len(rows)), tuple(params)))
+        deferred = session.info.setdefault(_DEFERRED, [])
+        if len(params) + sum(len(p) for _, p in deferred) > MAX_DEFERRED_PARAMS:  # PostgreSQL takes 65,535
+            return self.execute(session, rows)
+        deferred.append((head + ", ".join([values] * len(rows)), tuple(params)))
 
     def execute(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Insert one row (a dict) or several (a list of dicts with the same keys)."""
@@ -139,6 +145,15 @@ def send_deferred(session: Session, then: tuple[str, tuple] | None = None) -> bo
     sql = ("WITH " + ", ".join(f"d{i} AS ({q})" for i, (q, _) in enumerate(ctes)) + " " + main) if ctes else main
     session.connection().exec_driver_sql(sql, tuple(v for _, p in parts for v in p))
     return then is not None
+
+
+@event.listens_for(Session, "after_commit")
+def _none_left(session: Session) -> None:
+    """Deferred rows still here after a commit were never sent: the commit hook
+    that sends them (``store.tallies``) did not run. Say so loudly."""
+    if session.info.get(_DEFERRED) and not session.in_nested_transaction():
+        log.error("%d deferred inserts were not sent with the commit (store.tallies' hook missing)",
+                  len(session.info[_DEFERRED]))
 
 
 @event.listens_for(Session, "after_transaction_end")

@@ -146,10 +146,15 @@ def _shard(session: Session) -> int:
 
 def _flush(session: Session) -> None:
     """The deltas, and on PostgreSQL the rows deferred until commit (``store.prepared``):
-    with them, the first upsert is that one statement's main part."""
+    with them, the first upsert is that one statement's main part. A savepoint's
+    commit (SQLAlchemy runs this hook for it too) writes the deltas and leaves the
+    deferred rows to the transaction's own commit: a rollback of an enclosing
+    savepoint would otherwise drop rows already taken from the session."""
+    top = not session.in_nested_transaction()
     pending = session.info.pop(_PENDING, None)
     if not pending:
-        prepared.send_deferred(session)
+        if top:
+            prepared.send_deferred(session)
         return
     dialect = session.bind.dialect.name
     shard = _shard(session) if dialect == "postgresql" else 0
@@ -158,9 +163,10 @@ def _flush(session: Session) -> None:
     for i in range(0, len(rows), UPSERT_ROWS):
         chunk = rows[i:i + UPSERT_ROWS]
         upsert = (_upsert(dialect, len(chunk)), tuple(v for r in chunk for v in r))
-        if i > 0 or not prepared.send_deferred(session, upsert):
+        if i > 0 or not top or not prepared.send_deferred(session, upsert):
             conn.exec_driver_sql(*upsert)
-    prepared.send_deferred(session)  # every delta was 0
+    if top:
+        prepared.send_deferred(session)  # every delta was 0
 
 
 @event.listens_for(Session, "before_commit")
