@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from raylane import __version__
 from raylane.api import errors, observability
 from raylane.api.auth import AuthMiddleware
-from raylane.api.epochs import EpochReads, SQLiteEpoch
+from raylane.api.epochs import EpochReads
 from raylane.api.headers import UIHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
@@ -28,6 +28,7 @@ from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
 from raylane.orchestrator.services.ratelimits import DatabaseWindows
 from raylane.orchestrator.settings import Settings, get_settings
+from raylane.orchestrator.store.epoch_reader import SQLiteEpoch
 
 log = logging.getLogger(__name__)
 UI_DIR = Path(__file__).parent / "ui"  # the web page at /ui: static files, no build step

@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
-from raylane.api.epochs import EpochReads, SQLiteEpoch
+from raylane.api.epochs import EpochReads
 from raylane.orchestrator.services.controlplane import ControlPlane
+from raylane.orchestrator.store.epoch_reader import SQLiteEpoch
 
 
 def test_a_request_arriving_during_a_read_waits_for_the_next_one():
