@@ -10,9 +10,9 @@ began. Alone, a request costs one read, as before; with 32 in flight, a few
 share each read and its hop through a worker thread.
 
 On SQLite the read comes first from ``store.epoch_reader.SQLiteEpoch``: a
-connection of its own, read on the event loop. In WAL mode a reader never waits for the writer, and
-an autocommit SELECT starts a fresh snapshot, so it sees every commit before
-it: about 5 us, against 300-380 us of CPU for the pooled read through a worker
+connection of its own, read on the event loop. In WAL mode a reader never
+waits for the writer, and an autocommit SELECT starts a fresh snapshot, so it
+sees every commit before it: about 5 us, against 300-380 us of CPU for the pooled read through a worker
 thread (a fifth to a third of a single submit's server CPU, docs/benchmarks.md).
 When SQLite answers busy (not WAL, a recovery), the read goes the pooled way.
 """

@@ -113,7 +113,7 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
         # No unique key to lose a race on: no savepoint (two round trips on
         # PostgreSQL); any error rolls the caller's unit back. With parents, their
         # rows reference it at once: it cannot wait for the commit.
-        (_INSERT_JOB.defer if defer and not deps else _INSERT_JOB.execute)(session, row)
+        (PreparedInsert.defer if defer and not deps else PreparedInsert.execute)(_INSERT_JOB, session, row)
     else:
         try:
             with session.begin_nested():
@@ -125,10 +125,10 @@ def _submit(session: Session, spec: JobSpec, *, project: str, actor: str, idempo
             return _check_same(existing, spec), False, None
     dependencies.record(session, job_id, deps)
     _tally_new(session, row)
-    write = (lambda p, rows: p.defer(session, rows)) if defer else (lambda p, rows: p.execute(session, rows))
+    write = PreparedInsert.defer if defer else PreparedInsert.execute
     if spec.labels:
-        write(_INSERT_LABELS, [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
-    write(_INSERT_EVENT, {
+        write(_INSERT_LABELS, session, [{"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items()])
+    write(_INSERT_EVENT, session, {
         "job_id": job_id, "at": now, "from_status": None, "to_status": JobStatus.PENDING.value,
         "reason": "submitted" + (f"; routed to {placement.node_group}" if placement else ""), "actor": actor,
         "attempt": None})

@@ -43,7 +43,7 @@ class PreparedInsert:
     def __init__(self, table: Table):
         self.table = table
         self._forms: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], dict, dict, bool]] = {}
-        self._positional: dict[tuple[str, ...], tuple[str, str, tuple[str, ...], dict, dict]] = {}
+        self._positional: dict[tuple[str, tuple[str, ...]], tuple[str, str, tuple[str, ...], dict, dict]] = {}
 
     def defer(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """``execute``, or on PostgreSQL outside a savepoint: kept, and sent with the
@@ -56,7 +56,7 @@ class PreparedInsert:
         conn = session.connection()
         if conn.dialect.name != "postgresql" or session.in_nested_transaction():
             return self.execute(session, rows)
-        form = self._positional.get(tuple(rows[0]))
+        form = self._positional.get((conn.dialect.name, tuple(rows[0])))
         if form is None:
             form = self._compile_positional(conn.dialect, tuple(rows[0]))
         head, values, order, procs, defaults = form
@@ -128,7 +128,7 @@ class PreparedInsert:
         if not sep or not values.startswith("(") or set(order) - set(keys) - set(defaults):
             raise ValueError(f"{self.table.name}: unexpected form {sql!r}")
         form = (head + sep, values, order, dict(compiled._bind_processors), defaults)
-        self._positional[keys] = form
+        self._positional[(dialect.name, keys)] = form
         return form
 
 
