@@ -157,3 +157,80 @@ def test_past_the_parameter_bound_rows_execute_at_once(cp, monkeypatch):
         stop()
     with db.transaction(cp.sessions) as s:
         assert sorted(s.execute(select(jobs.c.id)).scalars()) == sorted([first["id"], second["id"]])
+
+
+# Many rows at once (PreparedInsert.execute_many: a batch) -------------------------
+
+
+def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values(cp, monkeypatch):
+    """Common values bound once, the spec given as its JSON text: the rows read back
+    as ``insert(table)``'s do. PostgreSQL sends one multi-row VALUES per parameter
+    bound (3 rows of ~21 parameters at a bound of 70: 2 statements for 5 rows)."""
+    from raylane.orchestrator.store import prepared
+
+    monkeypatch.setattr(prepared, "MAX_DEFERRED_PARAMS", 70)
+    spec = JobSpec(name="p", kind="command", entrypoint="echo 'ü \"b\"' %s \\n", labels={"k": "v"})
+    now = utcnow()
+    many = []
+    for _ in range(5):
+        r = _job_row(spec, project="default", job_id=new_job_id(), now=now, placement=None,
+                     idempotency_key=None, reason=None)
+        many.append(r)
+    reference = _job_row(spec, project="default", job_id=new_job_id(), now=now, placement=None,
+                         idempotency_key=None, reason=None)
+    common = {k: many[0][k] for k in ("project", "created_at", "updated_at", "attempts")}
+    given = [{k: v for k, v in r.items() if k not in common} for r in many]
+    for r in given:
+        r["spec"] = spec.model_dump_json(exclude_none=True)
+    sent, stop = _writes(cp.engine)
+    try:
+        with db.transaction(cp.sessions) as s:
+            PreparedInsert(jobs).execute_many(s, given, common=common, encoded=("spec",))
+            s.execute(insert(jobs), reference)
+    finally:
+        stop()
+    assert len(sent) == (3 if cp.engine.dialect.name == "postgresql" else 2), sent  # + the reference's
+    with db.transaction(cp.sessions) as s:
+        got = {r["id"]: dict(r) for r in s.execute(select(jobs)).mappings()}
+    want = got.pop(reference["id"])
+    want.pop("id")
+    assert sorted(got) == sorted(r["id"] for r in many)
+    for row in got.values():
+        row.pop("id")
+        assert row == want
+    assert want["spec"]["entrypoint"] == "echo 'ü \"b\"' %s \\n"
+
+
+def test_execute_many_of_nothing_sends_nothing(cp):
+    sent, stop = _writes(cp.engine)
+    try:
+        with db.transaction(cp.sessions) as s:
+            PreparedInsert(job_labels).execute_many(s, [])
+    finally:
+        stop()
+    assert sent == []
+
+
+def test_a_batch_stores_what_single_submits_store(cp):
+    """The batch path builds its rows its own way (``_batch_row``, common values,
+    the spec's JSON text): a job submitted in a batch reads back as one submitted alone."""
+    from raylane.orchestrator.store import jobs as store_jobs
+
+    spec = JobSpec(name="same", kind="command", entrypoint="python -c 'print(1)'", labels={"a": "1", "b": "2"},
+                   priority=7)
+    with db.transaction(cp.sessions) as s:
+        alone, _ = store_jobs.submit(s, spec, project="default", actor="me")
+        batch = store_jobs.submit_batch(s, [spec, spec], project="default", actor="me")
+    with db.transaction(cp.sessions) as s:
+        rows = {r["id"]: dict(r) for r in s.execute(select(jobs)).mappings()}
+        for job_id in [alone, *batch]:
+            assert dict(s.execute(select(job_labels.c.key, job_labels.c.value)
+                                  .where(job_labels.c.job_id == job_id)).all()) == {"a": "1", "b": "2"}
+            ev = s.execute(select(events).where(events.c.job_id == job_id)).mappings().one()
+            assert (ev["to_status"], ev["actor"], ev["from_status"]) == ("PENDING", "me", None)
+        assert tallies.read(s, ["jobs"]) == {("jobs", "PENDING", "none"): 3}
+        assert tallies.read(s, ["jobs_created"]) == {("jobs_created", "command", ""): 3}
+    skip = {"id", "created_at", "updated_at"}
+    a = {k: v for k, v in rows[alone].items() if k not in skip}
+    for job_id in batch:
+        assert {k: v for k, v in rows[job_id].items() if k not in skip} == a

@@ -50,7 +50,8 @@ def check_text(s: str, where: str, *, max_chars: int | None = MAX_TEXT_CHARS) ->
     if "\x00" in s:
         raise ValueError(f"{where}: NUL characters are not allowed")
     try:
-        s.encode("utf-8")
+        if not s.isascii():  # ASCII has no surrogates: no need to encode it
+            s.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"{where}: not valid UTF-8 (a lone surrogate \\u{ord(s[e.start]):04x} "
                          f"at character {e.start})") from None
@@ -118,10 +119,20 @@ class InputRule(BaseModel):
             # Read back from the database: a row stored before this rule existed
             # must still list and run; the rule guards what comes in, at submit.
             return v
-        field = cls.model_fields[info.field_name]
         if isinstance(v, str):
             # A string field has its own max_length, whose message is the more precise one.
             check_text(v, info.field_name, max_chars=None)
-        elif v is not None and not (isinstance(v, dict) and _holds_model(field.annotation)):
+        elif v is not None and not (isinstance(v, dict) and cls._typed_as_model(info.field_name)):
             check_value(v, info.field_name)
         return v
+
+    @classmethod
+    def _typed_as_model(cls, name: str) -> bool:
+        """``_holds_model`` of the field's annotation, worked out once per class and field."""
+        known = cls.__dict__.get("_input_rule_models")
+        if known is None:
+            known = {}
+            type.__setattr__(cls, "_input_rule_models", known)  # pydantic's metaclass would treat it as a field
+        if name not in known:
+            known[name] = _holds_model(cls.model_fields[name].annotation)
+        return known[name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Sequence
@@ -219,7 +220,8 @@ def submit_batch(
 ) -> list[str]:
     """Store many PENDING jobs in the caller's one transaction: all or none."""
     now = utcnow()
-    rows, label_rows, event_rows, ids = [], [], [], []
+    rows: list[dict[str, Any]] = []
+    label_rows: list[dict[str, Any]] = []
     # One millisecond, many ids: new_job_id's random part keeps them unique;
     # sorting keeps "newest first" meaning "last in the batch first".
     ids = [new_job_id() for _ in specs]
@@ -228,6 +230,7 @@ def submit_batch(
         dependencies.order_batch(specs)
     names = {spec.name: ids[i] for i, spec in reversed(list(enumerate(specs)))} if linked else {}
     all_deps = []
+    moved: Counter[tuple[str, str | None, str]] = Counter()
     for i, spec in enumerate(specs):
         job_id = ids[i]
         placement = placements[i] if placements else None
@@ -235,23 +238,49 @@ def submit_batch(
             if spec.depends_on else []
         if deps:  # the stored spec names its parents by id, as a resubmit of it must
             spec = dependencies.by_id(spec, deps)
-        row = _job_row(spec, project=project, job_id=job_id, now=now, placement=placement,
-                       idempotency_key=None, reason=None)
+        row = _batch_row(spec, job_id=job_id, placement=placement)
         _wait_for(row, deps)
         all_deps.append((job_id, deps))
         rows.append(row)
+        moved[(row["status"], row["node_group"], row["kind"])] += 1
         label_rows.extend({"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items())
-        event_rows.append({"job_id": job_id, "at": now, "from_status": None, "to_status": "PENDING",
-                           "reason": "submitted in a batch", "actor": actor, "attempt": None})
-    session.execute(insert(jobs), rows)
+    # The values every row shares are bound once, and each spec is encoded once
+    # (model_dump_json) instead of dumped to Python and encoded again.
+    _INSERT_JOB.execute_many(session, rows, encoded=("spec",), common={
+        "project": project, "created_at": now, "updated_at": now,
+        **_BATCH_COMMON})
     for job_id, deps in all_deps:
         dependencies.record(session, job_id, deps)
-    for row in rows:
-        _tally_new(session, row)
-    if label_rows:
-        session.execute(insert(job_labels), label_rows)
-    session.execute(insert(events), event_rows)
+    for (status_, node_group, kind), n in moved.items():
+        tallies.job_moved(session, src=None, src_group=None, to=status_, to_group=node_group, n=n)
+        tallies.add(session, "jobs_created", kind, delta=n)
+    _INSERT_LABELS.execute_many(session, label_rows)
+    _INSERT_EVENT.execute_many(session, [{"job_id": job_id} for job_id in ids], common={
+        "at": now, "from_status": None, "to_status": JobStatus.PENDING.value, "reason": "submitted in a batch",
+        "actor": actor, "attempt": None})
     return ids
+
+
+# What every job of a batch starts with (``_job_row``'s constants).
+_BATCH_COMMON = {"attempts": 0, "preemptions": 0, "idempotency_key": None, "request_hash": None,
+                 "cancel_requested": False, "skips": 0}
+
+
+def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None) -> dict[str, Any]:
+    """``_job_row`` less ``_BATCH_COMMON`` and the batch's project and time, with the
+    spec as its JSON text (``PreparedInsert.execute_many(encoded=...)``)."""
+    return {
+        "id": job_id,
+        "name": spec.name,
+        "kind": spec.kind.value,
+        "status": JobStatus.PENDING.value,
+        "status_reason": WAITING_REASON,
+        "priority": spec.priority,
+        "spec": spec.model_dump_json(exclude_none=True),
+        "node_group": placement.node_group if placement else None,
+        "placement": placement.model_dump(mode="json") if placement else None,
+        "max_attempts": spec.retry.max_attempts,
+    }
 
 
 # Reading ---------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from sqlalchemy import Table, event, insert
 from sqlalchemy.orm import Session
@@ -84,6 +84,47 @@ class PreparedInsert:
         params = [self._params(r, order, procs, defaults, positional) for r in rows] if many else \
             self._params(rows, order, procs, defaults, positional)
         conn.exec_driver_sql(sql, params)
+
+    def execute_many(self, session: Session, rows: Sequence[dict[str, Any]], *,
+                     common: dict[str, Any] | None = None, encoded: Collection[str] = ()) -> None:
+        """Insert many rows with the same keys (a batch): ``common`` holds the
+        values every row shares, bound once (a batch's one timestamp); a column in
+        ``encoded`` is given as the driver takes it (a JSON column as its JSON text,
+        ``model_dump_json``: encoded once by pydantic instead of dumped to Python
+        and encoded again). SQLite runs the driver's ``executemany``; PostgreSQL
+        one multi-row VALUES per ``MAX_DEFERRED_PARAMS`` bound parameters (psycopg's
+        executemany is a statement a row)."""
+        if not rows:
+            return
+        common = common or {}
+        keys = tuple(rows[0]) + tuple(k for k in common if k not in rows[0])
+        conn = session.connection()
+        pg = conn.dialect.name == "postgresql"
+        if pg:
+            form = self._positional.get((conn.dialect.name, keys)) or self._compile_positional(conn.dialect, keys)
+            head, values, order, procs, defaults = form
+        else:
+            form = self._forms.get((conn.dialect.name, keys)) or self._compile(conn.dialect, keys)
+            sql, order, procs, defaults, positional = form
+            if not positional:  # pragma: no cover - SQLite's paramstyle is qmark
+                raise ValueError("execute_many needs a positional paramstyle")
+        fixed = {k: procs[k](v) if k in procs else v for k, v in {**defaults, **common}.items()}
+        slots = [(k, None if k in encoded else procs.get(k)) for k in order]
+        template = [fixed.get(k) for k in order]
+        varying = [(i, k, p) for i, (k, p) in enumerate(slots) if k not in fixed]
+        params = []
+        for r in rows:
+            vals = template.copy()
+            for i, k, p in varying:
+                vals[i] = p(r[k]) if p is not None else r[k]
+            params.append(vals)
+        if not pg:
+            conn.exec_driver_sql(sql, [tuple(v) for v in params])
+            return
+        per = max(1, MAX_DEFERRED_PARAMS // max(1, len(order)))
+        for start in range(0, len(params), per):
+            chunk = params[start:start + per]
+            conn.exec_driver_sql(head + ", ".join([values] * len(chunk)), tuple(v for row in chunk for v in row))
 
     @staticmethod
     def _params(row, order, procs, defaults, positional):

@@ -84,12 +84,12 @@ def observe(session: Session, name: str, node_group: str | None, seconds: float)
 
 
 def job_moved(session: Session, *, src: str | None, src_group: str | None, to: str | None,
-              to_group: str | None) -> None:
-    """A job left (status, group) ``src`` for ``to``; None: it did not exist / no longer does."""
+              to_group: str | None, n: int = 1) -> None:
+    """``n`` jobs left (status, group) ``src`` for ``to``; None: they did not exist / no longer do."""
     if src is not None:
-        add(session, "jobs", src, group(src_group), -1)
+        add(session, "jobs", src, group(src_group), -n)
     if to is not None:
-        add(session, "jobs", to, group(to_group), 1)
+        add(session, "jobs", to, group(to_group), n)
 
 
 def cause_changed(session: Session, node_group: str | None, old: str | None, new: str | None) -> None:
