@@ -164,15 +164,15 @@ def test_past_the_parameter_bound_rows_execute_at_once(cp, monkeypatch):
 
 def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values(cp, monkeypatch):
     """Common values bound once, the spec given as its JSON text: the rows read back
-    as ``insert(table)``'s do. PostgreSQL sends one multi-row VALUES per parameter
-    bound (3 rows of ~21 parameters at a bound of 70: 2 statements for 5 rows)."""
+    as ``insert(table)``'s do. PostgreSQL sends multi-row VALUES of a bounded size:
+    at 3 rows a statement, 7 rows are one executemany of two and one of one row."""
     from raylane.orchestrator.store import prepared
 
-    monkeypatch.setattr(prepared, "MAX_DEFERRED_PARAMS", 70)
+    monkeypatch.setattr(prepared, "PG_PARAMS_PER_STATEMENT", 3 * 21)  # the row below has 21 columns
     spec = JobSpec(name="p", kind="command", entrypoint="echo 'ü \"b\"' %s \\n", labels={"k": "v"})
     now = utcnow()
     many = []
-    for _ in range(5):
+    for _ in range(7):
         r = _job_row(spec, project="default", job_id=new_job_id(), now=now, placement=None,
                      idempotency_key=None, reason=None)
         many.append(r)
@@ -189,7 +189,8 @@ def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values
             s.execute(insert(jobs), reference)
     finally:
         stop()
-    assert len(sent) == (3 if cp.engine.dialect.name == "postgresql" else 2), sent  # + the reference's
+    # + the reference's insert
+    assert [q.count("), (") + 1 for q in sent[:-1]] == ([3, 1] if cp.engine.dialect.name == "postgresql" else [1])
     with db.transaction(cp.sessions) as s:
         got = {r["id"]: dict(r) for r in s.execute(select(jobs)).mappings()}
     want = got.pop(reference["id"])

@@ -246,7 +246,7 @@ def submit_batch(
         label_rows.extend({"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items())
     # The values every row shares are bound once, and each spec is encoded once
     # (model_dump_json) instead of dumped to Python and encoded again.
-    _INSERT_JOB.execute_many(session, rows, encoded=("spec",), common={
+    _INSERT_JOB.execute_many(session, rows, encoded=("spec", "placement"), common={
         "project": project, "created_at": now, "updated_at": now,
         **_BATCH_COMMON})
     for job_id, deps in all_deps:
@@ -278,7 +278,7 @@ def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None) -> di
         "priority": spec.priority,
         "spec": spec.model_dump_json(exclude_none=True),
         "node_group": placement.node_group if placement else None,
-        "placement": placement.model_dump(mode="json") if placement else None,
+        "placement": placement.model_dump_json() if placement else "null",
         "max_attempts": spec.retry.max_attempts,
     }
 
