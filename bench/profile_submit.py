@@ -1,8 +1,9 @@
-"""Where a single submit's server CPU goes: py-spy samples a real server (GIL
-holders only, 200 Hz) while 32 connections submit for 8 s, then prints the
-share of samples under each function (inclusive), largest first.
+"""Where a submit's server CPU goes: py-spy samples a real server (GIL holders
+only, 200 Hz) while 32 connections submit for 8 s (or, with ``--batches N``, N
+batches of 1,000 jobs go two at a time), then prints the share of samples
+under each function (inclusive), largest first.
 
-    python bench/profile_submit.py [--db sqlite|postgresql] [--top 60] [--grep NAME]
+    python bench/profile_submit.py [--db sqlite|postgresql] [--batches N] [--top 60] [--grep NAME]
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import asyncio
 import collections
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--top", type=int, default=60)
     ap.add_argument("--grep", help="only functions whose name contains this")
+    ap.add_argument("--batches", type=int, default=0, help="sample N batches of 1,000 jobs instead of single submits")
     args = ap.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     drop = None
@@ -53,14 +56,19 @@ def main() -> None:
         asyncio.run(st.singles(base, 1.0, 4))  # warm-up
         rec = subprocess.Popen([spy, "record", "-p", str(proc.pid), "-r", "200", "-d", str(args.seconds), "--gil",
                                 "--nonblocking", "--format", "raw", "-o", str(raw)], stdout=subprocess.DEVNULL)
-        n, dt, _ = asyncio.run(st.singles(base, args.seconds, 32))
+        if args.batches:
+            n, dt = asyncio.run(st.batches(base, args.batches, 1000, 2))
+            rec.send_signal(signal.SIGINT)  # py-spy writes what it has sampled and exits
+        else:
+            n, dt, _ = asyncio.run(st.singles(base, args.seconds, 32))
         rec.wait()
     finally:
         _server.stop_server(proc)
         if drop:
             drop()
     total, inclusive = shares(raw)
-    print(f"{args.db}: {n / dt:.0f} submits/s while sampled; {total} samples")
+    what = "jobs/s in batches" if args.batches else "submits/s"
+    print(f"{args.db}: {n / dt:.0f} {what} while sampled; {total} samples")
     rows = [(k, v) for k, v in inclusive.most_common() if not args.grep or args.grep in k]
     for name, v in rows[:args.top]:
         print(f"{100 * v / total:5.1f}%  {name}")

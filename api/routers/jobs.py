@@ -47,12 +47,13 @@ def _project(caller, spec_project: str | None) -> str:
     return spec_project or caller.project or caller.home_project or DEFAULT_PROJECT
 
 
-def _fits(spec: JobSpec, field: str, *, array: bool = False) -> None:
+def _fits(spec: JobSpec, field: str, *, array: bool = False) -> str:
+    """Refuse what no job can run; returns the spec's JSON text (``check_exec_size``)."""
     if spec.array is not None and not array:
         raise Invalid("an array goes to POST /v1/arrays (`raylane submit` sends it there)",
                       field=f"{field}.array" if field != "spec" else "array")
     try:
-        check_exec_size(spec)
+        return check_exec_size(spec)
     except ValueError as e:
         raise Invalid(str(e), field=field) from None
 
@@ -88,12 +89,11 @@ def _status(created: bool) -> int:
              responses={403: {"description": "Another project's spec, or a policy rule refused one (`rule`)"},
                         429: {"description": "Submit rate of this token exceeded; see Retry-After"}})
 def submit_batch(body: BatchSubmitRequest, cp: CP, caller: MemberDep) -> BatchSubmitResponse:
-    for i, spec in enumerate(body.jobs):
-        _fits(spec, f"jobs.{i}")
+    texts = [_fits(spec, f"jobs.{i}") for i, spec in enumerate(body.jobs)]
     projects = {_project(caller, s.project) for s in body.jobs}
     if len(projects) != 1:
         raise Invalid("all jobs in a batch must belong to one project", field="jobs")
-    ids = cp.submit_batch(body.jobs, project=projects.pop(), actor=caller.name)
+    ids = cp.submit_batch(body.jobs, project=projects.pop(), actor=caller.name, texts=texts)
     return BatchSubmitResponse(ids=ids, count=len(ids))
 
 

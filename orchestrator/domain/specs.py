@@ -370,22 +370,27 @@ class JobSpec(_Model):
         return cls.from_yaml(Path(path).read_text())
 
 
-def exec_size(spec: JobSpec) -> int:
+def exec_size(spec: JobSpec, text: str | None = None) -> int:
     """Bytes the spec takes on the driver's command line before base64: its JSON as
-    a JSON string, as the dispatcher writes it (non-ASCII escaped, ``\\uXXXX``)."""
-    return len(json.dumps(spec.model_dump_json(exclude_none=True)))
+    a JSON string, as the dispatcher writes it (non-ASCII escaped, ``\\uXXXX``).
+    ``text``: the spec's ``model_dump_json(exclude_none=True)``, if the caller has it."""
+    return len(json.dumps(spec.model_dump_json(exclude_none=True) if text is None else text))
 
 
-def check_exec_size(spec: JobSpec) -> None:
-    """Refuse a spec whose job could never start: Linux refuses to exec it.
+def check_exec_size(spec: JobSpec) -> str:
+    """Refuse a spec whose job could never start: Linux refuses to exec it. Returns
+    the JSON text it measured (``model_dump_json(exclude_none=True)``, what the
+    store keeps), so a caller that stores the spec need not encode it again.
 
     Checked at submit, not by the model: a spec stored before this bound must still load.
     """
-    size = exec_size(spec)
+    text = spec.model_dump_json(exclude_none=True)
+    size = exec_size(spec, text)
     if size > MAX_SPEC_BYTES:
         raise ValueError(f"the spec takes {size} bytes on the driver's command line; at most {MAX_SPEC_BYTES} "
                          f"fit in one exec string (Linux's {MAX_EXEC_STRING_BYTES}-byte limit, after base64). "
                          f"Pass large inputs by URI (a working_dir, an input_uri) instead")
+    return text
 
 
 class SpecLoadError(ValueError):

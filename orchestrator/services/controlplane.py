@@ -210,7 +210,10 @@ class ControlPlane:
         with db.transaction(self.sessions) as s:
             return fn(s)
 
-    def submit_batch(self, specs: Sequence[JobSpec], *, project: str, actor: str) -> list[str]:
+    def submit_batch(self, specs: Sequence[JobSpec], *, project: str, actor: str,
+                     texts: Sequence[str] | None = None) -> list[str]:
+        """``texts``: each spec's ``model_dump_json(exclude_none=True)`` if the caller
+        has it (the API, from ``check_exec_size``): stored as it is."""
         if len(specs) > self.settings.max_batch_jobs:
             raise Invalid(f"at most {self.settings.max_batch_jobs} jobs in one batch, got {len(specs)}", field="jobs")
         for i, spec in enumerate(specs):
@@ -218,7 +221,7 @@ class ControlPlane:
             self.packages.claim_for(spec)
         placements = [self._route(s) for s in specs] if self.router else None
         with db.transaction(self.sessions) as s:
-            ids = store_jobs.submit_batch(s, specs, project=project, actor=actor, placements=placements)
+            ids = store_jobs.submit_batch(s, specs, project=project, actor=actor, placements=placements, texts=texts)
         self.new_work.set()
         return ids
 

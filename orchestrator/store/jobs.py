@@ -217,8 +217,10 @@ def submit_batch(
     project: str = DEFAULT_PROJECT,
     actor: str = "api",
     placements: Sequence[Placement | None] | None = None,
+    texts: Sequence[str] | None = None,
 ) -> list[str]:
-    """Store many PENDING jobs in the caller's one transaction: all or none."""
+    """Store many PENDING jobs in the caller's one transaction: all or none.
+    ``texts``: each spec's ``model_dump_json(exclude_none=True)``, if the caller has it."""
     now = utcnow()
     rows: list[dict[str, Any]] = []
     label_rows: list[dict[str, Any]] = []
@@ -236,10 +238,12 @@ def submit_batch(
         placement = placements[i] if placements else None
         deps = dependencies.resolve(session, spec, project=project, batch=names, field=f"jobs.{i}.depends_on") \
             if spec.depends_on else []
+        text = texts[i] if texts is not None else None
         if deps:  # the stored spec names its parents by id, as a resubmit of it must
-            spec = dependencies.by_id(spec, deps)
-        row = _batch_row(spec, job_id=job_id, placement=placement)
-        _wait_for(row, deps)
+            spec, text = dependencies.by_id(spec, deps), None
+        row = _batch_row(spec, job_id=job_id, placement=placement, text=text)
+        if deps:
+            _wait_for(row, deps)
         all_deps.append((job_id, deps))
         rows.append(row)
         moved[(row["status"], row["node_group"], row["kind"])] += 1
@@ -266,9 +270,9 @@ _BATCH_COMMON = {"attempts": 0, "preemptions": 0, "idempotency_key": None, "requ
                  "cancel_requested": False, "skips": 0}
 
 
-def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None) -> dict[str, Any]:
+def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text: str | None) -> dict[str, Any]:
     """``_job_row`` less ``_BATCH_COMMON`` and the batch's project and time, with the
-    spec as its JSON text (``PreparedInsert.execute_many(encoded=...)``)."""
+    spec as its JSON text (``PreparedInsert.execute_many(encoded=...)``): ``text`` if given."""
     return {
         "id": job_id,
         "name": spec.name,
@@ -276,10 +280,11 @@ def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None) -> di
         "status": JobStatus.PENDING.value,
         "status_reason": WAITING_REASON,
         "priority": spec.priority,
-        "spec": spec.model_dump_json(exclude_none=True),
+        "spec": spec.model_dump_json(exclude_none=True) if text is None else text,
         "node_group": placement.node_group if placement else None,
         "placement": placement.model_dump_json() if placement else "null",
         "max_attempts": spec.retry.max_attempts,
+        "deps_waiting": 0,  # _wait_for, for a job with parents
     }
 
 
