@@ -223,31 +223,37 @@ def children(pid: int) -> list[int]:
 
 
 def compare_workers(args) -> None:
-    """RAYLANE_WORKERS=1 against =N on PostgreSQL, alternated, ``args.pairs`` pairs."""
+    """RAYLANE_WORKERS=1 against =N on each of ``args.db``, alternated, ``args.pairs`` pairs."""
     import statistics
 
     out = []
-    for i in range(args.pairs):
+    for db, i in [(db, i) for db in args.db for i in range(args.pairs)]:
         order = [1, args.workers] if i % 2 == 0 else [args.workers, 1]
         pair = {}
         for w in order:
             os.environ["RAYLANE_WORKERS"] = str(w)
-            url, drop = pg_database()
+            if db == "postgresql":
+                url, drop = pg_database()
+            else:
+                url, drop = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-bench-')}/bench.db", None
             try:
-                pair[w] = run(f"postgresql workers={w}", url, args)
+                pair[w] = run(f"{db} workers={w}", url, args)
             finally:
-                drop()
+                if drop:
+                    drop()
         os.environ.pop("RAYLANE_WORKERS", None)
         load = os.getloadavg()[0]
         one, many = pair[1], pair[args.workers]
-        out.append({"pair": i + 1, "first": order[0], "load": load, "one": one, "many": many})
-        print(f"pair {i + 1} ({order[0]} first, load {load:.1f}): singles/s {one['single_per_s']:.0f} -> "
+        out.append({"db": db, "pair": i + 1, "first": order[0], "load": load, "one": one, "many": many})
+        print(f"{db} pair {i + 1} ({order[0]} first, load {load:.1f}): singles/s {one['single_per_s']:.0f} -> "
               f"{many['single_per_s']:.0f}, p50 {one['single_p50_ms']:.0f} -> {many['single_p50_ms']:.0f} ms, "
               f"p99 {one['single_p99_ms']:.0f} -> {many['single_p99_ms']:.0f} ms, batch jobs/s "
               f"{one['batch_jobs_per_s']:.0f} -> {many['batch_jobs_per_s']:.0f}", flush=True)
-    ratios = [r["many"]["single_per_s"] / r["one"]["single_per_s"] for r in out]
-    print(f"workers={args.workers} / workers=1, single submits/s: median {statistics.median(ratios):.2f} "
-          f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs)")
+    for db in args.db:
+        for key, what in (("single_per_s", "single submits/s"), ("batch_jobs_per_s", "batch jobs/s")):
+            ratios = [r["many"][key] / r["one"][key] for r in out if r["db"] == db]
+            print(f"{db}: workers={args.workers} / workers=1, {what}: median {statistics.median(ratios):.2f} "
+                  f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs)")
     print(json.dumps(out))
 
 
@@ -267,7 +273,7 @@ def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
         lat.sort()
         base = count_rows(db_url)
         cpu0 = cpu_s(proc.pid)
-        bn, bdt = asyncio.run(batches(url, args.batches, 1000, 2))
+        bn, bdt = asyncio.run(batches(url, args.batches, 1000, args.batch_inflight))
         batch_cpu_us = (cpu_s(proc.pid) - cpu0) * 1e6 / max(bn, 1)
         assert count_rows(db_url) - base == bn
         return {"database": label, "single_per_s": n / dt, "single_p50_ms": lat[len(lat) // 2] * 1000,
@@ -348,7 +354,8 @@ def main() -> None:
                          "as fast as --concurrency connections go; latency counted from when each was due")
     ap.add_argument("--db", nargs="+", choices=("sqlite", "postgresql"), default=["sqlite", "postgresql"],
                     help="with --before: the databases to compare on")
-    ap.add_argument("--workers", type=int, default=0, help="compare RAYLANE_WORKERS=1 with this many (PostgreSQL)")
+    ap.add_argument("--workers", type=int, default=0, help="compare RAYLANE_WORKERS=1 with this many (on --db)")
+    ap.add_argument("--batch-inflight", type=int, default=2, help="batches in flight at once")
     args = ap.parse_args()
     if args.workers:
         compare_workers(args)
