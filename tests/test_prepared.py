@@ -235,3 +235,34 @@ def test_a_batch_stores_what_single_submits_store(cp):
     a = {k: v for k, v in rows[alone].items() if k not in skip}
     for job_id in batch:
         assert {k: v for k, v in rows[job_id].items() if k not in skip} == a
+
+
+def test_a_submits_statement_is_parsed_once_by_psycopg(pg_template, tmp_path, monkeypatch):
+    """PostgreSQL only (psycopg's parser). A submit's one statement (~6 KB, ~60
+    parameters) is over psycopg's own cache bounds; ``db.make_engine`` raises them,
+    so submits after the first reuse its parse instead of running the regex again."""
+    from fastapi.testclient import TestClient
+    from psycopg import _queries
+
+    from raylane.api.app import create_app
+    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.settings import Settings
+    from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, fresh_pg_database
+
+    settings = Settings(database_url=fresh_pg_database(pg_template), data_dir=tmp_path, auto_migrate=False,
+                        loops_enabled=False, admin_token=ADMIN_TOKEN, submit_rate_per_s=0)
+    plane = ControlPlane(settings)
+    parsed = []
+    real = _queries._query2pg_nocache
+    monkeypatch.setattr(_queries, "_query2pg_nocache", lambda q, enc: parsed.append(q) or real(q, enc))
+    try:
+        with TestClient(create_app(settings, cp=plane), headers=ADMIN_HEADERS) as c:
+            spec = {"name": "p", "kind": "command", "entrypoint": "true", "labels": {"a": "1"}}
+            for _ in range(2):  # the first may parse (cache cold)
+                assert c.post("/v1/jobs", json=spec).status_code == 201
+            parsed.clear()
+            for _ in range(3):
+                assert c.post("/v1/jobs", json=spec).status_code == 201
+    finally:
+        plane.close()
+    assert [q[:60] for q in parsed] == []

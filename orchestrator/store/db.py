@@ -13,6 +13,7 @@ where work is claimed.
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -25,6 +26,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000  # longer than any write transaction we make
 PING_IDLE_S = 1.0  # PostgreSQL: a pooled connection idle longer is pinged before use
 _IDLE_SINCE = "raylane.idle_since"  # a pool record's info key: when it was checked in
 READ_ONLY = "raylane_read_only"  # a connection execution option: this transaction only reads
+log = logging.getLogger(__name__)
 # What a store call raises when the database failed (busy, gone, failing over), for
 # the layers above, which import no SQLAlchemy (tests/test_layers.py).
 StoreError = exc.SQLAlchemyError
@@ -65,7 +67,33 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
     engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size * 2)
     _ping_when_idle(engine)
     _plain_savepoints(engine)
+    _cache_long_statements()
     return engine
+
+
+# psycopg turns a statement's %s placeholders into $n in Python (a regex over the
+# whole text) and caches the result only for statements under 4 KiB with at most
+# 50 parameters: ORM-made INSERTs of varying row counts would churn its cache.
+# Ours do not vary (store.prepared: a submit's rows and tallies as one statement,
+# ~6 KB and ~60 parameters; batches in multi-row VALUES of a fixed size), and
+# parsing them again on every execute was 10-15% of a PostgreSQL submit's CPU
+# (py-spy). Up to these bounds they are cached (still an LRU of 128 statements).
+PSYCOPG_CACHED_STATEMENT_LENGTH = 32 * 1024
+PSYCOPG_CACHED_STATEMENT_PARAMS = 1024
+
+
+def _cache_long_statements() -> None:
+    try:
+        from psycopg import _queries
+    except ImportError:  # pragma: no cover - psycopg is the PostgreSQL driver we install
+        return
+    if hasattr(_queries, "MAX_CACHED_STATEMENT_LENGTH") and hasattr(_queries, "MAX_CACHED_STATEMENT_PARAMS"):
+        _queries.MAX_CACHED_STATEMENT_LENGTH = max(_queries.MAX_CACHED_STATEMENT_LENGTH,
+                                                   PSYCOPG_CACHED_STATEMENT_LENGTH)
+        _queries.MAX_CACHED_STATEMENT_PARAMS = max(_queries.MAX_CACHED_STATEMENT_PARAMS,
+                                                   PSYCOPG_CACHED_STATEMENT_PARAMS)
+    else:  # pragma: no cover - a psycopg that moved them: tests/test_prepared.py says so
+        log.warning("psycopg's statement cache bounds were not found; long statements are parsed every time")
 
 
 def _plain_savepoints(engine: Engine) -> None:
