@@ -58,6 +58,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+# The apps of this process that froze the collector (``gc_freeze``): the last to stop unfreezes.
+_frozen: list = []
+
+
 def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -94,13 +98,16 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             # What is alive now (modules, the app, the engine, the loops) lives as
             # long as the server. Out of the collector's sight, a full collection
             # scans what requests make: 100-120 ms pauses -> 5 ms (docs/benchmarks.md).
+            _frozen.append(app)
             gc.collect()
             gc.freeze()
         try:
             yield
         finally:
             if settings.gc_freeze:
-                gc.unfreeze()  # this app's cycles can be collected again (tests start many apps in one process)
+                _frozen.remove(app)
+                if not _frozen:  # the last app of this process: its cycles can be collected again
+                    gc.unfreeze()
             if fast_epoch is not None:
                 fast_epoch.close()  # a read after this takes the pooled way
             flusher.cancel()

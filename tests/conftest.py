@@ -101,7 +101,8 @@ def settings(db_url, tmp_path):
     from raylane.orchestrator.settings import Settings
 
     return Settings(database_url=db_url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False,
-                    admin_token=ADMIN_TOKEN, submit_rate_per_s=0, policy_working_dir_roots=WORKING_DIR_ROOTS)
+                    admin_token=ADMIN_TOKEN, submit_rate_per_s=0, policy_working_dir_roots=WORKING_DIR_ROOTS,
+                    gc_freeze=False)  # a full gc.collect() per app start, ~90 ms; tests/test_gc_freeze.py turns it on
 
 
 @pytest.fixture

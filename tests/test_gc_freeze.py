@@ -23,3 +23,16 @@ def test_the_app_freezes_what_startup_made_and_unfreezes_at_stop(settings, cp, f
         assert (gc.get_freeze_count() > 10_000) is freeze, gc.get_freeze_count()
         assert c.post("/v1/jobs", json={"name": "a", "kind": "command", "entrypoint": "true"}).status_code == 201
     assert gc.get_freeze_count() == 0
+
+
+def test_two_apps_in_one_process_unfreeze_when_the_last_stops(settings, cp):
+    settings = settings.model_copy(update={"gc_freeze": True})
+    gc.unfreeze()
+    first = TestClient(create_app(settings, cp=cp), headers=ADMIN_HEADERS)
+    second = TestClient(create_app(settings, cp=cp), headers=ADMIN_HEADERS)
+    with first:
+        with second:
+            assert gc.get_freeze_count() > 10_000
+        assert gc.get_freeze_count() > 10_000  # the first app still runs: still frozen
+        assert first.get("/healthz").status_code == 200
+    assert gc.get_freeze_count() == 0

@@ -165,14 +165,15 @@ def test_past_the_parameter_bound_rows_execute_at_once(cp, monkeypatch):
 def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values(cp, monkeypatch):
     """Common values bound once, the spec given as its JSON text: the rows read back
     as ``insert(table)``'s do. PostgreSQL sends multi-row VALUES of a bounded size:
-    at 3 rows a statement, 7 rows are one executemany of two and one of one row."""
+    at 4 rows a statement, 11 rows are one executemany of two, then 2 rows and 1
+    (what is left goes in powers of two: few statement shapes to cache)."""
     from raylane.orchestrator.store import prepared
 
-    monkeypatch.setattr(prepared, "PG_PARAMS_PER_STATEMENT", 3 * 21)  # the row below has 21 columns
+    monkeypatch.setattr(prepared, "PG_PARAMS_PER_STATEMENT", 4 * 21)  # the row below has 21 columns
     spec = JobSpec(name="p", kind="command", entrypoint="echo 'ü \"b\"' %s \\n", labels={"k": "v"})
     now = utcnow()
     many = []
-    for _ in range(7):
+    for _ in range(11):
         r = _job_row(spec, project="default", job_id=new_job_id(), now=now, placement=None,
                      idempotency_key=None, reason=None)
         many.append(r)
@@ -190,7 +191,7 @@ def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values
     finally:
         stop()
     # + the reference's insert
-    assert [q.count("), (") + 1 for q in sent[:-1]] == ([3, 1] if cp.engine.dialect.name == "postgresql" else [1])
+    assert [q.count("), (") + 1 for q in sent[:-1]] == ([4, 2, 1] if cp.engine.dialect.name == "postgresql" else [1])
     with db.transaction(cp.sessions) as s:
         got = {r["id"]: dict(r) for r in s.execute(select(jobs)).mappings()}
     want = got.pop(reference["id"])
@@ -200,6 +201,15 @@ def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values
         row.pop("id")
         assert row == want
     assert want["spec"]["entrypoint"] == "echo 'ü \"b\"' %s \\n"
+
+
+def test_execute_many_refuses_rows_with_other_keys(cp):
+    a, b = {"job_id": "j1", "key": "k", "value": "v"}, {"job_id": "j2", "key": "k"}
+    with db.transaction(cp.sessions) as s:
+        with pytest.raises(ValueError, match="same keys"):
+            PreparedInsert(job_labels).execute_many(s, [a, b])
+        with pytest.raises(ValueError, match="same keys"):
+            PreparedInsert(job_labels).execute_many(s, [a], common={"value": "w"})
 
 
 def test_execute_many_of_nothing_sends_nothing(cp):
@@ -212,25 +222,42 @@ def test_execute_many_of_nothing_sends_nothing(cp):
     assert sent == []
 
 
-def test_a_batch_stores_what_single_submits_store(cp):
+@pytest.mark.parametrize("routed", [False, True])
+def test_a_batch_stores_what_single_submits_store(cp, routed):
     """The batch path builds its rows its own way (``_batch_row``, common values,
-    the spec's JSON text): a job submitted in a batch reads back as one submitted alone."""
+    the spec's JSON text, as the API hands it from ``check_exec_size``): a job
+    submitted in a batch reads back as one submitted alone, and an unrouted job's
+    placement is JSON null on both paths, not SQL NULL."""
+    from sqlalchemy import func
+
+    from raylane.orchestrator.domain.specs import check_exec_size
+    from raylane.orchestrator.domain.views import Placement
     from raylane.orchestrator.store import jobs as store_jobs
 
-    spec = JobSpec(name="same", kind="command", entrypoint="python -c 'print(1)'", labels={"a": "1", "b": "2"},
+    spec = JobSpec(name="same", kind="command", entrypoint="python -c 'print(\"ü\")'", labels={"a": "1", "b": "2"},
                    priority=7)
+    placement = Placement(node_group="cpu-spot", market="SPOT", strategy="SPREAD", colocate=False, num_workers=1,
+                          worker_resources={"CPU": 1.0}, label_selector={"group": "cpu-spot"},
+                          reasons=["CPU work: spot"]) if routed else None
     with db.transaction(cp.sessions) as s:
-        alone, _ = store_jobs.submit(s, spec, project="default", actor="me")
-        batch = store_jobs.submit_batch(s, [spec, spec], project="default", actor="me")
+        alone, _ = store_jobs.submit(s, spec, project="default", actor="me", placement=placement)
+        batch = store_jobs.submit_batch(s, [spec, spec], project="default", actor="me",
+                                        placements=[placement, placement] if routed else None,
+                                        texts=[check_exec_size(spec)] * 2)
+        with pytest.raises(ValueError, match="texts"):
+            store_jobs.submit_batch(s, [spec, spec], project="default", actor="me", texts=[check_exec_size(spec)])
     with db.transaction(cp.sessions) as s:
+        assert s.execute(select(func.count()).select_from(jobs).where(jobs.c.placement.is_(None))).scalar() == 0
         rows = {r["id"]: dict(r) for r in s.execute(select(jobs)).mappings()}
         for job_id in [alone, *batch]:
             assert dict(s.execute(select(job_labels.c.key, job_labels.c.value)
                                   .where(job_labels.c.job_id == job_id)).all()) == {"a": "1", "b": "2"}
             ev = s.execute(select(events).where(events.c.job_id == job_id)).mappings().one()
             assert (ev["to_status"], ev["actor"], ev["from_status"]) == ("PENDING", "me", None)
-        assert tallies.read(s, ["jobs"]) == {("jobs", "PENDING", "none"): 3}
+        group = "cpu-spot" if routed else "none"
+        assert tallies.read(s, ["jobs"]) == {("jobs", "PENDING", group): 3}
         assert tallies.read(s, ["jobs_created"]) == {("jobs_created", "command", ""): 3}
+    assert rows[alone]["placement"] == (placement.model_dump(mode="json") if routed else None)
     skip = {"id", "created_at", "updated_at"}
     a = {k: v for k, v in rows[alone].items() if k not in skip}
     for job_id in batch:

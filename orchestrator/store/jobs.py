@@ -221,6 +221,8 @@ def submit_batch(
 ) -> list[str]:
     """Store many PENDING jobs in the caller's one transaction: all or none.
     ``texts``: each spec's ``model_dump_json(exclude_none=True)``, if the caller has it."""
+    if texts is not None and len(texts) != len(specs):
+        raise ValueError(f"{len(texts)} spec texts for {len(specs)} specs")
     now = utcnow()
     rows: list[dict[str, Any]] = []
     label_rows: list[dict[str, Any]] = []

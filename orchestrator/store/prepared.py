@@ -98,7 +98,10 @@ class PreparedInsert:
         if not rows:
             return
         common = common or {}
-        keys = tuple(rows[0]) + tuple(k for k in common if k not in rows[0])
+        first = rows[0].keys()
+        if first & common.keys() or any(r.keys() != first for r in rows):
+            raise ValueError(f"{self.table.name}: every row needs the same keys, none of them in common")
+        keys = tuple(first) + tuple(common)
         conn = session.connection()
         pg = conn.dialect.name == "postgresql"
         if pg:
@@ -125,15 +128,19 @@ class PreparedInsert:
         # psycopg parses a statement's %s placeholders in Python, caching only short
         # statements: a 1,000-row VALUES (21,000 of them) cost more than the insert.
         # So: one statement of ``per`` rows, run as an executemany (parsed once,
-        # pipelined), and one for the rows left over.
+        # pipelined), and the rows left over in statements of 2^k rows: a table
+        # has a few statement shapes, not one per batch size, in psycopg's cache
+        # (128 statements, store.db raises which it takes).
         per = max(1, min(len(params), PG_PARAMS_PER_STATEMENT // len(order)))
         full = len(params) - len(params) % per
         if full:
             sets = [tuple(v for row in params[i:i + per] for v in row) for i in range(0, full, per)]
             conn.exec_driver_sql(head + ", ".join([values] * per), sets if len(sets) > 1 else sets[0])
-        if full < len(params):
-            rest = params[full:]
-            conn.exec_driver_sql(head + ", ".join([values] * len(rest)), tuple(v for row in rest for v in row))
+        rest = params[full:]
+        while rest:
+            k = 1 << (len(rest).bit_length() - 1)
+            chunk, rest = rest[:k], rest[k:]
+            conn.exec_driver_sql(head + ", ".join([values] * k), tuple(v for row in chunk for v in row))
 
     @staticmethod
     def _params(row, order, procs, defaults, positional):
