@@ -75,7 +75,7 @@ def _overlap(start: datetime, end: datetime, now: datetime):
     to = func.coalesce(u.held_to, n)
     hi = case((to < e, to), else_=e)
     ov = hi - lo
-    # The index on held_to finds the window's rows; the overlap keeps those with one.
+    # ix_attempt_usage_window (held_to first) finds the window's rows; the overlap keeps those with one.
     where = and_(or_(u.held_to.is_(None), u.held_to > s), u.held_from.is_not(None), u.held_from < e, ov > 0)
     return ov, where
 
