@@ -25,6 +25,7 @@ This module imports pydantic only, so the light client install can use it.
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import typing
@@ -122,17 +123,12 @@ class InputRule(BaseModel):
         if isinstance(v, str):
             # A string field has its own max_length, whose message is the more precise one.
             check_text(v, info.field_name, max_chars=None)
-        elif v is not None and not (isinstance(v, dict) and cls._typed_as_model(info.field_name)):
+        elif v is not None and not (isinstance(v, dict) and _field_holds_model(cls, info.field_name)):
             check_value(v, info.field_name)
         return v
 
-    @classmethod
-    def _typed_as_model(cls, name: str) -> bool:
-        """``_holds_model`` of the field's annotation, worked out once per class and field."""
-        known = cls.__dict__.get("_input_rule_models")
-        if known is None:
-            known = {}
-            type.__setattr__(cls, "_input_rule_models", known)  # pydantic's metaclass would treat it as a field
-        if name not in known:
-            known[name] = _holds_model(cls.model_fields[name].annotation)
-        return known[name]
+
+@functools.cache
+def _field_holds_model(cls: type[BaseModel], name: str) -> bool:
+    """``_holds_model`` of a field's annotation, worked out once per class and field."""
+    return _holds_model(cls.model_fields[name].annotation)
