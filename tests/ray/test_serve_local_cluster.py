@@ -83,7 +83,11 @@ def test_nodes_die_with_the_server_and_a_stale_cluster_is_removed(tmp_path):
         serve.signal(signal.SIGKILL)
         wait_for(lambda: not cluster_processes(state["temp_dir"]), timeout=GONE_TIMEOUT_S,
                  what="no process of the SIGKILLed server's cluster")
-        assert not (serve.data_dir / "cluster" / "state.json").exists()
+        # The watchdog removes the Ray temp dir, then the state file, after the last
+        # node is gone: wait for that too (on a loaded machine the removal takes a while).
+        wait_for(lambda: not (serve.data_dir / "cluster" / "state.json").exists(), timeout=GONE_TIMEOUT_S,
+                 what="the watchdog removing the dead server's state.json")
+        assert not Path(state["temp_dir"]).exists()
 
         # The next start is clean; then the watchdog dies first (a kill of everything
         # the user owns, say), so the server's death leaves its nodes running ...
