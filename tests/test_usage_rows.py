@@ -146,13 +146,14 @@ def assert_sums_match_pricing_each_attempt(cp, start, end, now, project=None):
     with db.transaction(cp.sessions) as s:
         each = costs.costs(usage.load_usage(s, start=start, end=end, project=project), prof,
                            start=start, end=end, now=now)
-        summed = [costs.key_cost(u, sec, prof, n) for u, sec, n in usage.sums(s, **kw)]
-        total = usage.jobs_by(s, None, **kw).get("", 0)
+        rows = usage.sums(s, **kw)
+        summed = [costs.key_cost(r.usage, r.seconds, prof, r.attempts) for r in rows]
+        total = usage.jobs_by(rows, None).get("", 0)
         for group_by in costs.GROUP_BY:
             _close(costs.breakdown(each, group_by),
-                   costs.breakdown(summed, group_by, usage.jobs_by(s, group_by, **kw), total))
+                   costs.breakdown(summed, group_by, usage.jobs_by(rows, group_by), total))
         reviewed = costs.costs(usage.reviewed(s, **kw), prof, start=start, end=end, now=now)
-        by_group = usage.jobs_by(s, "node_group", **kw)
+        by_group = usage.jobs_by(rows, "node_group")
     _close(costs.report_of(each, each, prof, start=start, end=end, break_even=0.7),
            costs.report_of(summed, reviewed, prof, start=start, end=end, break_even=0.7,
                            jobs_by_group=by_group, total_jobs=total))
@@ -213,3 +214,24 @@ def test_rebuild_repairs_the_rows(cp, monkeypatch):
         usage_rows.rebuild(s, chunk=3)
     assert_rows_match(cp)
 
+
+
+def test_an_earlier_attempts_end_that_moves_rechains_the_later_ones(cp, monkeypatch):
+    """A job counts once per window at its first attempt there, read from the later
+    rows' prev columns: an earlier attempt's span that moves (its cause rewritten,
+    so it held nothing) moves them too."""
+    from sqlalchemy import func, select
+
+    from raylane.orchestrator.store import transitions
+    from raylane.orchestrator.store.tables import attempt_usage
+
+    _walk(cp, monkeypatch, seed=5, steps=40)
+    u = attempt_usage.c
+    with db.transaction(cp.sessions) as s:
+        retried = s.execute(select(u.job_id).where(u.number == 2, u.prev_held_to.is_not(None))
+                            .order_by(u.job_id).limit(1)).scalar_one()
+        assert s.execute(select(func.count()).where(u.job_id == retried)).scalar_one() >= 2
+        transitions.set_attempt_cause(s, retried, 1, costs.SUBMIT_ERROR)
+    assert_rows_match(cp)
+    with db.transaction(cp.sessions) as s:
+        assert s.execute(select(u.prev_held_to).where(u.job_id == retried, u.number == 2)).scalar_one() is None

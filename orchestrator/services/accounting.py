@@ -4,7 +4,7 @@
 
 A window's costs and report price sums: the seconds held per key (project,
 kind, node group, market, resources) summed in SQL, priced once per key (cost
-is linear in held time), jobs counted distinct in SQL; only the attempts that
+is linear in held time), jobs counted in the same query; only the attempts that
 could have had a cheaper placement are read one by one. So a request costs what
 the window's keys and candidates are, not a Python loop over its attempts."""
 
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from raylane.orchestrator.services.controlplane import ControlPlane
 
 DEFAULT_WINDOW = timedelta(days=7)
-JOB_KEYS = ("project", "kind")  # group_by keys that are a job's own (one value per job)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # a job's cost covers its whole life
 # A window is read attempt by attempt; a bound keeps one request from reading years of them.
 MAX_WINDOW = timedelta(days=400)
@@ -57,10 +56,8 @@ def window(start: datetime | None, end: datetime | None, now: datetime | None = 
     return start, end
 
 
-def _priced_sums(s, prof: Profile, start: datetime, end: datetime, now: datetime,
-                 project: str | None) -> list[costs.AttemptCost]:
-    return [costs.key_cost(u, seconds, prof, n)
-            for u, seconds, n in usage.sums(s, start=start, end=end, now=now, project=project)]
+def _priced(rows: list[usage.Sum], prof: Profile) -> list[costs.AttemptCost]:
+    return [costs.key_cost(r.usage, r.seconds, prof, r.attempts) for r in rows]
 
 
 def cost_breakdown(cp: "ControlPlane", *, group_by: str, start: datetime | None, end: datetime | None,
@@ -71,12 +68,9 @@ def cost_breakdown(cp: "ControlPlane", *, group_by: str, start: datetime | None,
     start, end = window(start, end, now)
     kw = {"start": start, "end": end, "now": now, "project": project}
     with db.transaction(cp.sessions) as s:
-        items = _priced_sums(s, profile(cp), start, end, now, project)
-        by_key = usage.jobs_by(s, group_by, **kw)
-        # A job has one project and one kind: its jobs per key add up to the total
-        # (not so per node group: a retry may run on another group).
-        total = sum(by_key.values()) if group_by in JOB_KEYS else usage.jobs_by(s, None, **kw).get("", 0)
-    out = costs.breakdown(items, group_by, by_key, total)
+        rows = usage.sums(s, **kw)
+    out = costs.breakdown(_priced(rows, profile(cp)), group_by, usage.jobs_by(rows, group_by),
+                          usage.jobs_by(rows, None).get("", 0))
     return {"start": start, "end": end, "project": project, **out}
 
 
@@ -86,10 +80,10 @@ def report(cp: "ControlPlane", *, start: datetime | None, end: datetime | None, 
     prof = profile(cp)
     kw = {"start": start, "end": end, "now": now, "project": project}
     with db.transaction(cp.sessions) as s:
-        items = _priced_sums(s, prof, start, end, now, project)
-        by_group = usage.jobs_by(s, "node_group", **kw)
-        total = usage.jobs_by(s, None, **kw).get("", 0)
+        rows = usage.sums(s, **kw)
         candidates = usage.reviewed(s, **kw)
+    items = _priced(rows, prof)
+    by_group, total = usage.jobs_by(rows, "node_group"), usage.jobs_by(rows, None).get("", 0)
     reviewed = costs.costs(candidates, prof, start=start, end=end, now=now)
     out = costs.report_of(items, reviewed, prof, start=start, end=end,
                           break_even=cp.settings.break_even_utilisation, jobs_by_group=by_group, total_jobs=total)

@@ -3,10 +3,11 @@
 ``load_usage``: every attempt that may have held resources within a window, with
 its job's project, kind, spec and result (one job's cost reads its attempts so).
 
-``sums``, ``jobs_by`` and ``reviewed``: a window's attempts summed in SQL over
-``attempt_usage`` (``store.usage_rows``): held seconds and attempts per key,
-distinct jobs per group, and only the attempts that could show in the report's
-cheaper placements, so nothing is decoded or priced per attempt in Python. A
+``sums`` and ``reviewed``: a window's attempts summed in SQL over
+``attempt_usage`` (``store.usage_rows``): held seconds, attempts and distinct jobs
+per key in one GROUP BY (``jobs_by`` adds those up per project, kind or node
+group), and only the attempts that could show in the report's cheaper
+placements, so nothing is decoded or priced per attempt in Python. A
 window's *overlap* with a held span is computed in whole microseconds (exact on
 both backends); a running attempt holds until *now*; an attempt counts when its
 overlap is positive, as ``costs.costs`` counts one with hours above 0.
@@ -15,6 +16,7 @@ overlap is positive, as ``costs.costs`` counts one with hours above 0.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import BigInteger, and_, case, func, literal, or_, select
 from sqlalchemy.orm import Session
@@ -80,36 +82,52 @@ def _overlap(start: datetime, end: datetime, now: datetime):
     return ov, where
 
 
+class Sum(NamedTuple):
+    """One key's attempts in a window: a stand-in attempt of the key, the seconds they
+    held within it, how many did, and how many of them were their job's first in
+    the window (``jobs``) and on their node group (``group_jobs``)."""
+    usage: AttemptUsage
+    seconds: float
+    attempts: int
+    jobs: int
+    group_jobs: int
+
+
 def sums(session: Session, *, start: datetime, end: datetime, now: datetime,
-         project: str | None = None) -> list[tuple[AttemptUsage, float, int]]:
-    """Per key (project, kind, node group, market, CPUs, GPUs): a stand-in attempt of the
-    key, the seconds its attempts held within the window, and how many did."""
+         project: str | None = None) -> list[Sum]:
+    """Per key (project, kind, node group, market, CPUs, GPUs), one range of
+    ``ix_attempt_usage_window`` and one GROUP BY: held seconds, attempts, and the
+    distinct jobs as a sum. A job's attempts hold one after the other, so the first
+    of them in the window is the one whose earlier attempts all stopped before the
+    window starts (``prev_held_to``; per node group ``prev_group_held_to``)."""
     ov, where = _overlap(start, end, now)
+    s = literal(micros(start), BigInteger)
+    first = func.sum(case((or_(u.prev_held_to.is_(None), u.prev_held_to <= s), 1), else_=0))
+    first_here = func.sum(case((or_(u.prev_group_held_to.is_(None), u.prev_group_held_to <= s), 1), else_=0))
     keys = (u.project, u.kind, u.node_group, u.market, u.cpu, u.gpu)
-    q = select(*keys, func.sum(ov), func.count()).where(where).group_by(*keys)
+    q = select(*keys, func.sum(ov), func.count(), first, first_here).where(where).group_by(*keys)
     if project is not None:
         q = q.where(u.project == project)
     out = []
-    for p, kind, group, market, cpu, gpu, us, n in session.execute(q):
+    for p, kind, group, market, cpu, gpu, us, n, jobs_n, group_n in session.execute(q):
         res = {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v}
         stand_in = AttemptUsage(job_id="", project=p, kind=kind, name="", number=0, node_group=group,
                                 market=market, resources=res, status="", cause=None, created_at=costs.EPOCH_UTC,
                                 started_at=None, ended_at=None)
-        out.append((stand_in, int(us) / 1e6, int(n)))
+        out.append(Sum(stand_in, int(us) / 1e6, int(n), int(jobs_n), int(group_n)))
     return out
 
 
-def jobs_by(session: Session, by: str | None, *, start: datetime, end: datetime, now: datetime,
-            project: str | None = None) -> dict[str, int]:
-    """Distinct jobs with an attempt in the window, per ``by`` (project, node_group, kind;
-    None: all, under the key "")."""
-    _, where = _overlap(start, end, now)
-    col = {"project": u.project, "node_group": func.coalesce(u.node_group, NONE), "kind": u.kind,
-           None: literal("")}[by]
-    q = select(col, func.count(u.job_id.distinct())).where(where).group_by(col)
-    if project is not None:
-        q = q.where(u.project == project)
-    return {k: int(n) for k, n in session.execute(q)}
+def jobs_by(rows: list[Sum], by: str | None) -> dict[str, int]:
+    """Distinct jobs with an attempt in the window of ``rows`` (``sums``), per ``by``
+    (project, node_group, kind; None: all, under the key ""). A job has one project
+    and one kind; per node group a job counts once on each group it held."""
+    out: dict[str, int] = {}
+    for r in rows:
+        u_ = r.usage
+        key = {"project": u_.project, "node_group": u_.node_group or NONE, "kind": u_.kind, None: ""}[by]
+        out[key] = out.get(key, 0) + (r.group_jobs if by == "node_group" else r.jobs)
+    return {k: n for k, n in out.items() if n}
 
 
 def reviewed(session: Session, *, start: datetime, end: datetime, now: datetime,

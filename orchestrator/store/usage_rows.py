@@ -6,13 +6,20 @@ Words (``domain.costs``): the *held span* is ``held_span`` of the attempt's
 status, cause and times, stored as microseconds since 1970; *review* is
 ``review`` of its kind, entrypoint, resources and market (fixed at admission).
 
-Invariant: the row equals ``row_for`` of the attempt and its job as stored. The
-writers keep it in their transaction: ``queue.admit`` inserts it
-(``admitted``), ``transitions.set_attempt`` and ``set_attempt_cause`` (the only
-writers of an attempt's status, cause and times) move its span (``moved``).
-A write that bypasses them (a test's or a benchmark's bulk INSERT) calls
-``track`` or ``rebuild``. ``recount`` computes every row from the tables: the
-tests compare it with what was kept.
+*prev_held_to* is the latest ``held_to`` of the job's earlier attempts (by
+number) and *prev_group_held_to* that of those on the same node group (NULL: none
+stopped holding): a window counts a job at the attempt whose earlier ones all
+stopped before it (``store.usage``). That holds because a job's attempts hold one
+after the other: attempt n+1 is admitted after attempt n ended.
+
+Invariant: the row equals ``row_for`` of the attempt and its job as stored, with
+the prev columns of the job's earlier rows. The writers keep it in their
+transaction: ``queue.admit`` inserts it (``admitted``), ``transitions.set_attempt``
+and ``set_attempt_cause`` (the only writers of an attempt's status, cause and
+times) move its span (``moved``; a moved end re-chains the job's later rows). A
+write that bypasses them (a test's or a benchmark's bulk INSERT) calls ``track``
+or ``rebuild``. ``recount`` computes every row from the tables: the tests compare
+it with what was kept.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import bindparam, case, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain import costs
@@ -56,7 +63,52 @@ def row_for(*, job_id: str, number: int, project: str, kind: str, spec: dict[str
     return {"job_id": job_id, "number": number, "project": project, "kind": kind, "node_group": node_group,
             "market": market, "cpu": res.get("CPU", 0.0), "gpu": res.get("GPU", 0.0),
             "review": costs.review(kind, str((spec or {}).get("entrypoint", "")), res, market),
-            "held_from": held_from, "held_to": held_to}
+            "held_from": held_from, "held_to": held_to, "prev_held_to": None, "prev_group_held_to": None}
+
+
+def chained(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One job's rows (``row_for``'s) with their prev columns set, in number order."""
+    rows = sorted(rows, key=lambda r: r["number"])
+    latest: int | None = None
+    by_group: dict[str | None, int] = {}
+    for r in rows:
+        r["prev_held_to"], r["prev_group_held_to"] = latest, by_group.get(r["node_group"])
+        if r["held_to"] is not None:
+            latest = r["held_to"] if latest is None else max(latest, r["held_to"])
+            g = by_group.get(r["node_group"])
+            by_group[r["node_group"]] = r["held_to"] if g is None else max(g, r["held_to"])
+    return rows
+
+
+_u = attempt_usage.c
+_p = attempt_usage.alias("earlier")
+
+
+def _prev_values():
+    """The prev columns of the row being updated, from its job's earlier rows (correlated)."""
+    earlier = (_p.c.job_id == _u.job_id, _p.c.number < _u.number)
+    same_group = func.coalesce(_p.c.node_group, "") == func.coalesce(_u.node_group, "")
+    return {"prev_held_to": select(func.max(_p.c.held_to)).where(*earlier).scalar_subquery(),
+            "prev_group_held_to": select(func.max(_p.c.held_to)).where(*earlier, same_group).scalar_subquery()}
+
+
+def rechain(session: Session, job_id: str | None = None, after: int = 0) -> None:
+    """Recompute the prev columns of ``job_id``'s rows numbered above ``after`` (None: every job's)."""
+    q = update(attempt_usage).where(_u.number > max(after, 1))
+    if job_id is not None:
+        q = q.where(_u.job_id == job_id)
+    session.execute(q.values(**_prev_values()))
+    if not after:  # a first attempt has no earlier one (a row written around the writers may say otherwise)
+        first = update(attempt_usage).where(_u.number <= 1, (_u.prev_held_to.is_not(None))
+                                            | (_u.prev_group_held_to.is_not(None)))
+        if job_id is not None:
+            first = first.where(_u.job_id == job_id)
+        session.execute(first.values(prev_held_to=None, prev_group_held_to=None))
+
+
+_PREV = select(func.max(_u.held_to), func.max(case((func.coalesce(_u.node_group, "") == bindparam("b_group"),
+                                                     _u.held_to)))) \
+    .where(_u.job_id == bindparam("b_job"), _u.number < bindparam("b_number"))
 
 
 _NEW = insert(attempt_usage)  # built once: every admission runs it
@@ -64,12 +116,15 @@ _NEW = insert(attempt_usage)  # built once: every admission runs it
 
 def admitted(session: Session, *, job_id: str, number: int, project: str, kind: str, entrypoint: str,
              node_group: str | None, market: str | None, resources: dict[str, Any]) -> None:
-    """A new attempt (it holds nothing yet)."""
+    """A new attempt (it holds nothing yet); a retry reads its job's earlier rows for its prev columns."""
     res = _resources(resources)
+    prev = (None, None) if number <= 1 else tuple(session.execute(
+        _PREV, {"b_job": job_id, "b_number": number, "b_group": node_group or ""}).one())
     session.execute(_NEW, {
         "job_id": job_id, "number": number, "project": project, "kind": kind, "node_group": node_group,
         "market": market, "cpu": res.get("CPU", 0.0), "gpu": res.get("GPU", 0.0),
-        "review": costs.review(kind, entrypoint, res, market), "held_from": None, "held_to": None})
+        "review": costs.review(kind, entrypoint, res, market), "held_from": None, "held_to": None,
+        "prev_held_to": prev[0], "prev_group_held_to": prev[1]})
 
 
 # Built once (bound parameters): it runs with every attempt's change (store.transitions says why).
@@ -85,6 +140,8 @@ def moved(session: Session, job_id: str, number: int, old: tuple[int | None, int
     res = session.execute(_MOVE, {"b_job": job_id, "b_number": number, "held_from": new[0], "held_to": new[1]})
     if res.rowcount == 0:  # an attempt inserted around admit (a test's fixture): make its row
         track(session, job_id, number)
+    elif old[1] != new[1]:  # its end moved: later attempts' prev columns read it
+        rechain(session, job_id, after=number)
 
 
 def _source():
@@ -106,11 +163,15 @@ def track(session: Session, job_id: str, number: int) -> None:
     session.execute(delete(attempt_usage).where(attempt_usage.c.job_id == job_id, attempt_usage.c.number == number))
     if r is not None:
         session.execute(insert(attempt_usage).values(**_row(r)))
+    rechain(session, job_id)
 
 
 def recount(session: Session) -> dict[Key, dict[str, Any]]:
     """Every attempt's row computed from the tables (a full scan: tests and repairs only)."""
-    return {(r.job_id, r.number): _row(r) for r in session.execute(_source())}
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for r in session.execute(_source()):
+        by_job.setdefault(r.job_id, []).append(_row(r))
+    return {(row["job_id"], row["number"]): row for rows in by_job.values() for row in chained(rows)}
 
 
 def read(session: Session) -> dict[Key, dict[str, Any]]:
@@ -128,3 +189,4 @@ def rebuild(session: Session, chunk: int = 20_000) -> None:
             batch = []
     if batch:
         session.execute(insert(attempt_usage), batch)
+    rechain(session)
