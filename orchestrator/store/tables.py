@@ -452,13 +452,15 @@ attempt_usage = Table(
     # window (store.usage), so distinct jobs are a SUM beside the held seconds.
     Column("prev_held_to", BigInteger, nullable=True),
     Column("prev_group_held_to", BigInteger, nullable=True),
+    # store.usage_rows.key_id of (project, kind, node_group, market, cpu, gpu): the key
+    # costs are summed by, as one integer.
+    Column("key_id", BigInteger, nullable=False),
 )
-# A window's attempts: those still holding (NULL) or that stopped after its start.
-# Covering (every column costs and the report read, store.usage), so a window is
-# one range of this index with no lookup of its rows.
-Index("ix_attempt_usage_window", attempt_usage.c.held_to, attempt_usage.c.held_from, attempt_usage.c.project,
-      attempt_usage.c.kind, attempt_usage.c.node_group, attempt_usage.c.market, attempt_usage.c.cpu,
-      attempt_usage.c.gpu, attempt_usage.c.prev_held_to, attempt_usage.c.prev_group_held_to)
+# A window's attempts, key by key: for each key (found by a seek per key), one range
+# of those still holding (NULL) and one of those that stopped after its start.
+# Covering, and in key order: the sums need no sort (store.usage.sums).
+Index("ix_attempt_usage_window", attempt_usage.c.key_id, attempt_usage.c.held_to, attempt_usage.c.held_from,
+      attempt_usage.c.prev_held_to, attempt_usage.c.prev_group_held_to)
 # The report's candidates for a cheaper placement, by window.
 Index("ix_attempt_usage_review_held_to", attempt_usage.c.review, attempt_usage.c.held_to)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import NamedTuple
 
-from sqlalchemy import BigInteger, and_, case, func, literal, or_, select
+from sqlalchemy import BigInteger, and_, case, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain import costs
@@ -77,7 +77,7 @@ def _overlap(start: datetime, end: datetime, now: datetime):
     to = func.coalesce(u.held_to, n)
     hi = case((to < e, to), else_=e)
     ov = hi - lo
-    # ix_attempt_usage_window (held_to first) finds the window's rows; the overlap keeps those with one.
+    # Held then, and overlapping: ``reviewed`` reads it through ix_attempt_usage_review_held_to.
     where = and_(or_(u.held_to.is_(None), u.held_to > s), u.held_from.is_not(None), u.held_from < e, ov > 0)
     return ov, where
 
@@ -93,28 +93,78 @@ class Sum(NamedTuple):
     group_jobs: int
 
 
+def key_ids(session: Session) -> list[int]:
+    """Every key stored, one index seek each (a loose scan of ``ix_attempt_usage_window``)."""
+    k = select(func.min(u.key_id).label("id")).cte("k", recursive=True)
+    nxt = select(func.min(u.key_id)).where(u.key_id > k.c.id).scalar_subquery()
+    k = k.union_all(select(nxt).where(k.c.id.is_not(None)))
+    return [i for (i,) in session.execute(select(k.c.id).where(k.c.id.is_not(None)))]
+
+
+# key id -> (project, kind, node_group, market, cpu, gpu): fixed by the id, so kept
+# across databases; bounded, as ids are made by what people submit.
+_KEYS: dict[int, tuple] = {}
+MAX_KEYS = 100_000
+
+
+def _keys(session: Session, ids: list[int]) -> dict[int, tuple]:
+    """The keys of ``ids`` that still have a row (a purge may remove a key's last one meanwhile)."""
+    out = {}
+    for i in ids:
+        if i not in _KEYS:
+            row = session.execute(select(u.project, u.kind, u.node_group, u.market, u.cpu, u.gpu)
+                                  .where(u.key_id == i).limit(1)).first()
+            if row is None:
+                continue
+            if len(_KEYS) >= MAX_KEYS:
+                _KEYS.clear()
+            _KEYS[i] = tuple(row)
+        out[i] = _KEYS[i]
+    return out
+
+
 def sums(session: Session, *, start: datetime, end: datetime, now: datetime,
          project: str | None = None) -> list[Sum]:
-    """Per key (project, kind, node group, market, CPUs, GPUs), one range of
-    ``ix_attempt_usage_window`` and one GROUP BY: held seconds, attempts, and the
-    distinct jobs as a sum. A job's attempts hold one after the other, so the first
-    of them in the window is the one whose earlier attempts all stopped before the
-    window starts (``prev_held_to``; per node group ``prev_group_held_to``)."""
-    ov, where = _overlap(start, end, now)
-    s = literal(micros(start), BigInteger)
+    """Per key (project, kind, node group, market, CPUs, GPUs): held seconds,
+    attempts, and distinct jobs as a sum. A job's attempts hold one after the other,
+    so the first of them in the window is the one whose earlier attempts all
+    stopped before the window starts (``prev_held_to``; per node group
+    ``prev_group_held_to``).
+
+    Key by key in ``ix_attempt_usage_window``'s order: a range of the attempts that
+    stopped after the window's start, and one of those still holding (an OR of the
+    two would read every attempt of the key), so SQLite needs no sort for the
+    GROUP BY (at 1M jobs a week's sums 23.5 -> 5.4 ms in SQLite alone)."""
+    keys = _keys(session, key_ids(session))
+    ids = [i for i, k in keys.items() if project is None or k[0] == project]
+    if not ids:
+        return []
+    ov, _ = _overlap(start, end, now)
+    s, e = literal(micros(start), BigInteger), literal(micros(end), BigInteger)
     first = func.sum(case((or_(u.prev_held_to.is_(None), u.prev_held_to <= s), 1), else_=0))
     first_here = func.sum(case((or_(u.prev_group_held_to.is_(None), u.prev_group_held_to <= s), 1), else_=0))
-    keys = (u.project, u.kind, u.node_group, u.market, u.cpu, u.gpu)
-    q = select(*keys, func.sum(ov), func.count(), first, first_here).where(where).group_by(*keys)
-    if project is not None:
-        q = q.where(u.project == project)
+
+    def part(held):
+        return (select(u.key_id, func.sum(ov), func.count(), first, first_here)
+                .where(u.key_id.in_(ids), held, u.held_from.is_not(None), u.held_from < e, ov > 0)
+                .group_by(u.key_id))
+
+    got: dict[int, list[int]] = {}
+    for kid, us, n, jobs_n, group_n in session.execute(union_all(part(u.held_to > s), part(u.held_to.is_(None)))):
+        acc = got.setdefault(kid, [0, 0, 0, 0])
+        for j, v in enumerate((us, n, jobs_n, group_n)):
+            acc[j] += int(v)
     out = []
-    for p, kind, group, market, cpu, gpu, us, n, jobs_n, group_n in session.execute(q):
+    for kid in ids:  # in key order, as before
+        if kid not in got:
+            continue
+        us, n, jobs_n, group_n = got[kid]
+        p, kind, group, market, cpu, gpu = keys[kid]
         res = {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v}
         stand_in = AttemptUsage(job_id="", project=p, kind=kind, name="", number=0, node_group=group,
                                 market=market, resources=res, status="", cause=None, created_at=costs.EPOCH_UTC,
                                 started_at=None, ended_at=None)
-        out.append(Sum(stand_in, int(us) / 1e6, int(n), int(jobs_n), int(group_n)))
+        out.append(Sum(stand_in, us / 1e6, n, jobs_n, group_n))
     return out
 
 

@@ -24,6 +24,9 @@ it with what was kept.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import struct
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,6 +53,16 @@ def span_micros(*, status: str, cause: str | None, created_at: datetime, started
     return (None, None) if span is None else (micros(span[0]), micros(span[1]))
 
 
+@functools.lru_cache(maxsize=4096)
+def key_id(project: str, kind: str, node_group: str | None, market: str | None, cpu: float, gpu: float) -> int:
+    """The key costs are summed by (``store.usage.sums``) as a signed 64-bit integer:
+    the first 8 bytes of its BLAKE2b digest, the same in every process and database
+    (two keys would share one with odds of about 1 in 10^19 per pair of keys)."""
+    text = tuple(None if v is None else str(getattr(v, "value", v)) for v in (project, kind, node_group, market))
+    raw = repr((*text, float(cpu), float(gpu))).encode()  # a str enum (JobKind) as its value
+    return struct.unpack(">q", hashlib.blake2b(raw, digest_size=8).digest())[0]
+
+
 def _resources(raw: Any) -> dict[str, float]:
     return {k: float(v) for k, v in (raw or {}).items() if isinstance(v, (int, float))}
 
@@ -60,10 +73,12 @@ def row_for(*, job_id: str, number: int, project: str, kind: str, spec: dict[str
     res = _resources(resources)
     held_from, held_to = span_micros(status=status, cause=cause, created_at=created_at, started_at=started_at,
                                      ended_at=ended_at)
+    cpu, gpu = res.get("CPU", 0.0), res.get("GPU", 0.0)
     return {"job_id": job_id, "number": number, "project": project, "kind": kind, "node_group": node_group,
-            "market": market, "cpu": res.get("CPU", 0.0), "gpu": res.get("GPU", 0.0),
+            "market": market, "cpu": cpu, "gpu": gpu,
             "review": costs.review(kind, str((spec or {}).get("entrypoint", "")), res, market),
-            "held_from": held_from, "held_to": held_to, "prev_held_to": None, "prev_group_held_to": None}
+            "held_from": held_from, "held_to": held_to, "prev_held_to": None, "prev_group_held_to": None,
+            "key_id": key_id(project, kind, node_group, market, cpu, gpu)}
 
 
 def chained(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,11 +135,13 @@ def admitted(session: Session, *, job_id: str, number: int, project: str, kind: 
     res = _resources(resources)
     prev = (None, None) if number <= 1 else tuple(session.execute(
         _PREV, {"b_job": job_id, "b_number": number, "b_group": node_group or ""}).one())
+    cpu, gpu = res.get("CPU", 0.0), res.get("GPU", 0.0)
     session.execute(_NEW, {
         "job_id": job_id, "number": number, "project": project, "kind": kind, "node_group": node_group,
-        "market": market, "cpu": res.get("CPU", 0.0), "gpu": res.get("GPU", 0.0),
+        "market": market, "cpu": cpu, "gpu": gpu,
         "review": costs.review(kind, entrypoint, res, market), "held_from": None, "held_to": None,
-        "prev_held_to": prev[0], "prev_group_held_to": prev[1]})
+        "prev_held_to": prev[0], "prev_group_held_to": prev[1],
+        "key_id": key_id(project, kind, node_group, market, cpu, gpu)})
 
 
 # Built once (bound parameters): it runs with every attempt's change (store.transitions says why).
