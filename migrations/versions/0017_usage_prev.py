@@ -41,13 +41,28 @@ def _backfill() -> None:
                  *(sa.column(c) for c in KEY))
     p = u.alias('earlier')
     earlier = (p.c.job_id == u.c.job_id, p.c.number < u.c.number)
-    same_group = sa.func.coalesce(p.c.node_group, '') == sa.func.coalesce(u.c.node_group, '')
+    same_group = sa.func.coalesce(p.c.node_group, 'none') == sa.func.coalesce(u.c.node_group, 'none')
     bind.execute(sa.update(u).where(u.c.number > 1).values(
         prev_held_to=sa.select(sa.func.max(p.c.held_to)).where(*earlier).scalar_subquery(),
         prev_group_held_to=sa.select(sa.func.max(p.c.held_to)).where(*earlier, same_group).scalar_subquery()))
-    for key in bind.execute(sa.select(*(u.c[c] for c in KEY)).distinct()).all():
-        bind.execute(sa.update(u).where(*(u.c[c].is_not_distinct_from(v) for c, v in zip(KEY, key)))
-                     .values(key_id=_key_id(*key)))
+    # key_id: the distinct keys hashed here, then one UPDATE that looks each row's key
+    # up in a scratch table by index (one pass, however many keys).
+    keys = bind.execute(sa.select(*(u.c[c] for c in KEY)).distinct()).all()
+    if not keys:
+        return
+    scratch = sa.Table('usage_keys_0017', sa.MetaData(), sa.Column('key_id', sa.BigInteger(), nullable=False),
+                       *(sa.Column(c, sa.String(64) if c not in ('cpu', 'gpu') else sa.Float(), nullable=False)
+                         for c in KEY))
+    scratch.create(bind)
+    try:
+        sa.Index('ix_usage_keys_0017', *(scratch.c[c] for c in KEY)).create(bind)
+        blank = {'node_group': '', 'market': ''}  # NULL, which = cannot match, as ''
+        bind.execute(scratch.insert(), [{'key_id': _key_id(*k), **{c: (blank[c] if v is None and c in blank else v)
+                                                                   for c, v in zip(KEY, k)}} for k in keys])
+        match = [scratch.c[c] == (sa.func.coalesce(u.c[c], '') if c in blank else u.c[c]) for c in KEY]
+        bind.execute(sa.update(u).values(key_id=sa.select(scratch.c.key_id).where(*match).scalar_subquery()))
+    finally:
+        scratch.drop(bind)
 
 
 def upgrade() -> None:

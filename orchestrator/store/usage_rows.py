@@ -37,6 +37,9 @@ from raylane.orchestrator.domain import costs
 from raylane.orchestrator.store.tables import attempt_usage, attempts, jobs
 
 _US = timedelta(microseconds=1)
+# What accounting calls an attempt without a node group (``costs._key``): one group
+# with one named "none", for the prev columns as for the jobs counted per group.
+NO_GROUP = "none"
 Key = tuple[str, int]
 
 
@@ -85,13 +88,14 @@ def chained(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One job's rows (``row_for``'s) with their prev columns set, in number order."""
     rows = sorted(rows, key=lambda r: r["number"])
     latest: int | None = None
-    by_group: dict[str | None, int] = {}
+    by_group: dict[str, int] = {}
     for r in rows:
-        r["prev_held_to"], r["prev_group_held_to"] = latest, by_group.get(r["node_group"])
+        group = r["node_group"] or NO_GROUP
+        r["prev_held_to"], r["prev_group_held_to"] = latest, by_group.get(group)
         if r["held_to"] is not None:
             latest = r["held_to"] if latest is None else max(latest, r["held_to"])
-            g = by_group.get(r["node_group"])
-            by_group[r["node_group"]] = r["held_to"] if g is None else max(g, r["held_to"])
+            g = by_group.get(group)
+            by_group[group] = r["held_to"] if g is None else max(g, r["held_to"])
     return rows
 
 
@@ -102,7 +106,7 @@ _p = attempt_usage.alias("earlier")
 def _prev_values():
     """The prev columns of the row being updated, from its job's earlier rows (correlated)."""
     earlier = (_p.c.job_id == _u.job_id, _p.c.number < _u.number)
-    same_group = func.coalesce(_p.c.node_group, "") == func.coalesce(_u.node_group, "")
+    same_group = func.coalesce(_p.c.node_group, NO_GROUP) == func.coalesce(_u.node_group, NO_GROUP)
     return {"prev_held_to": select(func.max(_p.c.held_to)).where(*earlier).scalar_subquery(),
             "prev_group_held_to": select(func.max(_p.c.held_to)).where(*earlier, same_group).scalar_subquery()}
 
@@ -121,7 +125,7 @@ def rechain(session: Session, job_id: str | None = None, after: int = 0) -> None
         session.execute(first.values(prev_held_to=None, prev_group_held_to=None))
 
 
-_PREV = select(func.max(_u.held_to), func.max(case((func.coalesce(_u.node_group, "") == bindparam("b_group"),
+_PREV = select(func.max(_u.held_to), func.max(case((func.coalesce(_u.node_group, NO_GROUP) == bindparam("b_group"),
                                                      _u.held_to)))) \
     .where(_u.job_id == bindparam("b_job"), _u.number < bindparam("b_number"))
 
@@ -134,7 +138,7 @@ def admitted(session: Session, *, job_id: str, number: int, project: str, kind: 
     """A new attempt (it holds nothing yet); a retry reads its job's earlier rows for its prev columns."""
     res = _resources(resources)
     prev = (None, None) if number <= 1 else tuple(session.execute(
-        _PREV, {"b_job": job_id, "b_number": number, "b_group": node_group or ""}).one())
+        _PREV, {"b_job": job_id, "b_number": number, "b_group": node_group or NO_GROUP}).one())
     cpu, gpu = res.get("CPU", 0.0), res.get("GPU", 0.0)
     session.execute(_NEW, {
         "job_id": job_id, "number": number, "project": project, "kind": kind, "node_group": node_group,
