@@ -250,3 +250,30 @@ def test_a_key_without_rows_is_left_out(cp, monkeypatch):
     assert ids and set(keys) == set(ids)
     for i, k in keys.items():
         assert usage_rows.key_id(*k) == i
+
+
+def test_live_attempts_count(cp, monkeypatch):
+    """Attempts still running count up to now: their held seconds and their jobs are
+    in the sums (the second range per key, on both backends)."""
+    from sqlalchemy import func, select
+
+    from raylane.orchestrator.store.tables import attempt_usage
+
+    clock = _walk(cp, monkeypatch, seed=7, steps=10)
+    d = Dispatcher(cp.settings, cp.sessions, backend=None, profile=default_profile())
+    with db.transaction(cp.sessions) as s:
+        for spec in SPECS[:3]:
+            store.submit(s, spec, project="default")
+    d.claim(VIEW)
+    with db.transaction(cp.sessions) as s:
+        for a in _claimed(s):
+            lifecycle.attempt_submitted(s, a["job_id"], a["number"], owner="test", note="submitted")
+            lifecycle.attempt_running(s, a["job_id"], a["number"], driver_node_id="n1")
+    clock.t += timedelta(hours=2)
+    u = attempt_usage.c
+    with db.transaction(cp.sessions) as s:
+        live = s.execute(select(func.count()).where(u.held_to.is_(None), u.held_from.is_not(None))).scalar_one()
+    assert live >= 1
+    for start in (clock.t - timedelta(days=1), clock.t - timedelta(hours=1)):  # before and after they started
+        each = assert_sums_match_pricing_each_attempt(cp, start, clock.t + timedelta(hours=1), clock.t)
+        assert any(c.usage.ended_at is None and c.hours > 0 for c in each)
