@@ -32,8 +32,8 @@ class Settings(BaseSettings):
     )
     auto_migrate: bool = Field(True, description="Run `alembic upgrade head` on start.")
     group_commit_max_units: int = Field(
-        256, ge=1, description="SQLite: single submits and audit rows made durable by one commit, at most this "
-        "many (each acknowledged only after it); 1: one commit each. PostgreSQL groups WAL flushes itself.")
+        256, ge=1, description="Single submits made durable by one commit, at most this many, each acknowledged "
+        "only after it (SQLite: audit rows too; PostgreSQL: a batch's rows sent as one statement); 1: one commit each.")
 
     # Job storage (docs/deploy.md#storage): what jobs write that must outlive a node
     storage_uri: str | None = Field(

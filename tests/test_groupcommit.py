@@ -1,6 +1,8 @@
-"""Group commit (``store.groupcommit``) on SQLite and PostgreSQL: every unit
-answered is committed (another connection sees it at once), a unit that raises
-takes only its own writes back, the counts /metrics reads stay exact, and many
+"""Group commit (``store.groupcommit``) on SQLite and PostgreSQL, with a
+savepoint a unit and without (a batch's rows as one statement, a failed batch
+run again unit by unit): every unit answered is committed (another connection
+sees it at once), a unit that raises takes only its own writes back, a COMMIT
+that fails is not run twice, the counts /metrics reads stay exact, and many
 concurrent submits through the control plane are each stored once."""
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ def _count(cp, table=jobs) -> int:
         return s.execute(select(func.count()).select_from(table)).scalar_one()
 
 
-def test_a_failing_unit_takes_back_only_its_own_writes(cp):
-    writer = GroupCommit(cp.sessions)
+SAVEPOINTS = pytest.mark.parametrize("savepoints", [True, False], ids=["savepoints", "one-statement"])
+
+
+@SAVEPOINTS
+def test_a_failing_unit_takes_back_only_its_own_writes(cp, savepoints):
+    writer = GroupCommit(cp.sessions, savepoints=savepoints)
     hold = threading.Event()
     taken = threading.Event()
 
@@ -61,8 +67,9 @@ def test_a_failing_unit_takes_back_only_its_own_writes(cp):
     assert_kept_equals_counted(cp)
 
 
-def test_an_answered_unit_is_already_committed(cp):
-    writer = GroupCommit(cp.sessions)
+@SAVEPOINTS
+def test_an_answered_unit_is_already_committed(cp, savepoints):
+    writer = GroupCommit(cp.sessions, savepoints=savepoints)
     try:
         def submit_and_look():
             job_id = writer.run(lambda s: store.submit(s, SPEC)[0])
@@ -110,9 +117,11 @@ def test_a_rolled_back_savepoint_takes_its_counts_back(cp):
 
 
 def test_async_submits_from_the_event_loop_are_each_stored_once(cp):
-    """``submit_async``, the API's path: the group commit on SQLite, writers with a
-    transaction each on PostgreSQL; a refused unit (a reused key with another
-    spec) takes back only its own writes."""
+    """``submit_async``, the API's path: the group commit, with savepoints on
+    SQLite and one statement a batch on PostgreSQL; a refused unit (a reused key
+    with another spec) takes back only its own writes, and a reused key's answer
+    is the whole job, though the first submit's labels and event may still have
+    been waiting for the commit in the same batch."""
     import asyncio
 
     other = SPEC.model_copy(update={"name": "other"})
@@ -125,6 +134,7 @@ def test_async_submits_from_the_event_loop_are_each_stored_once(cp):
                                                idempotency_key=key)
             except Conflict:
                 return key, None
+            assert job.labels == {"k": "v"} and job.spec == SPEC, job
             return key, job.id
 
         return await asyncio.gather(*(one(i) for i in range(80)))
@@ -158,12 +168,13 @@ def test_one_unit_per_transaction_rolls_back_alone(cp):
     assert_kept_equals_counted(cp)
 
 
+@SAVEPOINTS
 @pytest.mark.parametrize("max_units", [1, 256])
-def test_a_unit_that_raises_a_base_exception_leaves_the_writer_running(cp, max_units):
+def test_a_unit_that_raises_a_base_exception_leaves_the_writer_running(cp, max_units, savepoints):
     """A unit raising SystemExit (not an Exception) is refused to its caller, as
     ``UnitAborted`` (a SystemExit handed to the caller's thread would end it), and
     the writer thread lives on: had it died, every later submit would wait forever."""
-    writer = GroupCommit(cp.sessions, max_units=max_units)
+    writer = GroupCommit(cp.sessions, max_units=max_units, savepoints=savepoints)
     try:
         def exits(s):
             store.submit(s, SPEC)
@@ -183,7 +194,8 @@ def test_a_unit_that_raises_a_base_exception_leaves_the_writer_running(cp, max_u
         writer.close()
 
 
-def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp):
+@SAVEPOINTS
+def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp, savepoints):
     """Submits await their unit on the server's event loop (``run_async``). A
     unit raising SystemExit rolls its whole batch back; every caller of that
     batch, the innocent ones too, gets ``UnitAborted``: a SystemExit set on an
@@ -191,7 +203,7 @@ def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp):
     the server."""
     import asyncio
 
-    writer = GroupCommit(cp.sessions)
+    writer = GroupCommit(cp.sessions, savepoints=savepoints)
     hold, taken = threading.Event(), threading.Event()
 
     def held(s):
@@ -219,3 +231,91 @@ def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp):
         assert _count(cp) == 1  # the held unit's job alone: the aborted batch kept nothing
     finally:
         writer.close()
+
+
+def _held_batch(writer, units):
+    """``units`` committed as one batch: the writer is held on a first unit until
+    all of them are queued behind it. Returns the futures of ``units``' answers."""
+    hold, taken = threading.Event(), threading.Event()
+
+    def held(s):
+        taken.set()
+        hold.wait(30)
+        return None
+
+    pool = ThreadPoolExecutor(len(units) + 1)
+    first = pool.submit(writer.run, held)
+    wait_for(taken.is_set, timeout=10, what="the writer took the first unit")
+    futures = [pool.submit(writer.run, fn) for fn in units]
+    wait_for(lambda: writer.waiting() == len(units), timeout=10, what=f"{len(units)} units queued")
+    hold.set()
+    first.result(30)
+    pool.shutdown(wait=True)
+    return futures
+
+
+def test_one_statement_a_batch_on_postgresql(cp):
+    """Without savepoints, a batch of submits is one statement between BEGIN and
+    COMMIT on PostgreSQL, however many units it holds (SQLite: every row at once)."""
+    from sqlalchemy import event
+
+    writer = GroupCommit(cp.sessions, savepoints=False)
+    sent: list[str] = []
+
+    def count(conn, cursor, statement, *args):
+        sent.append(statement)
+
+    try:
+        writer.run(lambda s: store.submit_view(s, SPEC)[0].id)  # the writer's connection is open and warm
+        event.listen(cp.engine, "before_cursor_execute", count)
+        try:
+            futures = _held_batch(writer, [lambda s: store.submit_view(s, SPEC)[0].id for _ in range(8)])
+            ids = [f.result(30) for f in futures]
+        finally:
+            event.remove(cp.engine, "before_cursor_execute", count)
+    finally:
+        writer.close()
+    if cp.engine.dialect.name == "postgresql":
+        assert len(sent) == 1, sent  # the held unit wrote nothing; the 8 submits' rows and tallies: one statement
+    assert len(set(ids)) == 8 and _count(cp) == 9 and _count(cp, events) == 9
+    shown = cp.get(ids[-1], project="default")
+    assert shown.labels == {"k": "v"} and shown.spec == SPEC
+    assert_kept_equals_counted(cp)
+
+
+def test_a_failed_commit_is_not_run_again(cp):
+    """A batch whose COMMIT fails is answered with that error, each unit run once:
+    whether a COMMIT that failed took effect is unknown, and running the units
+    again alone could store them twice. Units that failed before it are run again."""
+    from sqlalchemy import event
+
+    writer = GroupCommit(cp.sessions, savepoints=False)
+    runs = {"a": 0, "b": 0}
+    fail = {"on": True}
+
+    def failing_commit(conn):
+        if fail["on"]:
+            fail["on"] = False
+            raise RuntimeError("the connection went away during COMMIT")
+
+    def unit(name):
+        def fn(s):
+            runs[name] += 1
+            return store.submit(s, SPEC)[0]
+        return fn
+
+    try:
+        writer.run(lambda s: None)  # the writer's thread started
+        event.listen(cp.engine, "commit", failing_commit)
+        try:
+            futures = _held_batch(writer, [unit("a"), unit("b")])
+            errors = [f.exception(30) for f in futures]
+        finally:
+            event.remove(cp.engine, "commit", failing_commit)
+    finally:
+        writer.close()
+    # (The held unit touched no connection, so the first COMMIT to fail is the batch's.)
+    assert runs == {"a": 1, "b": 1}, runs
+    assert all(isinstance(e, RuntimeError) and "COMMIT" in str(e) for e in errors), errors
+    assert _count(cp) == 0
+    assert_kept_equals_counted(cp)

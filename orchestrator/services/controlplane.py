@@ -41,6 +41,9 @@ PREPARE_MARGIN_S = 0.5
 # /readyz asks Ray itself only when nothing has for this long: the dispatcher lists
 # Ray's nodes every pass, so with the loops running its answer is always fresher.
 RAY_FRESH_S = 10.0
+# PostgreSQL's group-commit writers: one batch gathers while another's statement
+# and COMMIT are on the wire (1 and 2 measured alike, 4 slower: docs/benchmarks.md).
+PG_WRITERS = 2
 
 
 class ControlPlane:
@@ -54,16 +57,22 @@ class ControlPlane:
         self.sessions = db.make_sessionmaker(self.engine)
         # SQLite: single submits and audit rows many per commit, each answered
         # after it (every write transaction there queues for one lock and pays
-        # its own fsync). PostgreSQL runs concurrent transactions and groups
-        # their WAL flushes itself; one writer thread there serialised every
-        # round trip and measured slower (docs/benchmarks.md), so it writes directly.
+        # its own fsync). PostgreSQL's synchronous callers (the CLI, the loops'
+        # audit rows) write directly; its API submits are grouped below.
         self.writes: GroupCommit | None = None
         if self.engine.dialect.name == "sqlite" and settings.group_commit_max_units > 1:
             self.writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units)
         # What the API's submit awaits from the event loop (``submit_async``): the
-        # group commit, or writers with a transaction each, as many as the pool's
-        # connections (PostgreSQL; or SQLite with group commit off).
-        self.async_writes = self.writes or GroupCommit(self.sessions, max_units=1, threads=db.pool_size(self.engine))
+        # group commit; on PostgreSQL one without savepoints, a batch's rows sent as
+        # one statement (store.groupcommit), on a few writers at once; with group
+        # commit off, writers with a transaction each, as many as the pool's connections.
+        if self.writes is not None:
+            self.async_writes = self.writes
+        elif self.engine.dialect.name == "postgresql" and settings.group_commit_max_units > 1:
+            self.async_writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units,
+                                            threads=PG_WRITERS, savepoints=False)
+        else:
+            self.async_writes = GroupCommit(self.sessions, max_units=1, threads=db.pool_size(self.engine))
         # Set on every accepted submission; the dispatcher waits on it so a new
         # job is dispatched at once instead of at the next poll.
         self.new_work = threading.Event()

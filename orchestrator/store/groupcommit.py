@@ -11,9 +11,19 @@ is durable. A unit that raises rolls back its savepoint only; the others commit.
 If the commit itself fails, every unit of the batch gets that error (none of
 them is stored, none is acknowledged).
 
+``savepoints=False`` (PostgreSQL): the units of a batch run in one
+transaction without a SAVEPOINT each (two round trips a unit there), and the
+rows they defer (``store.prepared``) go to the server at commit as one
+statement: a batch is BEGIN, one statement and COMMIT, however many units it
+holds. If a unit raises or that statement fails, before COMMIT was sent,
+the batch is rolled back and each unit runs again alone, in a transaction of
+its own (a unit is a function of the session, so running it again is running
+it, not repeating it: nothing of the first run was kept). An error of the
+COMMIT itself or of the connection is not retried: whether the commit happened
+is unknown, so every unit of the batch gets it, as a lone transaction's caller would.
+
 With ``max_units=1`` there is no grouping: each unit is a transaction of its
-own (no savepoint), and ``threads`` writers run that many at once. PostgreSQL
-uses it that way (it groups concurrent commits' WAL flushes itself): what it
+own (no savepoint), and ``threads`` writers run that many at once. What it
 keeps is ``run_async``, a unit handed from the event loop and its answer
 handed back, without a worker thread of the loop's pool in between.
 
@@ -34,7 +44,7 @@ from typing import Any, Callable, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from raylane.orchestrator.store import db
+from raylane.orchestrator.store import db, tallies
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,9 +53,11 @@ Settle = Callable[[bool, Any], None]
 
 
 class GroupCommit:
-    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS, threads: int = 1):
+    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS, threads: int = 1,
+                 savepoints: bool = True):
         self._sessions = sessions
         self._max = max(1, max_units)
+        self._savepoints = savepoints
         self._queue: queue.SimpleQueue[tuple[Callable[[Session], Any], Settle] | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"raylane-group-commit-{i}", daemon=True)
                          for i in range(max(1, threads))]
@@ -124,8 +136,10 @@ class GroupCommit:
                 log.exception("group commit: a unit raised a BaseException; its batch was refused, the writer goes on")
 
     def _commit(self, batch: list[tuple[Callable[[Session], Any], Settle]]) -> None:
-        if self._max == 1:
+        if len(batch) == 1:
             return self._alone(*batch[0])
+        if not self._savepoints:
+            return self._together(batch)
         outcomes: list[tuple[bool, Any]] = []
         try:
             with db.transaction(self._sessions) as s:
@@ -144,6 +158,33 @@ class GroupCommit:
             return
         for (ok, value), (_, settle) in zip(outcomes, batch):
             settle(ok, value)
+
+    def _together(self, batch: list[tuple[Callable[[Session], Any], Settle]]) -> None:
+        """Every unit in one transaction, no savepoints; on a unit's error or a
+        statement's before COMMIT, each unit alone (the module's docstring)."""
+        outcomes: list[Any] = []
+        sent = False  # the commit's own statements (deferred rows, tallies) went through: COMMIT is next
+        try:
+            with db.transaction(self._sessions) as s:
+                for fn, _ in batch:
+                    outcomes.append(fn(s))
+                tallies.flush(s)
+                sent = True
+        except Exception as e:
+            if not sent:  # rolled back before COMMIT: nothing of the batch was kept
+                for fn, settle in batch:
+                    self._alone(fn, settle)
+                return
+            log.warning("group commit of %d units failed: %s", len(batch), e)
+            for _, settle in batch:
+                settle(False, e)
+            return
+        except BaseException as e:
+            for _, settle in batch:
+                settle(False, _answerable(e))
+            raise
+        for value, (_, settle) in zip(outcomes, batch):
+            settle(True, value)
 
     def _alone(self, fn: Callable[[Session], Any], settle: Settle) -> None:
         """One unit, one transaction: its error rolls back the transaction itself."""

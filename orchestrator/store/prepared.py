@@ -65,9 +65,9 @@ class PreparedInsert:
         for r in rows:
             params.extend(self._params(r, order, procs, defaults, True))
         deferred = session.info.setdefault(_DEFERRED, [])
-        if len(params) + sum(len(p) for _, p in deferred) > MAX_DEFERRED_PARAMS:  # PostgreSQL takes 65,535
+        if len(params) + sum(len(p) for *_, p in deferred) > MAX_DEFERRED_PARAMS:  # PostgreSQL takes 65,535
             return self.execute(session, rows)
-        deferred.append((head + ", ".join([values] * len(rows)), tuple(params)))
+        deferred.append((head, values, len(rows), params))
 
     def execute(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Insert one row (a dict) or several (a list of dicts with the same keys)."""
@@ -192,12 +192,23 @@ class PreparedInsert:
 def send_deferred(session: Session, then: tuple[str, tuple] | None = None) -> bool:
     """The transaction's deferred rows as one statement: each insert a CTE of
     ``then`` (a statement with no WITH of its own, the tallies' upsert), or of the
-    last insert. Called by the commit hook (``store.tallies``). Returns whether
-    ``then`` went with them (False: nothing was deferred, send it yourself)."""
+    last insert. Rows of the same table and columns go in one multi-row VALUES:
+    the units of a group commit (``store.groupcommit``, PostgreSQL) each defer a
+    job, an event and an audit row, and one CTE a table keeps the statement's
+    text short and its shapes few (psycopg parses and caches each text; the
+    server plans it). Called by the commit hook (``store.tallies``). Returns
+    whether ``then`` went with them (False: nothing was deferred, send it yourself)."""
     deferred = session.info.pop(_DEFERRED, None)
     if not deferred:
         return False
-    parts = [*deferred, then] if then is not None else deferred
+    merged: dict[tuple[str, str], list] = {}  # (head, one row's VALUES) -> [rows, params]; text order kept
+    for head, values, n, params in deferred:
+        slot = merged.setdefault((head, values), [0, []])
+        slot[0] += n
+        slot[1].extend(params)
+    parts = [(head + ", ".join([values] * n), params) for (head, values), (n, params) in merged.items()]
+    if then is not None:
+        parts.append(then)
     *ctes, (main, _) = parts
     sql = ("WITH " + ", ".join(f"d{i} AS ({q})" for i, (q, _) in enumerate(ctes)) + " " + main) if ctes else main
     session.connection().exec_driver_sql(sql, tuple(v for _, p in parts for v in p))

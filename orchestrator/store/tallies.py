@@ -174,6 +174,13 @@ def _before_commit(session: Session) -> None:
     _flush(session)
 
 
+def flush(session: Session) -> None:
+    """What the commit hook sends, sent now: the transaction's last statements
+    before COMMIT (the hook then finds nothing left). ``store.groupcommit`` calls
+    it to know that an error after it is the COMMIT's own."""
+    _flush(session)
+
+
 # A rolled-back transaction's deltas are dropped with its rows; a rolled-back
 # savepoint's too (the group committer runs each unit in one): the deltas as they
 # were when it began come back. A savepoint that commits writes them (above).
