@@ -257,6 +257,47 @@ def compare_workers(args) -> None:
     print(json.dumps(out))
 
 
+def compare_databases(args) -> None:
+    """PostgreSQL against SQLite (synchronous=FULL), the same tree, alternated
+    (SQLite first in odd pairs), ``args.db_pairs`` pairs: the ratio of each pair."""
+    import statistics
+
+    out = []
+    for i in range(args.db_pairs):
+        order = ["sqlite", "postgresql"] if i % 2 == 0 else ["postgresql", "sqlite"]
+        pair = {}
+        for db in order:
+            if db == "postgresql":
+                url, drop = pg_database()
+            else:
+                url, drop = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-bench-')}/b.db", None
+            try:
+                pair[db] = run(db, url, args)
+            finally:
+                if drop:
+                    drop()
+        sq, pg = pair["sqlite"], pair["postgresql"]
+        out.append({"pair": i + 1, "first": order[0], "load": os.getloadavg()[0], **pair})
+        print(f"pair {i + 1} ({order[0]} first, load {out[-1]['load']:.1f}): singles/s SQLite {sq['single_per_s']:.0f}, "
+              f"PostgreSQL {pg['single_per_s']:.0f}; batch jobs/s {sq['batch_jobs_per_s']:.0f}, "
+              f"{pg['batch_jobs_per_s']:.0f}", flush=True)
+    print("| pair (first) | load | singles/s SQLite / PostgreSQL | ratio | p50 ms | p99 ms | server CPU ms a submit "
+          "| batch jobs/s | ratio |")
+    print("|---|---:|---|---:|---|---|---|---|---:|")
+    for r in out:
+        sq, pg = r["sqlite"], r["postgresql"]
+        print(f"| {r['pair']} ({r['first']}) | {r['load']:.1f} | {sq['single_per_s']:.0f} / {pg['single_per_s']:.0f} "
+              f"| {pg['single_per_s'] / sq['single_per_s']:.2f} | {sq['single_p50_ms']:.0f} / {pg['single_p50_ms']:.0f} "
+              f"| {sq['single_p99_ms']:.0f} / {pg['single_p99_ms']:.0f} | {sq['server_cpu_ms_per_submit']:.2f} / "
+              f"{pg['server_cpu_ms_per_submit']:.2f} | {sq['batch_jobs_per_s']:.0f} / {pg['batch_jobs_per_s']:.0f} "
+              f"| {pg['batch_jobs_per_s'] / sq['batch_jobs_per_s']:.2f} |")
+    for key, what in (("single_per_s", "single submits/s"), ("batch_jobs_per_s", "batch jobs/s")):
+        ratios = [r["postgresql"][key] / r["sqlite"][key] for r in out]
+        print(f"PostgreSQL / SQLite, {what}: median {statistics.median(ratios):.2f} "
+              f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} pairs)")
+    print(json.dumps(out))
+
+
 def run(label: str, db_url: str, args, tree: Path | None = None) -> dict:
     data_dir = tempfile.mkdtemp(prefix="raylane-bench-")
     proc, url = start_server(db_url, data_dir, tree)
@@ -356,7 +397,12 @@ def main() -> None:
                     help="with --before: the databases to compare on")
     ap.add_argument("--workers", type=int, default=0, help="compare RAYLANE_WORKERS=1 with this many (on --db)")
     ap.add_argument("--batch-inflight", type=int, default=2, help="batches in flight at once")
+    ap.add_argument("--db-pairs", type=int, default=0,
+                    help="PostgreSQL against SQLite: this many alternated pairs, the same tree")
     args = ap.parse_args()
+    if args.db_pairs:
+        compare_databases(args)
+        return
     if args.workers:
         compare_workers(args)
         return
