@@ -1,9 +1,10 @@
-"""Group commit (``store.groupcommit``) on SQLite and PostgreSQL, with a
-savepoint a unit and without (a batch's rows as one statement, a failed batch
-run again unit by unit): every unit answered is committed (another connection
-sees it at once), a unit that raises takes only its own writes back, a COMMIT
-that fails is not run twice, the counts /metrics reads stay exact, and many
-concurrent submits through the control plane are each stored once."""
+"""Group commit (``store.groupcommit``) on SQLite and PostgreSQL, units with a
+savepoint of their own (``isolated``) and without (a batch's rows as one
+statement; a failed batch run again unit by unit): every unit answered is
+committed (another connection sees it at once), a unit that raises takes only
+its own writes back, a COMMIT that fails is not run twice, the counts /metrics
+reads stay exact, and many concurrent submits through the control plane are
+each stored once."""
 
 from __future__ import annotations
 
@@ -29,47 +30,44 @@ def _count(cp, table=jobs) -> int:
         return s.execute(select(func.count()).select_from(table)).scalar_one()
 
 
-SAVEPOINTS = pytest.mark.parametrize("savepoints", [True, False], ids=["savepoints", "one-statement"])
+ISOLATED = pytest.mark.parametrize("isolated", [True, False], ids=["savepoint", "batch-again-alone"])
 
 
-@SAVEPOINTS
-def test_a_failing_unit_takes_back_only_its_own_writes(cp, savepoints):
-    writer = GroupCommit(cp.sessions, savepoints=savepoints)
-    hold = threading.Event()
-    taken = threading.Event()
+@ISOLATED
+def test_a_failing_unit_takes_back_only_its_own_writes(cp, isolated):
+    """The refused unit's job is not kept, the others' are, once each. Isolated
+    (in its savepoint), the others ran once; not isolated, its error rolled the
+    batch back and each unit ran again alone."""
+    writer = GroupCommit(cp.sessions)
+    runs = {"good": 0, "bad": 0}
 
-    def held(s):
-        taken.set()
-        hold.wait(30)  # keeps the writer busy until the next units are queued: one batch
+    def good(s):
+        runs["good"] += 1
         return store.submit(s, SPEC)[0]
 
     def bad(s):
+        runs["bad"] += 1
         store.submit(s, SPEC)
         raise Conflict("refused after writing")
 
     try:
-        with ThreadPoolExecutor(4) as pool:
-            first = pool.submit(writer.run, held)
-            # Running, not only queued: the queue's being empty would not say the first unit got there first.
-            wait_for(taken.is_set, timeout=10, what="the writer took the first unit")
-            futures = [pool.submit(writer.run, fn) for fn in (lambda s: store.submit(s, SPEC)[0], bad,
-                                                              lambda s: store.submit(s, SPEC)[0])]
-            wait_for(lambda: writer.waiting() == 3, timeout=10, what="three units queued")
-            hold.set()
-            ids = [first.result(), futures[0].result(), futures[2].result()]
-            with pytest.raises(Conflict):
-                futures[1].result()
+        writer.run(lambda s: None)  # the writer's thread started
+        futures = _held_batch(writer, [good, bad, good], isolated=isolated)
+        ids = [futures[0].result(30), futures[2].result(30)]
+        with pytest.raises(Conflict):
+            futures[1].result(30)
     finally:
         writer.close()
-    assert _count(cp) == 3 and _count(cp, events) == 3
+    # Not isolated: the batch stopped at the refused unit (the last good one had not run), then each alone.
+    assert runs == ({"good": 2, "bad": 1} if isolated else {"good": 3, "bad": 2}), runs
+    assert _count(cp) == 2 and _count(cp, events) == 2
     with db.transaction(cp.sessions) as s:
         assert set(s.execute(select(jobs.c.id)).scalars()) == set(ids)
     assert_kept_equals_counted(cp)
 
 
-@SAVEPOINTS
-def test_an_answered_unit_is_already_committed(cp, savepoints):
-    writer = GroupCommit(cp.sessions, savepoints=savepoints)
+def test_an_answered_unit_is_already_committed(cp):
+    writer = GroupCommit(cp.sessions)
     try:
         def submit_and_look():
             job_id = writer.run(lambda s: store.submit(s, SPEC)[0])
@@ -101,6 +99,14 @@ def test_concurrent_submits_are_each_stored_once(cp):
     assert_kept_equals_counted(cp)
 
 
+def test_submits_that_may_be_refused_get_a_savepoint():
+    from raylane.orchestrator.services.controlplane import _refusable
+
+    child = JobSpec(name="c", kind="command", entrypoint="true", depends_on=[{"job": "job_0123456789abcdef"}])
+    assert not _refusable(SPEC, None)
+    assert _refusable(SPEC, "key") and _refusable(child, None)
+
+
 def test_a_rolled_back_savepoint_takes_its_counts_back(cp):
     with db.transaction(cp.sessions) as s:
         store.submit(s, SPEC)
@@ -117,11 +123,11 @@ def test_a_rolled_back_savepoint_takes_its_counts_back(cp):
 
 
 def test_async_submits_from_the_event_loop_are_each_stored_once(cp):
-    """``submit_async``, the API's path: the group commit, with savepoints on
-    SQLite and one statement a batch on PostgreSQL; a refused unit (a reused key
-    with another spec) takes back only its own writes, and a reused key's answer
-    is the whole job, though the first submit's labels and event may still have
-    been waiting for the commit in the same batch."""
+    """``submit_async``, the API's path: the group commit; a refused unit (a
+    reused key with another spec, in a savepoint of its own) takes back only its
+    own writes, and a reused key's answer is the whole job, though the first
+    submit's labels and event may still have been waiting for the commit in the
+    same batch (PostgreSQL)."""
     import asyncio
 
     other = SPEC.model_copy(update={"name": "other"})
@@ -168,20 +174,20 @@ def test_one_unit_per_transaction_rolls_back_alone(cp):
     assert_kept_equals_counted(cp)
 
 
-@SAVEPOINTS
+@ISOLATED
 @pytest.mark.parametrize("max_units", [1, 256])
-def test_a_unit_that_raises_a_base_exception_leaves_the_writer_running(cp, max_units, savepoints):
+def test_a_unit_that_raises_a_base_exception_leaves_the_writer_running(cp, max_units, isolated):
     """A unit raising SystemExit (not an Exception) is refused to its caller, as
     ``UnitAborted`` (a SystemExit handed to the caller's thread would end it), and
     the writer thread lives on: had it died, every later submit would wait forever."""
-    writer = GroupCommit(cp.sessions, max_units=max_units, savepoints=savepoints)
+    writer = GroupCommit(cp.sessions, max_units=max_units)
     try:
         def exits(s):
             store.submit(s, SPEC)
             raise SystemExit(3)
 
         with pytest.raises(UnitAborted) as refused:
-            writer.run(exits)
+            writer.run(exits, isolated=isolated)
         assert isinstance(refused.value.__cause__, SystemExit)
         got: list = []
         # In a daemon thread, waited for with a bound: with its writer dead, this call would never return.
@@ -194,8 +200,8 @@ def test_a_unit_that_raises_a_base_exception_leaves_the_writer_running(cp, max_u
         writer.close()
 
 
-@SAVEPOINTS
-def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp, savepoints):
+@ISOLATED
+def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp, isolated):
     """Submits await their unit on the server's event loop (``run_async``). A
     unit raising SystemExit rolls its whole batch back; every caller of that
     batch, the innocent ones too, gets ``UnitAborted``: a SystemExit set on an
@@ -203,7 +209,7 @@ def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp, savepoints):
     the server."""
     import asyncio
 
-    writer = GroupCommit(cp.sessions, savepoints=savepoints)
+    writer = GroupCommit(cp.sessions)
     hold, taken = threading.Event(), threading.Event()
 
     def held(s):
@@ -218,7 +224,7 @@ def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp, savepoints):
         first = asyncio.get_running_loop().run_in_executor(None, writer.run, held)
         await asyncio.get_running_loop().run_in_executor(None, taken.wait, 30)
         innocent = asyncio.ensure_future(writer.run_async(lambda s: store.submit(s, SPEC)[0]))
-        guilty = asyncio.ensure_future(writer.run_async(exits))
+        guilty = asyncio.ensure_future(writer.run_async(exits, isolated=isolated))
         await asyncio.sleep(0)  # both queued behind the held unit (the writer takes them as one batch)
         wait_for(lambda: writer._queue.qsize() == 2, timeout=10, what="both units queued")
         hold.set()
@@ -233,7 +239,7 @@ def test_a_base_exception_in_a_batch_reaches_no_event_loop(cp, savepoints):
         writer.close()
 
 
-def _held_batch(writer, units):
+def _held_batch(writer, units, *, isolated=False):
     """``units`` committed as one batch: the writer is held on a first unit until
     all of them are queued behind it. Returns the futures of ``units``' answers."""
     hold, taken = threading.Event(), threading.Event()
@@ -246,7 +252,7 @@ def _held_batch(writer, units):
     pool = ThreadPoolExecutor(len(units) + 1)
     first = pool.submit(writer.run, held)
     wait_for(taken.is_set, timeout=10, what="the writer took the first unit")
-    futures = [pool.submit(writer.run, fn) for fn in units]
+    futures = [pool.submit(writer.run, fn, isolated=isolated) for fn in units]
     wait_for(lambda: writer.waiting() == len(units), timeout=10, what=f"{len(units)} units queued")
     hold.set()
     first.result(30)
@@ -255,11 +261,11 @@ def _held_batch(writer, units):
 
 
 def test_one_statement_a_batch_on_postgresql(cp):
-    """Without savepoints, a batch of submits is one statement between BEGIN and
-    COMMIT on PostgreSQL, however many units it holds (SQLite: every row at once)."""
+    """A batch of submits is one statement between BEGIN and COMMIT on
+    PostgreSQL, however many units it holds (SQLite: every row at once)."""
     from sqlalchemy import event
 
-    writer = GroupCommit(cp.sessions, savepoints=False)
+    writer = GroupCommit(cp.sessions)
     sent: list[str] = []
 
     def count(conn, cursor, statement, *args):
@@ -289,7 +295,7 @@ def test_a_failed_commit_is_not_run_again(cp):
     again alone could store them twice. Units that failed before it are run again."""
     from sqlalchemy import event
 
-    writer = GroupCommit(cp.sessions, savepoints=False)
+    writer = GroupCommit(cp.sessions)
     runs = {"a": 0, "b": 0}
     fail = {"on": True}
 

@@ -44,6 +44,9 @@ RAY_FRESH_S = 10.0
 # PostgreSQL's group-commit writers: one batch gathers while another's statement
 # and COMMIT are on the wire (1 and 2 measured alike, 4 slower: docs/benchmarks.md).
 PG_WRITERS = 2
+# PostgreSQL's group-commit writers: one batch gathers while another's statement
+# and COMMIT are on the wire (1 and 2 measured alike, 4 slower: docs/benchmarks.md).
+PG_WRITERS = 2
 
 
 class ControlPlane:
@@ -55,22 +58,21 @@ class ControlPlane:
         self.engine = engine or db.make_engine(settings.resolved_database_url,
                                                sqlite_synchronous=settings.sqlite_synchronous)
         self.sessions = db.make_sessionmaker(self.engine)
-        # SQLite: single submits and audit rows many per commit, each answered
-        # after it (every write transaction there queues for one lock and pays
-        # its own fsync). PostgreSQL's synchronous callers (the CLI, the loops'
-        # audit rows) write directly; its API submits are grouped below.
+        # Single submits many per commit, each answered after it (store.groupcommit):
+        # on SQLite every write transaction queues for one lock and pays its own
+        # fsync, and audit rows join the same commits; on PostgreSQL a batch's rows
+        # go as one statement, on two writers (synchronous callers there, the CLI
+        # and the loops' audit rows, write directly). With group commit off,
+        # writers with a transaction each, as many as the pool's connections.
         self.writes: GroupCommit | None = None
-        if self.engine.dialect.name == "sqlite" and settings.group_commit_max_units > 1:
+        grouped = settings.group_commit_max_units > 1
+        if grouped and self.engine.dialect.name == "sqlite":
             self.writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units)
-        # What the API's submit awaits from the event loop (``submit_async``): the
-        # group commit; on PostgreSQL one without savepoints, a batch's rows sent as
-        # one statement (store.groupcommit), on a few writers at once; with group
-        # commit off, writers with a transaction each, as many as the pool's connections.
         if self.writes is not None:
             self.async_writes = self.writes
-        elif self.engine.dialect.name == "postgresql" and settings.group_commit_max_units > 1:
+        elif grouped:
             self.async_writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units,
-                                            threads=PG_WRITERS, savepoints=False)
+                                            threads=PG_WRITERS)
         else:
             self.async_writes = GroupCommit(self.sessions, max_units=1, threads=db.pool_size(self.engine))
         # Set on every accepted submission; the dispatcher waits on it so a new
@@ -170,7 +172,8 @@ class ControlPlane:
         """Store the job; ``audit(job, created)``: the request's audit row, written in
         the same transaction (one commit for both, instead of one each)."""
         placement = self._prepare(spec)
-        job, created = self._write(self._submit_unit(spec, project, actor, idempotency_key, placement, audit))
+        job, created = self._write(self._submit_unit(spec, project, actor, idempotency_key, placement, audit),
+                                   isolated=_refusable(spec, idempotency_key))
         if created:
             self.new_work.set()
         return job, created
@@ -185,7 +188,8 @@ class ControlPlane:
         else:
             placement = await asyncio.to_thread(self._prepare, spec)
         job, created = await self.async_writes.run_async(
-            self._submit_unit(spec, project, actor, idempotency_key, placement, audit))
+            self._submit_unit(spec, project, actor, idempotency_key, placement, audit),
+            isolated=_refusable(spec, idempotency_key))
         if created:
             self.new_work.set()
         return job, created
@@ -212,10 +216,11 @@ class ControlPlane:
 
         return unit
 
-    def _write(self, fn):
-        """``fn(session)`` committed: in the next group commit, or in a transaction of its own."""
+    def _write(self, fn, *, isolated: bool = False):
+        """``fn(session)`` committed: in the next group commit (``isolated``: in a
+        savepoint of its own there), or in a transaction of its own."""
         if self.writes is not None:
-            return self.writes.run(fn)
+            return self.writes.run(fn, isolated=isolated)
         with db.transaction(self.sessions) as s:
             return fn(s)
 
@@ -497,3 +502,11 @@ class ControlPlane:
                      self.scheduler):
             if loop is not None:
                 loop.stop()
+
+
+def _refusable(spec: JobSpec, idempotency_key: str | None) -> bool:
+    """Whether a submit may be refused inside its group-commit unit, in the
+    normal course of things: a reused Idempotency-Key (with another spec: a
+    conflict; racing its first submit: the unique index), or a parent that is
+    gone. Such a unit gets a savepoint of its own (store.groupcommit)."""
+    return idempotency_key is not None or bool(spec.depends_on)

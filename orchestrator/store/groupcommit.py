@@ -3,34 +3,36 @@
 A submit writes a few rows and then waits for the commit's fsync (SQLite) or
 the WAL flush and round trip (PostgreSQL); the writes themselves are cheap. On
 SQLite every write transaction also queues for the one write lock. So requests
-hand their *unit* (a function of a session) to one writer thread, which runs
-every unit waiting, up to ``max_units``, in one transaction, each unit in its
-own SAVEPOINT, and commits once. Each caller gets its unit's result, or its
-exception, only after that commit returned: nothing is acknowledged before it
-is durable. A unit that raises rolls back its savepoint only; the others commit.
-If the commit itself fails, every unit of the batch gets that error (none of
-them is stored, none is acknowledged).
+hand their *unit* (a function of a session) to a writer thread, which runs
+every unit waiting, up to ``max_units``, in one transaction and commits once.
+Each caller gets its unit's result, or its exception, only after that commit
+returned: nothing is acknowledged before it is durable. If the commit itself
+fails, every unit of the batch gets that error (none of them is stored, none
+is acknowledged, none is run again: whether a COMMIT that failed took effect
+is unknown).
 
-``savepoints=False`` (PostgreSQL): the units of a batch run in one
-transaction without a SAVEPOINT each (two round trips a unit there), and the
-rows they defer (``store.prepared``) go to the server at commit as one
-statement: a batch is BEGIN, one statement and COMMIT, however many units it
-holds. If a unit raises or that statement fails, before COMMIT was sent,
-the batch is rolled back and each unit runs again alone, in a transaction of
-its own (a unit is a function of the session, so running it again is running
-it, not repeating it: nothing of the first run was kept). An error of the
-COMMIT itself or of the connection is not retried: whether the commit happened
-is unknown, so every unit of the batch gets it, as a lone transaction's caller would.
+A unit runs without a savepoint of its own (a SAVEPOINT and a RELEASE were a
+quarter of a SQLite submit's CPU, and two round trips on PostgreSQL, where
+the rows a batch defers, ``store.prepared``, then go as one statement: a batch
+is BEGIN, one statement, COMMIT). If such a unit raises, or a statement fails
+before COMMIT, the batch is rolled back and each of its units runs again alone,
+in a transaction of its own: a unit is a function of the session, so running
+it again is running it, not repeating it (nothing of the first run was kept).
+A unit that may be refused in the normal course of things (an Idempotency-Key
+reused with another spec, a parent that is gone) is ``isolated``: it runs in a
+SAVEPOINT, and its error rolls back that savepoint only, so a client sending
+refused submits cannot make every batch run twice.
 
 With ``max_units=1`` there is no grouping: each unit is a transaction of its
-own (no savepoint), and ``threads`` writers run that many at once. What it
-keeps is ``run_async``, a unit handed from the event loop and its answer
-handed back, without a worker thread of the loop's pool in between.
+own, and ``threads`` writers run that many at once. What it keeps is
+``run_async``, a unit handed from the event loop and its answer handed back,
+without a worker thread of the loop's pool in between.
 
 Words: a *unit* is ``fn(session) -> result``, written with the store's functions
 like any ``db.transaction`` body, and must not wait on anything but the
-database; a *batch* is the units one commit serves; a unit's *settle* is called
-by the writer with ``(ok, result or exception)`` once its batch is committed.
+database nor change anything but it; a *batch* is the units one commit serves;
+a unit's *settle* is called by the writer with ``(ok, result or exception)``
+once its batch is committed.
 """
 
 from __future__ import annotations
@@ -50,28 +52,28 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_UNITS = 256  # per commit: bounds one transaction's size and the wait of its first unit
 Settle = Callable[[bool, Any], None]
+Unit = tuple[Callable[[Session], Any], Settle, bool]  # (fn, settle, isolated)
 
 
 class GroupCommit:
-    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS, threads: int = 1,
-                 savepoints: bool = True):
+    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS, threads: int = 1):
         self._sessions = sessions
         self._max = max(1, max_units)
-        self._savepoints = savepoints
-        self._queue: queue.SimpleQueue[tuple[Callable[[Session], Any], Settle] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"raylane-group-commit-{i}", daemon=True)
                          for i in range(max(1, threads))]
         self._closed = False
         self._started = False  # the writers start with the first unit (a CLI command never writes one)
         self._start_lock = threading.Lock()
 
-    def run(self, fn: Callable[[Session], T]) -> T:
-        """Run ``fn`` in the next batch; return its result once the batch is committed."""
+    def run(self, fn: Callable[[Session], T], *, isolated: bool = False) -> T:
+        """Run ``fn`` in the next batch; return its result once the batch is committed.
+        ``isolated``: in a savepoint of its own (one that may be refused)."""
         fut: Future = Future()
-        self._put(fn, lambda ok, value: fut.set_result(value) if ok else fut.set_exception(value))
+        self._put(fn, lambda ok, value: fut.set_result(value) if ok else fut.set_exception(value), isolated)
         return fut.result()
 
-    async def run_async(self, fn: Callable[[Session], T]) -> T:
+    async def run_async(self, fn: Callable[[Session], T], *, isolated: bool = False) -> T:
         """``run`` from the event loop: the loop waits on an asyncio future that the
         writer settles through ``call_soon_threadsafe`` (one wake-up of the loop, no
         worker thread held while the batch commits)."""
@@ -84,10 +86,10 @@ class GroupCommit:
             except RuntimeError:  # the loop is closed: nobody waits for this answer
                 pass
 
-        self._put(fn, settle)
+        self._put(fn, settle, isolated)
         return await fut
 
-    def _put(self, fn: Callable[[Session], Any], settle: Settle) -> None:
+    def _put(self, fn: Callable[[Session], Any], settle: Settle, isolated: bool) -> None:
         if self._closed:
             raise RuntimeError("the group committer is closed")
         if not self._started:
@@ -96,7 +98,7 @@ class GroupCommit:
                     for t in self._threads:
                         t.start()
                     self._started = True
-        self._queue.put((fn, settle))
+        self._queue.put((fn, settle, isolated))
 
     def waiting(self) -> int:
         """Units queued for the next batch (not the one being committed)."""
@@ -135,56 +137,39 @@ class GroupCommit:
             except BaseException:  # a unit raised SystemExit or the like: its batch is answered, the writer goes on
                 log.exception("group commit: a unit raised a BaseException; its batch was refused, the writer goes on")
 
-    def _commit(self, batch: list[tuple[Callable[[Session], Any], Settle]]) -> None:
+    def _commit(self, batch: list[Unit]) -> None:
         if len(batch) == 1:
-            return self._alone(*batch[0])
-        if not self._savepoints:
-            return self._together(batch)
+            return self._alone(*batch[0][:2])
         outcomes: list[tuple[bool, Any]] = []
+        sent = False  # the commit's own statements (deferred rows, tallies) went through: COMMIT is next
         try:
             with db.transaction(self._sessions) as s:
-                for fn, _ in batch:
+                for fn, _, isolated in batch:
+                    if not isolated:
+                        outcomes.append((True, fn(s)))
+                        continue
                     try:
                         with s.begin_nested():
                             outcomes.append((True, fn(s)))
                     except Exception as e:  # this unit's savepoint is rolled back; the rest go on
                         outcomes.append((False, e))
-        except BaseException as e:  # the commit failed: nothing of this batch is stored
-            log.warning("group commit of %d units failed: %s", len(batch), e)
-            for _, settle in batch:
-                settle(False, _answerable(e))
-            if not isinstance(e, Exception):
-                raise
-            return
-        for (ok, value), (_, settle) in zip(outcomes, batch):
-            settle(ok, value)
-
-    def _together(self, batch: list[tuple[Callable[[Session], Any], Settle]]) -> None:
-        """Every unit in one transaction, no savepoints; on a unit's error or a
-        statement's before COMMIT, each unit alone (the module's docstring)."""
-        outcomes: list[Any] = []
-        sent = False  # the commit's own statements (deferred rows, tallies) went through: COMMIT is next
-        try:
-            with db.transaction(self._sessions) as s:
-                for fn, _ in batch:
-                    outcomes.append(fn(s))
                 tallies.flush(s)
                 sent = True
         except Exception as e:
-            if not sent:  # rolled back before COMMIT: nothing of the batch was kept
-                for fn, settle in batch:
+            if not sent:  # rolled back before COMMIT: nothing of the batch was kept; each unit alone
+                for fn, settle, _ in batch:
                     self._alone(fn, settle)
                 return
             log.warning("group commit of %d units failed: %s", len(batch), e)
-            for _, settle in batch:
+            for _, settle, _ in batch:
                 settle(False, e)
             return
-        except BaseException as e:
-            for _, settle in batch:
+        except BaseException as e:  # a unit raised SystemExit or the like: nothing of this batch is stored
+            for _, settle, _ in batch:
                 settle(False, _answerable(e))
             raise
-        for value, (_, settle) in zip(outcomes, batch):
-            settle(True, value)
+        for (ok, value), (_, settle, _) in zip(outcomes, batch):
+            settle(ok, value)
 
     def _alone(self, fn: Callable[[Session], Any], settle: Settle) -> None:
         """One unit, one transaction: its error rolls back the transaction itself."""
