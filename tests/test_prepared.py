@@ -6,7 +6,7 @@ Deferred rows (PostgreSQL: sent at commit as one statement) are all stored or no
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import event, insert, select
+from sqlalchemy import event, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from raylane.orchestrator.domain.ids import new_job_id
@@ -81,7 +81,7 @@ def test_a_submits_rows_are_one_statement_on_postgresql_and_all_stored(api, cp):
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     # PostgreSQL: the job, its two labels, its event, the audit row and the
-    # tallies' upsert in one statement. SQLite runs them one by one (no INSERT in a CTE).
+    # tallies' upsert in one statement. SQLite: a statement (an executemany) a table.
     assert len(sent) == (1 if cp.engine.dialect.name == "postgresql" else 5), sent
     with db.transaction(cp.sessions) as s:
         assert s.execute(select(jobs.c.status).where(jobs.c.id == job_id)).scalar_one() == "PENDING"
@@ -91,6 +91,27 @@ def test_a_submits_rows_are_one_statement_on_postgresql_and_all_stored(api, cp):
         assert s.execute(select(audit_log.c.status_code).where(audit_log.c.target == job_id)).scalars().all() == [201]
         assert tallies.read(s, ["jobs"]) == {("jobs", "PENDING", "none"): 1}
     assert api.get(f"/v1/jobs/{job_id}").json()["labels"] == {"team": "a", "tier": "b"}
+
+
+def test_deferred_rows_go_parents_first_whatever_order_they_were_deferred_in(cp):
+    """A group commit's units defer rows of several tables in turn: an event for a
+    job stored earlier, then a new job and its event. Sent a table at a time
+    (SQLite: an executemany each, whose foreign keys are checked row by row),
+    the jobs go before the events that reference them."""
+    old, new = _row(), _row()
+    with db.transaction(cp.sessions) as s:
+        PreparedInsert(jobs).execute(s, old)
+
+    def ev(job_id):
+        return {"job_id": job_id, "at": utcnow(), "from_status": None, "to_status": "PENDING", "reason": "t",
+                "actor": "t", "attempt": None}
+
+    with db.transaction(cp.sessions) as s:
+        PreparedInsert(events).defer(s, ev(old["id"]))
+        PreparedInsert(jobs).defer(s, new)
+        PreparedInsert(events).defer(s, ev(new["id"]))
+    with db.transaction(cp.sessions) as s:
+        assert sorted(s.execute(select(events.c.job_id)).scalars()) == sorted([old["id"], new["id"]])
 
 
 def test_deferred_rows_go_with_the_commit_or_not_at_all(cp):
@@ -142,21 +163,28 @@ def test_deferred_rows_survive_a_savepoint_that_commits_inside_one_rolled_back(c
         assert tallies.read(s, ["jobs_created"]) == {}
 
 
-def test_past_the_parameter_bound_rows_execute_at_once(cp, monkeypatch):
+def test_past_the_parameter_bound_what_waits_is_sent_first(cp, monkeypatch):
+    """PostgreSQL: a row that would take the deferred statement past its bound of
+    parameters sends what waits (in order: a row may reference it) and waits
+    itself; one over the bound alone executes at once. SQLite has no such bound."""
     from raylane.orchestrator.store import prepared
 
     monkeypatch.setattr(prepared, "MAX_DEFERRED_PARAMS", 40)  # a job row is ~30
     first, second = _row(), _row()
     sent, stop = _writes(cp.engine)
+    pg = cp.engine.dialect.name == "postgresql"
     try:
         with db.transaction(cp.sessions) as s:
             PreparedInsert(jobs).defer(s, first)
             PreparedInsert(jobs).defer(s, second)
-            assert len(sent) == (1 if cp.engine.dialect.name == "postgresql" else 2)  # the second went at once
+            assert len(sent) == (1 if pg else 0)  # PostgreSQL: the first went, the second waits
+            PreparedInsert(jobs).defer(s, [_row(), _row()])  # ~60 parameters: over the bound alone
+            assert len(sent) == (3 if pg else 0)  # the second, then these two at once
     finally:
         stop()
     with db.transaction(cp.sessions) as s:
-        assert sorted(s.execute(select(jobs.c.id)).scalars()) == sorted([first["id"], second["id"]])
+        assert {first["id"], second["id"]} <= set(s.execute(select(jobs.c.id)).scalars())
+        assert s.execute(select(func.count()).select_from(jobs)).scalar_one() == 4
 
 
 # Many rows at once (PreparedInsert.execute_many: a batch) -------------------------

@@ -13,14 +13,15 @@ disconnect handling. Columns a row leaves out take their scalar Python default
 (``Column(default=0)``) as ``insert()`` would; a column with another kind of
 default must be given.
 
-``defer``: on PostgreSQL a row nothing reads or references before the commit
-waits, and the transaction's deferred rows go to the server at commit as one
-statement (data-modifying CTEs, ``send_deferred``) with its tallies' upsert as
-the main one. A submit's job, label, event and audit rows and its tallies were
+``defer``: a row nothing reads or references before the commit waits, and
+the transaction's deferred rows go at commit (``send_deferred``). On
+PostgreSQL as one statement (data-modifying CTEs) with its tallies' upsert as
+the main one: a submit's job, label, event and audit rows and its tallies were
 five statements between BEGIN and COMMIT, each a round trip and SQLAlchemy's
-and psycopg's per-statement work; they are one. SQLite has no INSERT in a CTE
-(and no round trips): there, and inside a savepoint (whose rollback must drop
-them), ``defer`` executes at once.
+and psycopg's per-statement work; they are one, and so are a group commit's
+hundred submits. SQLite has no INSERT in a CTE (and no round trips): there
+each table's deferred rows are one executemany. Inside a savepoint (whose
+rollback must drop them), ``defer`` executes at once.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from sqlalchemy import Table, event, insert
 from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
-_DEFERRED = "prepared.deferred"  # session.info: [(sql, params)] to send at commit (PostgreSQL)
-MAX_DEFERRED_PARAMS = 30_000  # bound parameters deferred in one transaction; past it, rows execute at once
+_DEFERRED = "prepared.deferred"  # session.info: [(table, head, values, rows, params)] to send at commit
+MAX_DEFERRED_PARAMS = 30_000  # PostgreSQL: bound parameters in one deferred statement; past it, what waits is sent
 PG_PARAMS_PER_STATEMENT = 500  # execute_many on PostgreSQL: about this many bound parameters a statement (measured: 2,000 cost 2x)
 
 
@@ -54,9 +55,18 @@ class PreparedInsert:
         rows = [rows] if isinstance(rows, dict) else list(rows)
         if not rows:
             return
-        conn = session.connection()
-        if conn.dialect.name != "postgresql" or session.in_nested_transaction():
+        if session.in_nested_transaction():
             return self.execute(session, rows)
+        conn = session.connection()
+        deferred = session.info.setdefault(_DEFERRED, [])
+        if conn.dialect.name != "postgresql":  # SQLite: one executemany a table at commit
+            form = self._forms.get((conn.dialect.name, tuple(rows[0])))
+            if form is None:
+                form = self._compile(conn.dialect, tuple(rows[0]))
+            sql, order, procs, defaults, positional = form
+            deferred.append((self.table, sql, "", len(rows),
+                             [self._params(r, order, procs, defaults, positional) for r in rows]))
+            return
         form = self._positional.get((conn.dialect.name, tuple(rows[0])))
         if form is None:
             form = self._compile_positional(conn.dialect, tuple(rows[0]))
@@ -64,10 +74,12 @@ class PreparedInsert:
         params = []
         for r in rows:
             params.extend(self._params(r, order, procs, defaults, True))
-        deferred = session.info.setdefault(_DEFERRED, [])
         if len(params) + sum(len(p) for *_, p in deferred) > MAX_DEFERRED_PARAMS:  # PostgreSQL takes 65,535
-            return self.execute(session, rows)
-        deferred.append((head, values, len(rows), params))
+            send_deferred(session)  # what waits goes now, in order; this row starts the next statement
+            if len(params) > MAX_DEFERRED_PARAMS:
+                return self.execute(session, rows)
+            deferred = session.info.setdefault(_DEFERRED, [])
+        deferred.append((self.table, head, values, len(rows), params))
 
     def execute(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Insert one row (a dict) or several (a list of dicts with the same keys)."""
@@ -190,29 +202,51 @@ class PreparedInsert:
 
 
 def send_deferred(session: Session, then: tuple[str, tuple] | None = None) -> bool:
-    """The transaction's deferred rows as one statement: each insert a CTE of
-    ``then`` (a statement with no WITH of its own, the tallies' upsert), or of the
-    last insert. Rows of the same table and columns go in one multi-row VALUES:
-    the units of a group commit (``store.groupcommit``, PostgreSQL) each defer a
-    job, an event and an audit row, and one CTE a table keeps the statement's
-    text short and its shapes few (psycopg parses and caches each text; the
-    server plans it). Called by the commit hook (``store.tallies``). Returns
-    whether ``then`` went with them (False: nothing was deferred, send it yourself)."""
+    """The transaction's deferred rows, a table's rows together, tables in the
+    order their foreign keys need (parents first). PostgreSQL: one statement,
+    each table's rows a multi-row VALUES in a CTE of ``then`` (a statement with no
+    WITH of its own, the tallies' upsert), or of the last insert; a batch of a
+    group commit (``store.groupcommit``) is one statement however many units
+    it holds, and its text takes a few shapes (psycopg parses and caches each,
+    the server plans it). SQLite: one ``executemany`` a table (the sqlite3
+    module's loop in C, not a statement's Python overhead a row), then ``then``.
+    Called by the commit hook (``store.tallies``). Returns whether ``then`` went
+    with them (False: nothing was deferred, send it yourself)."""
     deferred = session.info.pop(_DEFERRED, None)
     if not deferred:
         return False
-    merged: dict[tuple[str, str], list] = {}  # (head, one row's VALUES) -> [rows, params]; text order kept
-    for head, values, n, params in deferred:
-        slot = merged.setdefault((head, values), [0, []])
-        slot[0] += n
-        slot[1].extend(params)
-    parts = [(head + ", ".join([values] * n), params) for (head, values), (n, params) in merged.items()]
+    merged: dict[tuple[str, str], list] = {}  # (head, one row's VALUES) -> [table, rows, params]
+    for table, head, values, n, params in deferred:
+        slot = merged.setdefault((head, values), [table, 0, []])
+        slot[1] += n
+        slot[2].extend(params)
+    rank = _ranks(deferred[0][0].metadata)
+    groups = sorted(merged.items(), key=lambda kv: rank.get(kv[1][0], len(rank)))  # stable within a table
+    conn = session.connection()
+    if conn.dialect.name != "postgresql":
+        for (sql, _), (_, n, params) in groups:
+            conn.exec_driver_sql(sql, params if n > 1 else params[0])
+        if then is not None:
+            conn.exec_driver_sql(*then)
+        return then is not None
+    parts = [(head + ", ".join([values] * n), params) for (head, values), (_, n, params) in groups]
     if then is not None:
         parts.append(then)
     *ctes, (main, _) = parts
     sql = ("WITH " + ", ".join(f"d{i} AS ({q})" for i, (q, _) in enumerate(ctes)) + " " + main) if ctes else main
-    session.connection().exec_driver_sql(sql, tuple(v for _, p in parts for v in p))
+    conn.exec_driver_sql(sql, tuple(v for _, p in parts for v in p))
     return then is not None
+
+
+_RANKS: dict[int, dict] = {}
+
+
+def _ranks(metadata) -> dict:
+    """Each table's place in ``metadata.sorted_tables`` (a table after those its foreign keys name)."""
+    ranks = _RANKS.get(id(metadata))
+    if ranks is None:
+        ranks = _RANKS[id(metadata)] = {t: i for i, t in enumerate(metadata.sorted_tables)}
+    return ranks
 
 
 @event.listens_for(Session, "after_commit")
