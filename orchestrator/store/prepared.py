@@ -39,6 +39,11 @@ MAX_DEFERRED_PARAMS = 30_000  # PostgreSQL: bound parameters in one deferred sta
 PG_PARAMS_PER_STATEMENT = 500  # execute_many on PostgreSQL: about this many bound parameters a statement (measured: 2,000 cost 2x)
 
 
+class _Waiting(list):
+    """A transaction's deferred rows, and how many bound parameters they hold."""
+    params = 0
+
+
 class PreparedInsert:
     """``INSERT INTO table (...) VALUES (...)`` without RETURNING, for ``execute(session, rows)``."""
 
@@ -48,17 +53,19 @@ class PreparedInsert:
         self._positional: dict[tuple[str, tuple[str, ...]], tuple[str, str, tuple[str, ...], dict, dict]] = {}
 
     def defer(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
-        """``execute``, or on PostgreSQL outside a savepoint: kept, and sent with the
-        transaction's other deferred rows when it commits (``send_deferred``). Only
-        for rows nothing reads before the commit; a foreign key to a row deferred
-        earlier in the same transaction holds (the statement's checks run at its end)."""
+        """``execute``, or outside a savepoint: kept, and sent with the transaction's
+        other deferred rows when it commits (``send_deferred``). Only for rows
+        nothing reads before the commit; a foreign key to a row deferred earlier in
+        the same transaction holds (parents' tables are sent first)."""
         rows = [rows] if isinstance(rows, dict) else list(rows)
         if not rows:
             return
         if session.in_nested_transaction():
             return self.execute(session, rows)
         conn = session.connection()
-        deferred = session.info.setdefault(_DEFERRED, [])
+        deferred = session.info.get(_DEFERRED)
+        if deferred is None:
+            deferred = session.info[_DEFERRED] = _Waiting()
         if conn.dialect.name != "postgresql":  # SQLite: one executemany a table at commit
             form = self._forms.get((conn.dialect.name, tuple(rows[0])))
             if form is None:
@@ -74,11 +81,12 @@ class PreparedInsert:
         params = []
         for r in rows:
             params.extend(self._params(r, order, procs, defaults, True))
-        if len(params) + sum(len(p) for *_, p in deferred) > MAX_DEFERRED_PARAMS:  # PostgreSQL takes 65,535
+        if len(params) + deferred.params > MAX_DEFERRED_PARAMS:  # PostgreSQL takes 65,535
             send_deferred(session)  # what waits goes now, in order; this row starts the next statement
             if len(params) > MAX_DEFERRED_PARAMS:
                 return self.execute(session, rows)
-            deferred = session.info.setdefault(_DEFERRED, [])
+            deferred = session.info[_DEFERRED] = _Waiting()
+        deferred.params += len(params)
         deferred.append((self.table, head, values, len(rows), params))
 
     def execute(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
