@@ -252,7 +252,8 @@ def _held_batch(writer, units, *, isolated=False):
     pool = ThreadPoolExecutor(len(units) + 1)
     first = pool.submit(writer.run, held)
     wait_for(taken.is_set, timeout=10, what="the writer took the first unit")
-    futures = [pool.submit(writer.run, fn, isolated=isolated) for fn in units]
+    flags = isolated if isinstance(isolated, list) else [isolated] * len(units)
+    futures = [pool.submit(writer.run, fn, isolated=flag) for fn, flag in zip(units, flags)]
     wait_for(lambda: writer.waiting() == len(units), timeout=10, what=f"{len(units)} units queued")
     hold.set()
     first.result(30)
@@ -324,4 +325,37 @@ def test_a_failed_commit_is_not_run_again(cp):
     assert runs == {"a": 1, "b": 1}, runs
     assert all(isinstance(e, RuntimeError) and "COMMIT" in str(e) for e in errors), errors
     assert _count(cp) == 0
+    assert_kept_equals_counted(cp)
+
+
+def test_with_several_writers_a_refusable_unit_runs_alone(cp):
+    """``alone_isolated`` (PostgreSQL's writers and processes): the batch's other
+    units share one transaction, the isolated one has its own after it (batched,
+    two writers' units of one Idempotency-Key deadlocked); one that raises
+    SystemExit there is refused to its caller alone, the others are committed,
+    and the writer lives on."""
+    writer = GroupCommit(cp.sessions, alone_isolated=True)
+    sessions: dict = {}  # the sessions themselves, kept alive: ids of freed ones could be reused
+
+    def unit(name, exits=False):
+        def fn(s):
+            sessions[name] = s
+            job = store.submit(s, SPEC)[0]
+            if exits:
+                raise SystemExit(3)
+            return job
+        return fn
+
+    try:
+        writer.run(lambda s: None)  # the writer's thread started
+        futures = _held_batch(writer, [unit("a"), unit("b", exits=True), unit("c"), unit("d")],
+                              isolated=[False, True, False, True])
+        assert futures[0].result(30) and futures[2].result(30) and futures[3].result(30)
+        with pytest.raises(UnitAborted):
+            futures[1].result(30)
+        assert sessions["a"] is sessions["c"] and len({id(sessions[k]) for k in "abd"}) == 3
+        assert writer.run(lambda s: store.submit(s, SPEC)[0])  # the writer lives on
+    finally:
+        writer.close()
+    assert _count(cp) == 4  # a, c, d and the last; b's job was not kept
     assert_kept_equals_counted(cp)

@@ -72,7 +72,7 @@ class ControlPlane:
             self.async_writes = self.writes
         elif grouped:
             self.async_writes = GroupCommit(self.sessions, max_units=settings.group_commit_max_units,
-                                            threads=PG_WRITERS)
+                                            threads=PG_WRITERS, alone_isolated=True)
         else:
             self.async_writes = GroupCommit(self.sessions, max_units=1, threads=db.pool_size(self.engine))
         # Set on every accepted submission; the dispatcher waits on it so a new

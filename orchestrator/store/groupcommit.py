@@ -19,9 +19,15 @@ before COMMIT, the batch is rolled back and each of its units runs again alone,
 in a transaction of its own: a unit is a function of the session, so running
 it again is running it, not repeating it (nothing of the first run was kept).
 A unit that may be refused in the normal course of things (an Idempotency-Key
-reused with another spec, a parent that is gone) is ``isolated``: it runs in a
-SAVEPOINT, and its error rolls back that savepoint only, so a client sending
-refused submits cannot make every batch run twice.
+reused with another spec, a parent that is gone) is ``isolated``, so a client
+sending refused submits cannot make every batch run twice: with one writer
+(SQLite) it runs in a SAVEPOINT of the batch, and its error rolls back that
+savepoint only; with several writers or processes (``alone_isolated``,
+PostgreSQL) it runs alone, in a transaction of its own, after the batch.
+Batched there, two writers' batches could take such units' locks (an
+Idempotency-Key's entry in a unique index, a parent's row) in opposite orders
+and deadlock, as two submits of one key, a client's retry racing its first
+try, did in tests/test_load.py.
 
 With ``max_units=1`` there is no grouping: each unit is a transaction of its
 own, and ``threads`` writers run that many at once. What it keeps is
@@ -56,9 +62,11 @@ Unit = tuple[Callable[[Session], Any], Settle, bool]  # (fn, settle, isolated)
 
 
 class GroupCommit:
-    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS, threads: int = 1):
+    def __init__(self, sessions: sessionmaker[Session], *, max_units: int = MAX_UNITS, threads: int = 1,
+                 alone_isolated: bool = False):
         self._sessions = sessions
         self._max = max(1, max_units)
+        self._alone_isolated = alone_isolated
         self._queue: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"raylane-group-commit-{i}", daemon=True)
                          for i in range(max(1, threads))]
@@ -138,6 +146,21 @@ class GroupCommit:
                 log.exception("group commit: a unit raised a BaseException; its batch was refused, the writer goes on")
 
     def _commit(self, batch: list[Unit]) -> None:
+        if not (self._alone_isolated and any(isolated for *_, isolated in batch)):
+            return self._together(batch)
+        parts = [[u for u in batch if not u[2]], *([u] for u in batch if u[2])]
+        error: BaseException | None = None
+        for part in parts:  # every part answered, even after one raised a BaseException
+            try:
+                self._together(part)
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
+
+    def _together(self, batch: list[Unit]) -> None:
+        if not batch:
+            return
         if len(batch) == 1:
             return self._alone(*batch[0][:2])
         outcomes: list[tuple[bool, Any]] = []
