@@ -40,7 +40,7 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Sequence
 
-from sqlalchemy import case, delete, event, func, select
+from sqlalchemy import Integer, case, cast, delete, event, func, select
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import FailureCause
@@ -232,9 +232,22 @@ def histogram(kept: dict[Key, float], name: str) -> dict[str, tuple[int, float, 
 
 
 def _seconds_between(session: Session, later, earlier):
+    """``later - earlier`` in seconds, as ``observe`` got it from Python's datetimes,
+    to the bit: a histogram's recount must put a wait at a bucket's bound where
+    the kept count did. SQLite stores ``YYYY-MM-DD HH:MM:SS.ffffff``; its
+    ``julianday`` difference was 20 us off (a double of ~2.46e6 days), so a wait
+    of 0.09999 s was counted over 0.1. Whole seconds (``%s``, exact) and the
+    microseconds' digits, as integers, then one division, as ``total_seconds``."""
     if session.bind.dialect.name == "postgresql":
         return func.extract("epoch", later - earlier)
-    return (func.julianday(later) - func.julianday(earlier)) * 86400.0
+
+    def whole(t):  # of the text's own seconds: strftime rounds a fraction to ms first (07.999993 -> 08)
+        return cast(func.strftime("%s", func.substr(t, 1, 19)), Integer)
+
+    def micros(t):
+        return cast(func.substr(t, 21, 6), Integer)
+
+    return ((whole(later) - whole(earlier)) * 1_000_000 + micros(later) - micros(earlier)) / 1_000_000.0
 
 
 def recount(session: Session) -> dict[Key, float]:
