@@ -32,8 +32,10 @@ import math
 
 import anyio
 
+from raylane.api.errors import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE
 from raylane.api.session import cookie_from
 from raylane.orchestrator.services.access import LOCAL_ADMIN, MAX_TOKEN_LEN, Caller, Role, hash_token
+from raylane.orchestrator.store.db import TransientStoreError
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,26 @@ class AuthMiddleware:
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        """``_authorize``, with the database's failures answered 503 (its token and
+        epoch reads, the audit rows it writes, run outside the routes' exception
+        handlers: uncaught, they were a 500)."""
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._authorize(scope, receive, tracked)
+        except TransientStoreError as e:
+            log.warning("database unavailable on %s %s: %s", scope.get("method"), scope.get("path"),
+                        str(e).splitlines()[0][:300])
+            if started:  # the answer is on its way (its audit row could not follow): nothing else to say
+                return
+            await _reply(send, 503, DATABASE_UNAVAILABLE, {"retry-after": str(DATABASE_RETRY_AFTER_S)})
+
+    async def _authorize(self, scope, receive, send):
         if scope["type"] != "http" or is_public(scope["path"]) or is_public_read(scope):
             return await self.app(scope, receive, send)
         app = scope["app"]

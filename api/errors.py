@@ -15,6 +15,15 @@ from raylane.orchestrator.domain import errors
 
 log = logging.getLogger(__name__)
 
+# The database did not answer (down, restarting, a connection cut, the pool's
+# wait run out, a deadlock): the same request may succeed when sent again.
+# Whether a write whose COMMIT was cut off took effect is unknown; a retried
+# submit with the same Idempotency-Key settles it. Answered here for the routes
+# and by api.auth for what it reads and writes before and after them.
+DATABASE_UNAVAILABLE = ("the database is unavailable or busy; retry the request (a submit with the same "
+                        "Idempotency-Key is stored at most once)")
+DATABASE_RETRY_AFTER_S = 1
+
 STATUS = {
     errors.NotFound: 404,
     errors.InvalidTransition: 409,
@@ -60,6 +69,17 @@ def install(app: FastAPI) -> None:
         # Ray is the engine, not the source of truth: reads of our own data still
         # work; only calls that need Ray now get 503, with a hint to retry.
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
+
+    from raylane.orchestrator.store.db import TransientStoreError
+
+    async def _database_down(request: Request, exc: Exception):
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path,
+                    str(exc).splitlines()[0][:300])
+        return JSONResponse({"detail": DATABASE_UNAVAILABLE}, status_code=503,
+                            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+    for cls in TransientStoreError:
+        app.add_exception_handler(cls, _database_down)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
