@@ -44,9 +44,6 @@ RAY_FRESH_S = 10.0
 # PostgreSQL's group-commit writers: one batch gathers while another's statement
 # and COMMIT are on the wire (1 and 2 measured alike, 4 slower: docs/benchmarks.md).
 PG_WRITERS = 2
-# PostgreSQL's group-commit writers: one batch gathers while another's statement
-# and COMMIT are on the wire (1 and 2 measured alike, 4 slower: docs/benchmarks.md).
-PG_WRITERS = 2
 
 
 class ControlPlane:

@@ -180,8 +180,7 @@ class GroupCommit:
                 sent = True
         except Exception as e:
             if not sent:  # rolled back before COMMIT: nothing of the batch was kept; each unit alone
-                for fn, settle, _ in batch:
-                    self._alone(fn, settle)
+                self._each_alone(batch)
                 return
             log.warning("group commit of %d units failed: %s", len(batch), e)
             for _, settle, _ in batch:
@@ -193,6 +192,18 @@ class GroupCommit:
             raise
         for (ok, value), (_, settle, _) in zip(outcomes, batch):
             settle(ok, value)
+
+    def _each_alone(self, batch: list[Unit]) -> None:
+        """Every unit in a transaction of its own, each answered even after one raised
+        a BaseException (raised again once all are answered)."""
+        error: BaseException | None = None
+        for fn, settle, _ in batch:
+            try:
+                self._alone(fn, settle)
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def _alone(self, fn: Callable[[Session], Any], settle: Settle) -> None:
         """One unit, one transaction: its error rolls back the transaction itself."""

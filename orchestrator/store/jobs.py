@@ -21,7 +21,7 @@ from raylane.orchestrator.domain.ids import new_job_id, submission_id
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
-from raylane.orchestrator.store import arrays as store_arrays, dependencies, prepared, tallies
+from raylane.orchestrator.store import arrays as store_arrays, dependencies, tallies
 from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from raylane.orchestrator.store.transitions import transition, utcnow
@@ -92,9 +92,6 @@ def submit_view(session: Session, spec: JobSpec, *, project: str = DEFAULT_PROJE
     job_id, created, row = _submit(session, spec, project=project, actor=actor,
                                    idempotency_key=idempotency_key, placement=placement, reason=None, defer=True)
     if not created:
-        # The job may be another unit's of the same group commit, its labels and
-        # events still deferred (PostgreSQL): sent first, so it is read whole.
-        prepared.send_deferred(session)
         return get_job(session, job_id, project=project, dashboard_url=dashboard_url), False
     row = {**row, "started_at": None, "finished_at": None, "failure_cause": None}
     return _view(row, dict(spec.labels), None, dashboard_url, spec=spec), True

@@ -220,6 +220,8 @@ def send_deferred(session: Session, then: tuple[str, tuple] | None = None) -> bo
     module's loop in C, not a statement's Python overhead a row), then ``then``.
     Called by the commit hook (``store.tallies``). Returns whether ``then`` went
     with them (False: nothing was deferred, send it yourself)."""
+    if session.in_nested_transaction():  # a savepoint's rollback would take other units' rows with it
+        return False
     deferred = session.info.pop(_DEFERRED, None)
     if not deferred:
         return False
