@@ -203,6 +203,13 @@ def pg_database() -> tuple[str, callable]:
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
 
 
+def fresh_database(db: str) -> tuple[str, callable | None]:
+    """(URL, drop or None): a new PostgreSQL database, or a SQLite file in a new directory."""
+    if db == "postgresql":
+        return pg_database()
+    return f"sqlite:///{tempfile.mkdtemp(prefix='raylane-bench-')}/bench.db", None
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds ``pid`` and its live children (uvicorn's workers) have used (Linux /proc)."""
     total = 0.0
@@ -232,10 +239,7 @@ def compare_workers(args) -> None:
         pair = {}
         for w in order:
             os.environ["RAYLANE_WORKERS"] = str(w)
-            if db == "postgresql":
-                url, drop = pg_database()
-            else:
-                url, drop = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-bench-')}/bench.db", None
+            url, drop = fresh_database(db)
             try:
                 pair[w] = run(f"{db} workers={w}", url, args)
             finally:
@@ -267,10 +271,7 @@ def compare_databases(args) -> None:
         order = ["sqlite", "postgresql"] if i % 2 == 0 else ["postgresql", "sqlite"]
         pair = {}
         for db in order:
-            if db == "postgresql":
-                url, drop = pg_database()
-            else:
-                url, drop = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-bench-')}/b.db", None
+            url, drop = fresh_database(db)
             try:
                 pair[db] = run(db, url, args)
             finally:
@@ -339,10 +340,7 @@ def compare(args) -> None:
                 order.reverse()
             pair = {}
             for which, tree in order:
-                if db == "sqlite":
-                    url, drop = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-bench-')}/b.db", None
-                else:
-                    url, drop = pg_database()
+                url, drop = fresh_database(db)
                 try:
                     pair[which] = run(f"{db} {which}", url, args, tree)
                 finally:
