@@ -70,9 +70,11 @@ def install(app: FastAPI) -> None:
         # work; only calls that need Ray now get 503, with a hint to retry.
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
 
-    from raylane.orchestrator.store.db import TransientStoreError
+    from raylane.orchestrator.store.db import TransientStoreError, is_transient
 
     async def _database_down(request: Request, exc: Exception):
+        if not is_transient(exc):  # a broken statement or schema: retrying would fail again
+            return await _unexpected(request, exc)
         log.warning("database unavailable on %s %s: %s", request.method, request.url.path,
                     str(exc).splitlines()[0][:300])
         return JSONResponse({"detail": DATABASE_UNAVAILABLE}, status_code=503,
@@ -97,6 +99,6 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):  # pragma: no cover - a bug path
+    async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse({"detail": "internal error; the server log has the traceback"}, status_code=500)

@@ -51,3 +51,57 @@ def test_a_submit_while_the_database_is_unreachable_is_a_503_and_its_retry_is_st
             assert s.execute(select(func.count()).select_from(jobs)).scalar_one() == 2
     finally:
         cp.close()
+
+
+def test_sqlites_lock_is_the_databases_availability_a_broken_statement_is_not(tmp_path):
+    """SQLite raises OperationalError for both: "database is locked" may pass when
+    tried again (503 and Retry-After), "no such table" never will (a 500 with a
+    traceback, not a retry loop)."""
+    import sqlite3
+
+    from sqlalchemy import exc, text
+
+    from raylane.orchestrator.store import db
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        engine.connect().close()  # the file made, in WAL mode
+        holder = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        with engine.connect() as other:
+            other.connection.dbapi_connection.execute("PRAGMA busy_timeout=0")
+            try:
+                other.execute(text("CREATE TABLE t (x INTEGER)"))  # the engine begins IMMEDIATE: locked
+            except exc.OperationalError as e:
+                locked = e
+            other.rollback()
+        holder.execute("ROLLBACK")
+        holder.close()
+        with engine.connect() as other:
+            try:
+                other.execute(text("SELECT * FROM no_such_table"))
+            except exc.OperationalError as e:
+                missing = e
+        assert "locked" in str(locked) and db.is_transient(locked)
+        assert "no such table" in str(missing) and not db.is_transient(missing)
+        assert not db.is_transient(ValueError("locked"))
+    finally:
+        engine.dispose()
+
+
+def test_a_broken_schema_is_a_500_not_a_retry_forever(settings, cp):
+    """A table gone (a half-applied migration, a hand-edited database) fails every
+    retry: the client gets a 500 it can report, not a 503 telling it to retry."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import text
+
+    from raylane.api.app import create_app
+    from raylane.orchestrator.store import db
+
+    with TestClient(create_app(settings, cp=cp), headers=ADMIN_HEADERS, raise_server_exceptions=False) as c:
+        job = c.post("/v1/jobs", json=SPEC).json()
+        assert c.get(f"/v1/jobs/{job['id']}/events").status_code == 200
+        with db.transaction(cp.sessions) as s:
+            s.execute(text("ALTER TABLE events RENAME TO events_gone"))
+        r = c.get(f"/v1/jobs/{job['id']}/events")
+        assert r.status_code == 500 and "Retry-After" not in r.headers, (r.status_code, r.text)

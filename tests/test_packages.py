@@ -246,6 +246,8 @@ def test_a_database_error_reading_a_jobs_package_refuses_nothing_and_the_submit_
     before handing it to Ray. A failure there (a locked SQLite, a PostgreSQL
     failover) is the database's, not the job's: the attempt keeps its claim and is
     submitted, with the same id, once its lease expires, as when Ray is out of reach."""
+    import sqlite3
+
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
     from raylane.orchestrator.domain.profile import default_profile
@@ -314,3 +316,15 @@ def test_a_database_error_reading_a_jobs_package_refuses_nothing_and_the_submit_
     d.run_once()
     refused = cp.get(other.id, project=None)
     assert refused.status is JobStatus.FAILED and "no such column" in refused.status_reason, refused.status_reason
+
+    # SQLite raises OperationalError for a broken statement too: still the job's refusal.
+    def broken_sqlite(*a, **kw):
+        raise OperationalError("UPDATE packages", {}, sqlite3.OperationalError("no such table: packages"))
+
+    monkeypatch.setattr(dispatcher_mod.store_packages, "touch", real_touch)  # the submit reads it too
+    third, _ = cp.submit(JobSpec(name="pkg3", kind="command", entrypoint="python main.py",
+                                 runtime_env={"working_dir": f"raylane://packages/{sha}"}), project="default", actor="t")
+    monkeypatch.setattr(dispatcher_mod.store_packages, "touch", broken_sqlite)
+    d.run_once()
+    refused = cp.get(third.id, project=None)
+    assert refused.status is JobStatus.FAILED and "no such table" in refused.status_reason, refused.status_reason

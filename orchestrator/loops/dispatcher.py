@@ -40,7 +40,6 @@ from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL, ARRAY_LABEL, Jo
 from raylane.orchestrator.domain.policy import state_excludes
 from raylane.orchestrator.store import db, dependencies as store_dependencies, lifecycle, packages as store_packages, queue
 from raylane.orchestrator.store import quotas as store_quotas, stats
-from raylane.orchestrator.store.db import TransientStoreError
 from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.transitions import utcnow
 
@@ -226,16 +225,16 @@ class Dispatcher(LoopService):
             self.backend.reachability.down(e)  # warns once per outage, not once per attempt
             log.info("submit %s: %s; will retry when the lease expires", sid, e)
             return
-        except TransientStoreError as e:
-            # The database was unavailable while reading or marking the job's uploaded
-            # package (``_packages_to_ray``): nothing is wrong with the job. As for Ray
-            # out of reach, the claim stays and the attempt is submitted again when its
-            # lease expires, with the same id (Ray adopts one it already had). Any other
-            # database error refuses the job below, as before: tried again it fails again.
-            log.warning("submit %s: the database was unavailable reading its packages (%s: %s); submitted "
-                        "again when its lease expires", sid, type(e).__name__, e)
-            return
         except Exception as e:
+            if db.is_transient(e):
+                # The database was unavailable while reading or marking the job's uploaded
+                # package (``_packages_to_ray``): nothing is wrong with the job. As for Ray
+                # out of reach, the claim stays and the attempt is submitted again when its
+                # lease expires, with the same id (Ray adopts one it already had). Any other
+                # error, a database's included, refuses the job: tried again it fails again.
+                log.warning("submit %s: the database was unavailable reading its packages (%s: %s); submitted "
+                            "again when its lease expires", sid, type(e).__name__, e)
+                return
             with db.transaction(self.sessions) as s:
                 lifecycle.submit_refused(s, c.job_id, c.attempt, str(e))
             self.backend.forget_inputs(sid)  # no Ray job will read them; the spec's values must not linger

@@ -33,6 +33,24 @@ StoreError = exc.SQLAlchemyError
 # Of those, the database's availability (a locked SQLite, a connection lost, the
 # pool's wait run out), not the statement's: the same work may succeed when tried again.
 TransientStoreError = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
+# SQLite raises OperationalError for its own availability (locked, busy, the disk)
+# and for a broken statement or schema alike ("no such table", "too many SQL
+# variables", a read-only file): those fail again however often they are retried,
+# so they are a 500 with a traceback, not a 503 that invites a retry loop.
+_SQLITE_TRANSIENT = ("locked", "busy", "disk i/o error", "unable to open", "database or disk is full",
+                     "interrupted")
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether a store error is the database's availability (``TransientStoreError``
+    and, for SQLite, one of its availability errors), not the statement's."""
+    if not isinstance(e, TransientStoreError):
+        return False
+    orig = getattr(e, "orig", None)
+    if isinstance(e, exc.OperationalError) and type(orig).__module__ == "sqlite3":
+        msg = str(orig).lower()
+        return any(m in msg for m in _SQLITE_TRANSIENT)
+    return True
 
 
 def normalise_url(url: str) -> str:
