@@ -104,17 +104,19 @@ class Dispatcher(LoopService):
             project_used = store_quotas.usage(s) if limits else {}
             ahead = stats.ahead_by_group(s) if rules.scale_ahead else {}
             waiting, waiting_need = stats.waiting_by_group(s) if rules.queue_ahead else ({}, {})
+            waits: list[tuple[queue.Queued, str]] = []
             for d in admission.decide(queue.queued(s, now=now), view, self.profile, rules, used=used,
                                       drivers=drivers, limits=limits, project_used=project_used, ahead=ahead,
                                       waiting=waiting, waiting_need=waiting_need):
                 if isinstance(d, admission.Fail):
                     queue.fail_unroutable(s, d.job, d.message, now=now)
                 elif isinstance(d, admission.Wait):
-                    queue.set_waiting(s, d.job, d.reason)
+                    waits.append((d.job, d.reason))
                 else:
                     claimed.append(queue.admit(s, d.job, d.placement, passed_over=d.passed_over, owner=self.owner,
                                                now=now, lease_until=lease_until, scale_up=d.scale_up,
                                                queued=d.queued))
+            queue.set_waiting(s, waits, now=now)
         return claimed
 
     # Submit ------------------------------------------------------------------

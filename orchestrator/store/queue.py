@@ -37,8 +37,9 @@ from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.store import tallies, usage_rows
-from raylane.orchestrator.store.tables import attempts, jobs
-from raylane.orchestrator.store.transitions import record_event, transition
+from raylane.orchestrator.store.prepared import PreparedInsert
+from raylane.orchestrator.store.tables import attempts, events, jobs
+from raylane.orchestrator.store.transitions import transition
 
 CLAIM_BATCH = 200  # queued jobs looked at per pass; the rest wait for the next
 
@@ -171,9 +172,18 @@ def fail_unroutable(session: Session, job: Queued, message: str, *, now: datetim
                values={"failure_cause": FailureCause.UNSCHEDULABLE.value, "finished_at": now})
 
 
-def set_waiting(session: Session, job: Queued, reason: str) -> None:
-    session.execute(update(jobs).where(jobs.c.id == job.id).values(status_reason=reason))
-    record_event(session, job.id, status=job.status, reason=reason, actor="scheduler")
+def set_waiting(session: Session, waits: list[tuple[Queued, str]], *, now: datetime) -> None:
+    """Each job's new waiting reason, with its event: one executemany of the
+    updates, the events inserted with the commit (``prepared.defer``). The first
+    pass over a queue that grew (a burst of submits that does not fit) writes a
+    reason for each of up to ``CLAIM_BATCH`` jobs: as a statement a row, that pass
+    took 150-200 ms."""
+    if not waits:
+        return
+    session.execute(_SET_REASON, [{"b_id": job.id, "b_reason": reason} for job, reason in waits])
+    _WAIT_EVENT.defer(session, [{"job_id": job.id, "at": now, "from_status": job.status.value,
+                                 "to_status": job.status.value, "reason": reason, "actor": "scheduler",
+                                 "attempt": None} for job, reason in waits])
 
 
 def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM_BATCH) -> int:
@@ -181,10 +191,19 @@ def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM
     rows = _head(session, [jobs.c.id, jobs.c.status, jobs.c.priority],
                  or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
                  or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason), *NOT_HELD, limit=limit)
-    for jid, status, _ in rows:
-        session.execute(update(jobs).where(jobs.c.id == jid, jobs.c.status == status).values(status_reason=reason))
-        record_event(session, jid, status=JobStatus(status), reason=reason, actor="scheduler")
+    if rows:
+        session.execute(_SET_REASON_IF, [{"b_id": jid, "b_status": status, "b_reason": reason}
+                                         for jid, status, _ in rows])
+        _WAIT_EVENT.defer(session, [{"job_id": jid, "at": now, "from_status": status, "to_status": status,
+                                     "reason": reason, "actor": "scheduler", "attempt": None}
+                                    for jid, status, _ in rows])
     return len(rows)
+
+
+_SET_REASON = update(jobs).where(jobs.c.id == bindparam("b_id")).values(status_reason=bindparam("b_reason"))
+_SET_REASON_IF = update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.status == bindparam("b_status")).values(
+    status_reason=bindparam("b_reason"))
+_WAIT_EVENT = PreparedInsert(events)
 
 
 # Built once (bound parameters): each admission runs them (store.transitions says why).
