@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=200)
     ap.add_argument("--pairs", type=int, default=3, help="bursts per path, alternated (direct first in odd pairs)")
     ap.add_argument("--queue-ahead", type=int, default=8, help="RAYLANE_QUEUE_AHEAD_JOBS of the server")
+    ap.add_argument("--tree", help="run the server and the cluster's nodes from another checkout (a before/after "
+                                   "comparison: run this once per tree, alternated)")
     args = ap.parse_args()
 
     from ray.job_submission import JobSubmissionClient
@@ -86,7 +88,7 @@ def main() -> None:
     bench = _server.start_cluster_and_server({
         "RAYLANE_SQLITE_SYNCHRONOUS": "NORMAL", "RAYLANE_MAX_CONCURRENT_DRIVERS": "1000",
         "RAYLANE_ADMIN_TOKEN": TOKEN, "RAYLANE_SUBMIT_RATE_PER_S": "0",
-        "RAYLANE_QUEUE_AHEAD_JOBS": str(args.queue_ahead)})
+        "RAYLANE_QUEUE_AHEAD_JOBS": str(args.queue_ahead)}, tree=args.tree)
     state, url, head_pgid = bench.state, bench.url, bench.head_pgid
     http = httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"})
     ray = JobSubmissionClient(state.dashboard_url, headers={"Authorization": f"Bearer {state.token}"})

@@ -126,3 +126,49 @@ def test_a_pass_read_through_the_gcs_carries_the_ray_job_ids_already_known():
     assert backend.ray_job_id("a") == "02000000"
     seen = backend.get_many(["a", "b"])
     assert seen["a"].ray_job_id == "02000000" and seen["b"].ray_job_id is None
+
+
+def test_nodes_come_from_the_gcs_while_ray_is_reachable_and_from_the_dashboard_otherwise():
+    """One GCS call a listing, drains in it; the dashboard without an answer from
+    the GCS, and during an outage (a GCS that answers must not end an outage of the
+    dashboard that submits go to, on every pass)."""
+    from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
+
+    class ListingGcs(FakeGcs):
+        def __init__(self):
+            super().__init__()
+            self.listed, self.down, self.listings = [], False, 0
+
+        def all_nodes(self):
+            self.listings += 1
+            if self.down:
+                raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE")
+            return [n["raylet"] for n in self.listed], {n["raylet"]["nodeId"] for n in self.listed
+                                                         if n["raylet"].get("draining")}
+
+    http_calls = []
+    gcs = ListingGcs()
+    backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
+    backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
+        lambda req: http_calls.append(req.url.path) or httpx.Response(
+            200, json={"data": {"summary": [_node("d")]}} if "nodes" in req.url.path else {})))
+    gcs.listed = [_node("g", labels={"ray.io/node-group": "spot-cpu"}), _node("h")]
+    gcs.listed[0]["raylet"]["draining"] = True
+
+    assert [n.node_id for n in backend.nodes()] == ["d"]  # not known reachable yet: the dashboard
+    assert http_calls == ["/nodes"] and gcs.calls == 1  # and the GCS for its drains
+    backend.cluster_view()  # a listing that worked: Ray is reachable
+    http_calls.clear()
+    g, h = backend.nodes()
+    assert (g.node_id, g.draining, g.drained, g.group, h.draining) == ("g", True, True, "spot-cpu", False)
+    # One GCS call: no dashboard, no call of its own for the drains, which it also caches.
+    assert http_calls == [] and gcs.listings == 1 and gcs.calls == 1
+    assert backend.draining() == {"g"} and gcs.calls == 1
+    assert backend.cluster_view()["spot-cpu"].draining_nodes == 1 and http_calls == []
+
+    gcs.down = True  # the GCS does not answer: the dashboard does
+    assert [n.node_id for n in backend.nodes()] == ["d"] and http_calls == ["/nodes"]
+    gcs.down = False
+    backend.reachability.down("a submit failed")  # an outage: the dashboard is asked, and ends it
+    http_calls.clear()
+    assert [n.node_id for n in backend.nodes()] == ["d"] and http_calls == ["/nodes"]

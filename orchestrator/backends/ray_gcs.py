@@ -97,6 +97,31 @@ class RayGcs:
                 out[nid] = DrainingNode(node_id=nid, labels=dict(n.labels))
         return out
 
+    def all_nodes(self) -> tuple[list[dict], set[str]]:
+        """Every node the GCS lists (alive, and the dead it still keeps), each as the
+        ``raylet`` part of an entry of the dashboard's ``/nodes?view=summary``
+        (``nodeId``, ``state``, ``labels``, ``resourcesTotal``, ``isHeadNode``,
+        ``deathInfo``), and the ids of those draining: one call, where the
+        dashboard's list is an HTTP request to a Python process on the head that
+        the jobs' own submits keep busy, and knows no drain."""
+        reply = self._call(self._nodes.GetAllNodeInfo, gcs_service_pb2.GetAllNodeInfoRequest())
+        alive = gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE
+        out, draining = [], set()
+        for n in reply.node_info_list:
+            nid = n.node_id.hex()
+            death = {}
+            if n.HasField("death_info"):
+                if n.death_info.reason:
+                    death["reason"] = n.death_info.Reason.Name(n.death_info.reason)
+                if n.death_info.reason_message:
+                    death["reasonMessage"] = n.death_info.reason_message
+            out.append({"nodeId": nid, "state": "ALIVE" if n.state == alive else "DEAD", "labels": dict(n.labels),
+                        "resourcesTotal": dict(n.resources_total), "isHeadNode": n.is_head_node,
+                        "deathInfo": death})
+            if n.state == alive and n.state_snapshot.state == gcs_pb2.NodeSnapshot.State.DRAINING:
+                draining.add(nid)
+        return out, draining
+
     def request_checkpoint(self, submission_id: str, *, nodes: list[str], reason: str) -> None:
         """Leave the attempt a message: checkpoint now, a node of yours is going
         away. ``nodes``: every draining node the attempt was told about so far; a

@@ -63,3 +63,55 @@ def test_restore_replaces_drained_and_dead_nodes(ray_cluster):
     assert {n.ports["node_id"] for n in spot} <= alive
     # The drained node was killed (Ray marks it dead at its own pace, up to its health-check timeout).
     wait_for(lambda: not localcluster._alive(drained.pid), timeout=30, what="the drained node's process gone")
+
+
+def test_the_gcs_lists_the_nodes_the_dashboard_does_drains_and_deaths_included(ray_cluster):
+    """The dispatcher lists nodes every pass through the GCS (one call, drains in
+    it); the dashboard's list is the fallback, and the path taken during an outage.
+    Both must say the same of every field routing and failure classification read,
+    of a drained node and a killed one too."""
+    from raylane.orchestrator.backends.ray_gcs import RayGcs
+    from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
+    from raylane.orchestrator.tooling import localcluster
+
+    st = ray_cluster.state
+    via_gcs = RayJobsBackend(st.dashboard_url, st.token, gcs=RayGcs(st.gcs_address, st.token))
+    assert via_gcs.ping()  # Ray is reachable: nodes come from the GCS
+    via_dashboard = RayJobsBackend(st.dashboard_url, st.token, gcs=RayGcs(st.gcs_address, st.token))
+    gcs_calls = []
+    real = via_gcs.gcs.all_nodes
+    via_gcs.gcs.all_nodes = lambda: gcs_calls.append(1) or real()
+    via_dashboard.gcs.all_nodes = lambda: pytest.fail("listed through the GCS during an outage")
+    via_gcs.draining_ttl_s = via_dashboard.draining_ttl_s = 0
+
+    def seen(backend):
+        if backend is via_dashboard:
+            backend.reachability.down("an outage: the dashboard is asked")
+        # A dead node's resources: the GCS keeps them, the dashboard drops them; only
+        # alive nodes' are read (``cluster_view``).
+        return {n.node_id: (n.state, n.group, n.market, n.is_head, n.draining,
+                            {k: v for k, v in n.resources_total.items() if k in ("CPU", "GPU", "memory")}
+                            if n.state == "ALIVE" else None, n.death_reason)
+                for n in backend.nodes()}
+
+    before = seen(via_gcs)
+    assert before == seen(via_dashboard) and gcs_calls
+    assert {"head", "gpu", "cpu", "spot-cpu"} <= {v[1] for v in before.values()}
+    assert any(v[5].get("GPU") for v in before.values())
+
+    drained = next(n for n in st.nodes if n.group == "spot-cpu")
+    killed = next(n for n in st.nodes if n.group == "spot-cpu" and n.name != drained.name)
+    ray_cluster.drain_node(drained.name, deadline_s=60)
+    os.killpg(killed.pid, 9)
+    wait_for(lambda: not localcluster._alive(killed.pid), timeout=30, what="the killed node's process gone")
+
+    def agree():
+        a, b = seen(via_gcs), seen(via_dashboard)
+        d = a.get(drained.ports["node_id"])
+        # The drained node is draining, or has left once idle (Ray says it was preempted).
+        return a == b and a[killed.ports["node_id"]][0] == "DEAD" and d and (
+            d[4] or (d[0] == "DEAD" and d[6].startswith("AUTOSCALER_DRAIN"))) and a
+
+    after = wait_for(agree, timeout=60, what="the GCS and the dashboard listing the same nodes")
+    assert after[killed.ports["node_id"]][1:3] == ("spot-cpu", before[killed.ports["node_id"]][2])
+    assert after[killed.ports["node_id"]][6]  # why it died: what classify reads
