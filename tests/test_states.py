@@ -488,3 +488,18 @@ def test_a_status_change_naming_no_column_is_refused_not_dropped(cp):
         transition(s, jid, JobStatus.RUNNING, reason="x", actor="test", values={"finshed_at": utcnow()})
     with pytest.raises(ValueError, match="no column ended"), db.transaction(cp.sessions) as s:
         set_attempt(s, jid, 1, AttemptStatus.STOPPED, values={"ended": utcnow()})
+
+
+def test_live_attempts_are_polled_at_a_rate_not_a_pause_after_each_pass(settings):
+    """While attempts live, passes start every FAST_POLL_S (a pass's own time is
+    not added to the period), but the loop never waits less than its pass took
+    (at most half the time busy), and idle it waits the full interval."""
+    from raylane.orchestrator.loops.reconciler import FAST_POLL_S
+
+    rec = Reconciler(settings, None, FakeRay({}))
+    assert rec.next_wait() == settings.reconcile_interval_s
+    rec._live = 1
+    for took, period in ((0.0, FAST_POLL_S), (0.3 * FAST_POLL_S, FAST_POLL_S), (0.75 * FAST_POLL_S, 1.5 * FAST_POLL_S),
+                         (3 * FAST_POLL_S, 4 * FAST_POLL_S)):
+        rec.last_took = took
+        assert took + rec.next_wait() == pytest.approx(period), took

@@ -23,6 +23,7 @@ class LoopService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
+        self.last_took = 0.0  # seconds the last pass ran (``next_wait`` may count it)
 
     def run_once(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -46,7 +47,7 @@ class LoopService:
             except Exception:
                 log.exception("%s pass failed; the loop goes on", self.name)
             self.passes += 1
-            took = time.monotonic() - t0
+            took = self.last_took = time.monotonic() - t0
             if took > max(self.interval, 1.0) * 5:
                 log.warning("%s pass took %.1fs (interval %.1fs)", self.name, took, self.interval)
             # Wait for new work or the polling interval, whichever comes first.
