@@ -503,3 +503,42 @@ def test_live_attempts_are_polled_at_a_rate_not_a_pause_after_each_pass(settings
                          (3 * FAST_POLL_S, 4 * FAST_POLL_S)):
         rec.last_took = took
         assert took + rec.next_wait() == pytest.approx(period), took
+
+
+def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
+    """It polls every 20 ms while attempts live: on SQLite its reads must not take
+    the one write lock that submits' commits wait for. Here another connection
+    holds that lock for the whole pass, which must still see the live attempt."""
+    import sqlite3
+    import threading
+
+    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.store import migrate
+    from tests.conftest import ADMIN_TOKEN
+
+    url = f"sqlite:///{tmp_path / 'raylane.db'}"
+    migrate.upgrade(url)
+    settings = Settings(database_url=url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False,
+                        admin_token=ADMIN_TOKEN, submit_rate_per_s=0, gc_freeze=False)
+    plane = ControlPlane(settings)
+    try:
+        jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
+        sid = submission_id(jid, 1)
+        running = {sid: RayJob(sid, "RUNNING", None, None, 1, None, "n1", None, {})}
+        rec = Reconciler(settings, plane.sessions, FakeRay(running))
+        rec.run_once()  # its first sight of the attempt running: written
+        writer = sqlite3.connect(tmp_path / "raylane.db", timeout=0)
+        writer.execute("BEGIN IMMEDIATE")  # a commit in progress elsewhere
+        try:
+            done = threading.Event()
+            t = threading.Thread(target=lambda: (rec.run_once(), done.set()), daemon=True)
+            t.start()
+            # Taking the write lock, the pass would wait SQLITE_BUSY_TIMEOUT_MS (30 s) here.
+            assert done.wait(10), "the reconciler's pass waited for the write lock"
+            assert rec._live == 1
+        finally:
+            writer.rollback()
+            writer.close()
+    finally:
+        plane.close()

@@ -114,7 +114,9 @@ class Reconciler(LoopService):
         return max(FAST_POLL_S - self.last_took, min(self.last_took, FAST_POLL_S))
 
     def run_once(self) -> None:
-        with db.transaction(self.sessions) as s:
+        # A read (SQLite: no write lock): this runs every 20 ms while attempts live, and
+        # a write transaction each time took the lock that submits' commits wait for.
+        with db.read(self.sessions) as s:
             live = lifecycle.live_attempts(s)
             cancelling_unsubmitted = lifecycle.cancelling_jobs(s)
         self._live = len(live)
@@ -159,7 +161,7 @@ class Reconciler(LoopService):
         try:
             mark = self.lanes.sweep_mark()
             until = utcnow() - timedelta(seconds=self.settings.lane_tombstone_keep_s)
-            with db.transaction(self.sessions) as s:
+            with db.read(self.sessions) as s:
                 rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH)
             swept = self.lanes.sweep(rows)
             if swept:
@@ -191,7 +193,7 @@ class Reconciler(LoopService):
             mark = self.lanes.sweep_mark(lanes_domain.RECORDS_MARK_KEY) or self.lanes.sweep_mark() \
                 or (now - timedelta(seconds=self.settings.lane_tombstone_keep_s), 0)
             until = now - timedelta(seconds=lanes_domain.RECORD_KEEP_S)
-            with db.transaction(self.sessions) as s:
+            with db.read(self.sessions) as s:
                 tail = lifecycle.nth_newest_end(s, self.settings.lane_dashboard_keep)
                 if tail is not None and tail > until:
                     until = min(tail, now - timedelta(seconds=RECORDS_SETTLE_S))
@@ -391,7 +393,7 @@ class Reconciler(LoopService):
 
     def _service_route(self, r) -> None:
         """A service reports its route while it runs; read it once it appears."""
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             if lifecycle.has_result(s, r["job_id"]):
                 return
         try:
