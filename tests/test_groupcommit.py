@@ -403,3 +403,42 @@ def test_an_isolated_unit_rolled_back_keeps_the_batchs_deferred_rows(cp):
     assert cp.get(job_id, project="default").labels == {"k": "v"}
     assert _count(cp) == 1 and _count(cp, events) == 1
     assert_kept_equals_counted(cp)
+
+
+def test_a_committed_unit_wakes_its_waiter_from_the_writer_and_only_once_stored(cp):
+    """``committed`` runs in the writer thread once the unit is durable, before the
+    event loop is woken: a submit wakes the dispatcher there, one hop of the loop
+    sooner. A unit that failed calls nothing; a replayed key wakes nobody."""
+    import asyncio
+    import threading
+
+    writer = GroupCommit(cp.sessions)
+    seen = []
+
+    def committed(result):
+        with db.transaction(cp.sessions) as s:  # durable before the call
+            stored = s.execute(select(func.count()).select_from(jobs).where(jobs.c.id == result)).scalar_one()
+        seen.append((result, threading.current_thread().name, stored))
+
+    def bad(s):
+        store.submit(s, SPEC)
+        raise ValueError("refused")
+
+    async def main():
+        jid = await writer.run_async(lambda s: store.submit(s, SPEC)[0], committed=committed)
+        assert seen == [(jid, seen[0][1], 1)] and seen[0][1].startswith("raylane-group-commit")
+        with pytest.raises(ValueError):
+            await writer.run_async(bad, committed=committed)
+        assert len(seen) == 1
+
+        cp.new_work.clear()
+        await cp.submit_async(SPEC, project="default", actor="t", idempotency_key="once")
+        assert cp.new_work.is_set()
+        cp.new_work.clear()
+        _, created = await cp.submit_async(SPEC, project="default", actor="t", idempotency_key="once")
+        assert not created and not cp.new_work.is_set()
+
+    try:
+        asyncio.run(main())
+    finally:
+        writer.close()

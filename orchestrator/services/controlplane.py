@@ -186,10 +186,12 @@ class ControlPlane:
             placement = await asyncio.to_thread(self._prepare, spec)
         job, created = await self.async_writes.run_async(
             self._submit_unit(spec, project, actor, idempotency_key, placement, audit),
-            isolated=_refusable(spec, idempotency_key))
-        if created:
-            self.new_work.set()
+            isolated=_refusable(spec, idempotency_key), committed=self._wake_if_created)
         return job, created
+
+    def _wake_if_created(self, result: tuple[Job, bool]) -> None:
+        if result[1]:
+            self.new_work.set()
 
     def _prepares_in_memory(self, spec: JobSpec) -> bool:
         # A router set without Ray (tests, the CLI's local commands) is a pure function.

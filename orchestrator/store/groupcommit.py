@@ -81,14 +81,23 @@ class GroupCommit:
         self._put(fn, lambda ok, value: fut.set_result(value) if ok else fut.set_exception(value), isolated)
         return fut.result()
 
-    async def run_async(self, fn: Callable[[Session], T], *, isolated: bool = False) -> T:
+    async def run_async(self, fn: Callable[[Session], T], *, isolated: bool = False,
+                        committed: Callable[[T], None] | None = None) -> T:
         """``run`` from the event loop: the loop waits on an asyncio future that the
         writer settles through ``call_soon_threadsafe`` (one wake-up of the loop, no
-        worker thread held while the batch commits)."""
+        worker thread held while the batch commits). ``committed(result)``: called by
+        the writer once the unit is committed, before the loop is woken (a submit
+        wakes the dispatcher from there, not one hop of the loop later); it must be
+        quick and must not raise."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
 
         def settle(ok: bool, value: Any) -> None:
+            if ok and committed is not None:
+                try:
+                    committed(value)
+                except Exception:
+                    log.exception("a unit's commit callback failed")
             try:
                 loop.call_soon_threadsafe(_settle, fut, ok, value)
             except RuntimeError:  # the loop is closed: nobody waits for this answer
