@@ -149,6 +149,7 @@ def test_nodes_come_from_the_gcs_while_ray_is_reachable_and_from_the_dashboard_o
     http_calls = []
     gcs = ListingGcs()
     backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
+    backend.draining_ttl_s = 3600  # no expiry between the calls below
     backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
         lambda req: http_calls.append(req.url.path) or httpx.Response(
             200, json={"data": {"summary": [_node("d")]}} if "nodes" in req.url.path else {})))
@@ -172,3 +173,80 @@ def test_nodes_come_from_the_gcs_while_ray_is_reachable_and_from_the_dashboard_o
     backend.reachability.down("a submit failed")  # an outage: the dashboard is asked, and ends it
     http_calls.clear()
     assert [n.node_id for n in backend.nodes()] == ["d"] and http_calls == ["/nodes"]
+
+
+def test_a_failing_gcs_listing_backs_off_and_a_dashboard_not_seen_lately_is_asked(monkeypatch, caplog):
+    """A GCS that fails to list (unreachable, or an answer this Ray cannot read) is
+    left alone for GCS_BACKOFF_S, said once; and nodes come from the GCS only while
+    the dashboard was seen answering within DASHBOARD_CHECK_S: a dashboard that
+    died while the GCS lives is noticed by the next listing."""
+    import logging
+
+    now = [1000.0]
+    monkeypatch.setattr(ray_jobs.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("raylane.orchestrator.backends.reachability.time.monotonic", lambda: now[0])
+
+    class BrokenGcs(FakeGcs):
+        listings = 0
+        fail = True
+
+        def all_nodes(self):
+            self.listings += 1
+            if self.fail:
+                raise ValueError("an enum value these protos do not know")
+            return [{"nodeId": "g", "state": "ALIVE", "labels": {}, "resourcesTotal": {}}], set()
+
+    http = []
+    gcs = BrokenGcs()
+    backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
+    backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
+        lambda req: http.append(1) or httpx.Response(200, json={"data": {"summary": [_node("d")]}})))
+    backend.cluster_view()  # the dashboard answered (and the GCS its drains)
+    drain_calls = gcs.calls
+    with caplog.at_level(logging.WARNING, logger="raylane"):
+        # The dashboard's list instead, and the GCS is not asked for the drains either.
+        assert [n.node_id for n in backend.nodes()] == ["d"] and gcs.listings == 1 and gcs.calls == drain_calls
+        now[0] += 1
+        backend.nodes()
+        assert gcs.listings == 1  # backing off: not asked again
+    assert len([r for r in caplog.records if "through its GCS failed" in r.getMessage()]) == 1
+    now[0] += ray_jobs.GCS_BACKOFF_S
+    gcs.fail = False
+    backend.cluster_view()  # the backoff's end is past the dashboard check too: the dashboard first
+    calls = len(http)
+    assert [n.node_id for n in backend.nodes()] == ["g"] and len(http) == calls  # then the GCS
+    now[0] += ray_jobs.DASHBOARD_CHECK_S  # the dashboard not seen since: asked again, and refreshed
+    backend.cluster_view()
+    assert len(http) == calls + 1
+    backend.cluster_view()
+    assert len(http) == calls + 1 and gcs.listings == 3
+
+
+def test_the_gcs_node_table_reads_as_the_dashboard_list():
+    """RayGcs.all_nodes on a reply as the GCS gives it: alive, draining, dead with
+    its reason (named; one these protos do not know, as its number)."""
+    from ray.core.generated import common_pb2, gcs_pb2, gcs_service_pb2
+
+    from raylane.orchestrator.backends.ray_gcs import RayGcs
+
+    alive, dead = gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE, gcs_pb2.GcsNodeInfo.GcsNodeState.DEAD
+    reply = gcs_service_pb2.GetAllNodeInfoReply(node_info_list=[
+        gcs_pb2.GcsNodeInfo(node_id=bytes.fromhex("aa" * 28), state=alive, is_head_node=True,
+                            labels={"ray.io/node-group": "head"}, resources_total={"CPU": 0.0}),
+        gcs_pb2.GcsNodeInfo(node_id=bytes.fromhex("bb" * 28), state=alive, resources_total={"CPU": 4.0},
+                            state_snapshot=gcs_pb2.NodeSnapshot(state=gcs_pb2.NodeSnapshot.State.DRAINING)),
+        gcs_pb2.GcsNodeInfo(node_id=bytes.fromhex("cc" * 28), state=dead, death_info=common_pb2.NodeDeathInfo(
+            reason=common_pb2.NodeDeathInfo.Reason.AUTOSCALER_DRAIN_PREEMPTED, reason_message="preempted")),
+        gcs_pb2.GcsNodeInfo(node_id=bytes.fromhex("dd" * 28), state=dead,
+                            death_info=common_pb2.NodeDeathInfo(reason=99)),
+    ])
+    gcs = RayGcs.__new__(RayGcs)
+    gcs._call = lambda fn, request: reply
+    gcs._nodes = type("Stub", (), {"GetAllNodeInfo": None})()
+    nodes, draining = gcs.all_nodes()
+    assert draining == {"bb" * 28}
+    assert [(n["nodeId"][:2], n["state"], n["isHeadNode"], n["deathInfo"].get("reason")) for n in nodes] == [
+        ("aa", "ALIVE", True, None), ("bb", "ALIVE", False, None),
+        ("cc", "DEAD", False, "AUTOSCALER_DRAIN_PREEMPTED"), ("dd", "DEAD", False, "99")]
+    assert nodes[0]["labels"] == {"ray.io/node-group": "head"} and nodes[1]["resourcesTotal"] == {"CPU": 4.0}
+    assert nodes[2]["deathInfo"]["reasonMessage"] == "preempted"

@@ -492,8 +492,9 @@ def test_a_status_change_naming_no_column_is_refused_not_dropped(cp):
 
 def test_live_attempts_are_polled_at_a_rate_not_a_pause_after_each_pass(settings):
     """While attempts live, passes start every FAST_POLL_S (a pass's own time is
-    not added to the period), but the loop never waits less than its pass took
-    (at most half the time busy), and idle it waits the full interval."""
+    not added to the period); a pass of more than half the period waits as long
+    as it took, one longer than the period the whole period (as before); idle,
+    the loop waits the full interval."""
     from raylane.orchestrator.loops.reconciler import FAST_POLL_S
 
     rec = Reconciler(settings, None, FakeRay({}))

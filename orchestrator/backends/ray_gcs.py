@@ -112,7 +112,10 @@ class RayGcs:
             death = {}
             if n.HasField("death_info"):
                 if n.death_info.reason:
-                    death["reason"] = n.death_info.Reason.Name(n.death_info.reason)
+                    try:
+                        death["reason"] = n.death_info.Reason.Name(n.death_info.reason)
+                    except ValueError:  # a reason newer than these protos
+                        death["reason"] = str(n.death_info.reason)
                 if n.death_info.reason_message:
                     death["reasonMessage"] = n.death_info.reason_message
             out.append({"nodeId": nid, "state": "ALIVE" if n.state == alive else "DEAD", "labels": dict(n.labels),

@@ -31,6 +31,9 @@ HTTP_TIMEOUT_S = 10.0  # one dashboard call; the loops retry on their next pass
 PING_TIMEOUT_S = 2.0  # /readyz asking Ray itself: a load balancer's probe must not hang on a dead host
 DRAINING_TTL_S = 1.0  # one GCS answer about draining nodes serves every caller this long
 GCS_BACKOFF_S = 10.0  # after the GCS could not be asked
+# Nodes come from the GCS only while the dashboard (what submits go to) was seen
+# answering this recently; the next listing after that asks the dashboard itself.
+DASHBOARD_CHECK_S = 5.0
 # How long a result the GCS cannot give is asked for again before the attempt is
 # recorded without it: a GCS that stays unreachable must not hold a finished job.
 RESULT_PATIENCE_S = 60.0
@@ -135,6 +138,7 @@ class RayJobsBackend:
         self._lock = threading.Lock()  # guards _labels, _drained, _draining_cache and _ray_job_ids
         self._ray_job_ids: OrderedDict[str, str] = OrderedDict()  # submission id -> Ray's job id, once known
         self._draining_cache: tuple[float, set[str]] = (0.0, set())  # (valid until, draining node ids)
+        self._gcs_nodes_after = 0.0  # listing nodes through the GCS failed: not before this (monotonic)
         # group -> its live, undrained nodes as (node id, CPUs), from the last cluster_view
         # (the dispatcher's, every pass): where the warm lanes put a host each.
         self._group_nodes: dict[str, list[tuple[str, float]]] | None = None  # None: never listed
@@ -487,30 +491,41 @@ class RayJobsBackend:
 
     def nodes(self, draining: set[str] | None = None) -> list[RayNode]:
         """Ray's nodes, alive and dead. ``draining``: the draining node ids if the
-        caller has just asked the GCS (saves asking it again).
+        caller has just asked the GCS (saves asking it again)."""
+        return self._nodes(draining)[0]
+
+    def _nodes(self, draining: set[str] | None = None) -> tuple[list[RayNode], bool]:
+        """The nodes, and whether they came from the GCS.
 
         While Ray is reachable they come from the GCS, drains included, in one call
         (``RayGcs.all_nodes``): the dispatcher lists nodes every pass, and the
         dashboard's list took 4-25 ms of a job's submit-to-admission on a busy head
-        against ~1 ms. From the dashboard otherwise: without a GCS address, when the
-        GCS does not answer, and during an outage, whose end is the dashboard (what
-        submits go to) answering again: a GCS that answers while the dashboard does
-        not must not end it on every pass."""
+        against ~1-2 ms. From the dashboard otherwise: without a GCS address, for
+        ``GCS_BACKOFF_S`` after the GCS failed to list them, during an outage (whose
+        end is the dashboard, what submits go to, answering again: a GCS that
+        answers while the dashboard does not must not end it on every pass), and
+        once ``DASHBOARD_CHECK_S`` passed since the dashboard was last seen
+        answering, so that a dashboard that died while the GCS lives is noticed
+        by the next listing, as before."""
         gcs = self.gcs
-        if gcs is not None and self.reachability.now().state == REACHABLE:
-            from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
+        now = time.monotonic()
+        state = self.reachability.now()
+        if gcs is not None and state.state == REACHABLE and now - (state.checked_at or 0.0) < DASHBOARD_CHECK_S \
+                and now >= self._gcs_nodes_after:
             try:
                 raylets, drains = gcs.all_nodes()
-            except GcsUnavailable as e:
-                log.debug("listing nodes through the GCS failed, asking the dashboard: %s", e)
+            except Exception as e:  # GcsUnavailable, or an answer this Ray cannot read
+                log.warning("listing Ray's nodes through its GCS failed (the dashboard's list is used for %.0f s): "
+                            "%s: %s", GCS_BACKOFF_S, type(e).__name__, e)
+                with self._lock:
+                    self._gcs_nodes_after = now + GCS_BACKOFF_S
+                    self._draining_cache = (now + GCS_BACKOFF_S, set())  # not asked again at once below
             else:
-                now = time.monotonic()
                 with self._lock:
                     self._draining_cache = (now + self.draining_ttl_s, set(drains))
                     self._drained |= drains
                     return self._parse_nodes([{"raylet": r} for r in raylets], {r["nodeId"] for r in raylets},
-                                             drains if draining is None else draining)
+                                             drains if draining is None else draining), True
         r = self._req("GET", "/nodes?view=summary")
         if r.status_code != 200:
             raise RayUnavailable(f"Ray dashboard answered {r.status_code} for nodes")
@@ -522,7 +537,7 @@ class RayJobsBackend:
         # requests list nodes from their own threads.
         listed = {(n.get("raylet") or {}).get("nodeId") for n in summary}
         with self._lock:
-            return self._parse_nodes(summary, listed, draining)
+            return self._parse_nodes(summary, listed, draining), False
 
     def _parse_nodes(self, summary: list[dict], listed: set[str], draining: set[str]) -> list[RayNode]:
         self._drained = (self._drained | draining) & listed
@@ -548,8 +563,9 @@ class RayJobsBackend:
         return out
 
     def cluster_view(self) -> ClusterView:
-        nodes = self.nodes()
-        self.reachability.up()  # the dispatcher lists nodes every pass: how an outage is seen to end
+        nodes, via_gcs = self._nodes()
+        if not via_gcs:  # the dashboard answered: the dispatcher lists every pass, how an outage is seen to end
+            self.reachability.up()
         view: ClusterView = {}
         live: dict[str, list[tuple[str, float]]] = {}
         draining: dict[str, list[str]] = {}

@@ -107,8 +107,8 @@ class Reconciler(LoopService):
         # ~FAST_POLL_S instead of a full interval. At that rate, not that pause after
         # each pass: a pass of 10 ms followed by 20 ms of waiting made the period 30 ms
         # and an end's average wait 15 ms, not 10. A pass of more than half the period
-        # waits as long as it took, one longer than the period the whole period (as
-        # before): never busy more than half the time.
+        # waits as long as it took (busy at most half the time), one longer than the
+        # period waits the whole period, as every pass did before.
         if not self._live:
             return self.interval
         return max(FAST_POLL_S - self.last_took, min(self.last_took, FAST_POLL_S))

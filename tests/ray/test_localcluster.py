@@ -87,12 +87,17 @@ def test_the_gcs_lists_the_nodes_the_dashboard_does_drains_and_deaths_included(r
     def seen(backend):
         if backend is via_dashboard:
             backend.reachability.down("an outage: the dashboard is asked")
+        else:
+            assert backend.ping()  # the dashboard answered just now: the GCS path is taken
+            asked = len(gcs_calls)
+            listed = backend.nodes()
+            assert len(gcs_calls) == asked + 1, "not listed through the GCS"
         # A dead node's resources: the GCS keeps them, the dashboard drops them; only
         # alive nodes' are read (``cluster_view``).
         return {n.node_id: (n.state, n.group, n.market, n.is_head, n.draining,
                             {k: v for k, v in n.resources_total.items() if k in ("CPU", "GPU", "memory")}
                             if n.state == "ALIVE" else None, n.death_reason)
-                for n in backend.nodes()}
+                for n in (listed if backend is via_gcs else backend.nodes())}
 
     def alive(nodes):
         return {k: v for k, v in nodes.items() if v[0] == "ALIVE"}
@@ -100,8 +105,12 @@ def test_the_gcs_lists_the_nodes_the_dashboard_does_drains_and_deaths_included(r
     # Nodes dead before this test: the GCS keeps their labels, the dashboard drops
     # them (and this backend never saw them alive); what is compared is the nodes
     # alive now, and those that were alive at the start.
-    before = alive(seen(via_gcs))
-    assert before == alive(seen(via_dashboard)) and gcs_calls
+    def alive_agree():
+        a = alive(seen(via_gcs))
+        return a == alive(seen(via_dashboard)) and a  # a node killed before may be DEAD in one first
+
+    before = wait_for(alive_agree, timeout=60, what="the GCS and the dashboard listing the same alive nodes")
+    assert gcs_calls
     assert {"head", "gpu", "cpu", "spot-cpu"} <= {v[1] for v in before.values()}
     assert any(v[5].get("GPU") for v in before.values())
 
@@ -116,7 +125,7 @@ def test_the_gcs_lists_the_nodes_the_dashboard_does_drains_and_deaths_included(r
         d = a.get(drained.ports["node_id"])
         # The drained node is draining, or has left once idle (Ray says it was preempted).
         return a == b and a[killed.ports["node_id"]][0] == "DEAD" and d and (
-            d[4] or (d[0] == "DEAD" and d[6].startswith("AUTOSCALER_DRAIN"))) and a
+            d[4] or (d[0] == "DEAD" and (d[6] or "").startswith("AUTOSCALER_DRAIN"))) and a
 
     after = wait_for(agree, timeout=60, what="the GCS and the dashboard listing the same nodes")
     assert after[killed.ports["node_id"]][1:3] == ("spot-cpu", before[killed.ports["node_id"]][2])
