@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain import lanes
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
-from raylane.orchestrator.domain.ids import new_job_id, submission_id
+from raylane.orchestrator.domain.ids import new_job_id, new_job_ids, submission_id
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
@@ -228,22 +228,26 @@ def submit_batch(
     label_rows: list[dict[str, Any]] = []
     # One millisecond, many ids: new_job_id's random part keeps them unique;
     # sorting keeps "newest first" meaning "last in the batch first".
-    ids = [new_job_id() for _ in specs]
+    ids = new_job_ids(len(specs))
     linked = any(spec.depends_on for spec in specs)
     if linked:
         dependencies.order_batch(specs)
     names = {spec.name: ids[i] for i, spec in reversed(list(enumerate(specs)))} if linked else {}
     all_deps = []
     moved: Counter[tuple[str, str | None, str]] = Counter()
+    placement_texts: dict[int, str] = {}  # alike jobs share a Placement (routing.route_many): encoded once
     for i, spec in enumerate(specs):
         job_id = ids[i]
         placement = placements[i] if placements else None
+        if placement is not None and id(placement) not in placement_texts:
+            placement_texts[id(placement)] = placement.model_dump_json()
         deps = dependencies.resolve(session, spec, project=project, batch=names, field=f"jobs.{i}.depends_on") \
             if spec.depends_on else []
         text = texts[i] if texts is not None else None
         if deps:  # the stored spec names its parents by id, as a resubmit of it must
             spec, text = dependencies.by_id(spec, deps), None
-        row = _batch_row(spec, job_id=job_id, placement=placement, text=text)
+        row = _batch_row(spec, job_id=job_id, placement=placement, text=text,
+                         placement_text=placement_texts[id(placement)] if placement is not None else None)
         if deps:
             _wait_for(row, deps)
         all_deps.append((job_id, deps))
@@ -272,7 +276,8 @@ _BATCH_COMMON = {"attempts": 0, "preemptions": 0, "idempotency_key": None, "requ
                  "cancel_requested": False, "skips": 0}
 
 
-def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text: str | None) -> dict[str, Any]:
+def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text: str | None,
+               placement_text: str | None = None) -> dict[str, Any]:
     """``_job_row`` less ``_BATCH_COMMON`` and the batch's project and time, with the
     spec as its JSON text (``PreparedInsert.execute_many(encoded=...)``): ``text`` if given."""
     return {
@@ -284,7 +289,7 @@ def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text:
         "priority": spec.priority,
         "spec": spec.model_dump_json(exclude_none=True) if text is None else text,
         "node_group": placement.node_group if placement else None,
-        "placement": placement.model_dump_json() if placement else "null",
+        "placement": placement_text or (placement.model_dump_json() if placement else "null"),
         "max_attempts": spec.retry.max_attempts,
         "deps_waiting": 0,  # _wait_for, for a job with parents
     }
