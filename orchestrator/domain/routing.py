@@ -23,6 +23,7 @@ What a kind implies is its row in ``kinds.KINDS``; nothing here tests a kind's n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from raylane.orchestrator.domain import lanes
@@ -134,6 +135,49 @@ def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *
         placement.reasons = [r for r in placement.reasons if not r.startswith("falls back to ")]
     placement.reasons.append(why)
     return placement
+
+
+# What of a spec the router reads (``route``, ``lanes.decide``): specs alike in
+# these route alike. tests/test_routing.py records every attribute ``route``
+# reads and fails on one not covered here.
+ROUTE_READS = ("kind", "lane", "resources", "placement", "sweep.num_samples", "sweep.max_concurrent_trials",
+               "runtime_env.working_dir", "runtime_env.py_modules", "runtime_env.pip")
+
+
+def route_key(spec: JobSpec) -> tuple:
+    """What ``route`` decides from (``ROUTE_READS``), hashable. Written out, not
+    walked from the paths: 0.8 us a spec against 6.5 for a generic walk, which ate
+    most of what the memo saves. ``Resources`` and ``PlacementHint`` hold scalars
+    only (a list field would make this unhashable, and every batch fail loudly)."""
+    sweep, env = spec.sweep, spec.runtime_env
+    return (spec.kind, spec.lane, tuple(spec.resources.__dict__.values()), tuple(spec.placement.__dict__.values()),
+            None if sweep is None else (sweep.num_samples, sweep.max_concurrent_trials),
+            env.working_dir, tuple(env.py_modules), tuple(env.pip))
+
+
+def route_many(specs: Sequence[JobSpec], profile: Profile, cluster: ClusterView | None = None, *,
+               fast_lane: bool = False) -> list[Placement]:
+    """``route`` of each spec, each shape routed once: a batch of 1,000 alike
+    jobs spent ~17 us a job routing (0.8 now), a fifth of its server CPU. Specs alike
+    share one ``Placement``: read it, do not change it. Raises ``Unroutable``
+    for the first spec that can never run, its field as ``jobs.<index>.<field>``."""
+    seen: dict[tuple, Placement] = {}
+    out = []
+    for i, spec in enumerate(specs):
+        key = route_key(spec)
+        placement = seen.get(key)
+        if placement is None:
+            try:
+                placement = seen[key] = route(spec, profile, cluster, fast_lane=fast_lane)
+            except Unroutable as e:
+                raise in_batch(e, i) from None
+        out.append(placement)
+    return out
+
+
+def in_batch(e: Unroutable, index: int) -> Unroutable:
+    """``e`` as refused for the batch's job ``index``: its field ``jobs.<index>.<field>``."""
+    return Unroutable(f"jobs[{index}]: {e.message}", field=f"jobs.{index}.{e.field}" if e.field else f"jobs.{index}")
 
 
 def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, reasons: list[str]):
