@@ -105,6 +105,7 @@ class Dispatcher(LoopService):
             ahead = stats.ahead_by_group(s) if rules.scale_ahead else {}
             waiting, waiting_need = stats.waiting_by_group(s) if rules.queue_ahead else ({}, {})
             waits: list[tuple[queue.Queued, str]] = []
+            admitted: list[queue.Admission] = []
             for d in admission.decide(queue.queued(s, now=now), view, self.profile, rules, used=used,
                                       drivers=drivers, limits=limits, project_used=project_used, ahead=ahead,
                                       waiting=waiting, waiting_need=waiting_need):
@@ -113,9 +114,8 @@ class Dispatcher(LoopService):
                 elif isinstance(d, admission.Wait):
                     waits.append((d.job, d.reason))
                 else:
-                    claimed.append(queue.admit(s, d.job, d.placement, passed_over=d.passed_over, owner=self.owner,
-                                               now=now, lease_until=lease_until, scale_up=d.scale_up,
-                                               queued=d.queued))
+                    admitted.append(queue.Admission(d.job, d.placement, d.passed_over, d.scale_up, d.queued))
+            claimed += queue.admit_many(s, admitted, owner=self.owner, now=now, lease_until=lease_until)
             queue.set_waiting(s, waits, now=now)
         return claimed
 

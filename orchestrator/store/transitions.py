@@ -28,6 +28,7 @@ from sqlalchemy.sql import ClauseElement
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
 from raylane.orchestrator.store import arrays, dependencies, tallies, usage_rows, webhooks
+from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import attempts, events, jobs
 
 # A status can change only a few times; more lost races than this means a bug
@@ -124,6 +125,55 @@ def transition(
                     dependencies.parent_ended(session, job_id, to, now=now)
             return src
     raise InvalidTransition(f"job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
+
+
+_JOBS_SEEN = select(jobs.c.id, jobs.c.status, jobs.c.node_group, jobs.c.project, jobs.c.created_at) \
+    .where(jobs.c.id.in_(bindparam("b_ids", expanding=True)))
+_EVENTS_LATER = PreparedInsert(events)
+
+
+def transition_many(session: Session, moves: list[dict[str, Any]], to: JobStatus, *, actor: str,
+                    now: datetime, expected: Iterable[JobStatus] | None = None) -> dict[str, datetime]:
+    """``transition`` of many jobs to one non-terminal status, each from the status
+    it was read in by this transaction (under its lock): ``moves`` are dicts of
+    ``job_id``, ``src``, ``reason``, ``attempt`` and ``values``. One read of the
+    jobs, one executemany of the updates, the events with the commit (one at a
+    time, with their deliveries, if a hook wants ``to``); an admission pass made
+    seven statements a job. If a job is not in ``src`` any more, they all go through
+    ``transition`` with ``expected``, as before. Returns each job's ``created_at``."""
+    if to.is_terminal():
+        raise ValueError("an end has cascades (arrays, dependents): use transition")
+    if not moves:
+        return {}
+    seen = {r.id: r for r in session.execute(_JOBS_SEEN, {"b_ids": [m["job_id"] for m in moves]})}
+    allowed = {s for s, dsts in ALLOWED.items() if to in dsts}
+    if expected is not None:
+        allowed &= set(expected)
+    stale = [m for m in moves if m["job_id"] not in seen or seen[m["job_id"]].status != m["src"].value
+             or m["src"] not in allowed]
+    hooked = webhooks.any_wanted(session, {r.project for r in seen.values()}, to.value)
+    if stale or hooked or len({frozenset(m["values"]) for m in moves}) > 1 \
+            or not session.bind.dialect.supports_sane_multi_rowcount:
+        for m in moves:
+            transition(session, m["job_id"], to, reason=m["reason"], actor=actor, expected=expected,
+                       attempt=m["attempt"], values=m["values"], now=now)
+        return {m["job_id"]: seen[m["job_id"]].created_at for m in moves if m["job_id"] in seen}
+    params = []
+    for m in moves:
+        vals = {"status_reason": m["reason"], **m["values"], "status": to.value, "updated_at": now}
+        if not _plain(vals):
+            raise ValueError("transition_many takes values as parameters only")
+        params.append({"b_id": m["job_id"], "b_src": m["src"].value, **vals})
+    res = session.execute(_JOB_MOVE, params)
+    if res.rowcount != len(moves):  # the rows are the transaction's: nothing else moved them
+        raise InvalidTransition(f"moved {res.rowcount} of {len(moves)} jobs to {to.value}")
+    for m, p in zip(moves, params):
+        tallies.job_moved(session, src=m["src"].value, src_group=seen[m["job_id"]].node_group, to=to.value,
+                          to_group=p.get("node_group", seen[m["job_id"]].node_group))
+    _EVENTS_LATER.defer(session, [{"job_id": m["job_id"], "at": now, "from_status": m["src"].value,
+                                   "to_status": to.value, "reason": m["reason"], "actor": actor,
+                                   "attempt": m["attempt"]} for m in moves])
+    return {m["job_id"]: seen[m["job_id"]].created_at for m in moves}
 
 
 def record_event(

@@ -133,19 +133,25 @@ _PREV = select(func.max(_u.held_to), func.max(case((func.coalesce(_u.node_group,
 _NEW = insert(attempt_usage)  # built once: every admission runs it
 
 
-def admitted(session: Session, *, job_id: str, number: int, project: str, kind: str, entrypoint: str,
-             node_group: str | None, market: str | None, resources: dict[str, Any]) -> None:
-    """A new attempt (it holds nothing yet); a retry reads its job's earlier rows for its prev columns."""
-    res = _resources(resources)
-    prev = (None, None) if number <= 1 else tuple(session.execute(
-        _PREV, {"b_job": job_id, "b_number": number, "b_group": node_group or NO_GROUP}).one())
-    cpu, gpu = res.get("CPU", 0.0), res.get("GPU", 0.0)
-    session.execute(_NEW, {
-        "job_id": job_id, "number": number, "project": project, "kind": kind, "node_group": node_group,
-        "market": market, "cpu": cpu, "gpu": gpu,
-        "review": costs.review(kind, entrypoint, res, market), "held_from": None, "held_to": None,
-        "prev_held_to": prev[0], "prev_group_held_to": prev[1],
-        "key_id": key_id(project, kind, node_group, market, cpu, gpu)})
+def admitted_many(session: Session, new: list[dict[str, Any]]) -> None:
+    """New attempts' rows (each holds nothing yet), one executemany: ``new`` are dicts
+    of job_id, number, project, kind, entrypoint, node_group, market and resources.
+    A retry reads its job's earlier rows for its prev columns."""
+    rows = []
+    for a in new:
+        res = _resources(a["resources"])
+        number, node_group, project, kind, market = a["number"], a["node_group"], a["project"], a["kind"], a["market"]
+        prev = (None, None) if number <= 1 else tuple(session.execute(
+            _PREV, {"b_job": a["job_id"], "b_number": number, "b_group": node_group or NO_GROUP}).one())
+        cpu, gpu = res.get("CPU", 0.0), res.get("GPU", 0.0)
+        rows.append({
+            "job_id": a["job_id"], "number": number, "project": project, "kind": kind, "node_group": node_group,
+            "market": market, "cpu": cpu, "gpu": gpu,
+            "review": costs.review(kind, a["entrypoint"], res, market), "held_from": None, "held_to": None,
+            "prev_held_to": prev[0], "prev_group_held_to": prev[1],
+            "key_id": key_id(project, kind, node_group, market, cpu, gpu)})
+    if rows:
+        session.execute(_NEW, rows if len(rows) > 1 else rows[0])
 
 
 # Built once (bound parameters): it runs with every attempt's change (store.transitions says why).

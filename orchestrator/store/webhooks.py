@@ -88,6 +88,13 @@ def enqueue(session: Session, *, job_id: str, event_id: int, to_status: str, now
                                "wanted": "%," + to_status + ",%"})
 
 
+def any_wanted(session: Session, projects: set[str], to_status: str) -> bool:
+    """Whether a hook of one of ``projects`` wants ``to_status`` (most clusters have none)."""
+    return session.execute(select(webhooks.c.id).where(webhooks.c.project.in_(sorted(projects)),
+                                                       webhooks.c.statuses.like("%," + to_status + ",%"))
+                           .limit(1)).first() is not None
+
+
 def enqueue_tick(session: Session, *, schedule_id: str, project: str, tick: datetime, outcome: str,
                  now: datetime) -> None:
     """One delivery per hook of the schedule's project that wants this tick's event
