@@ -59,3 +59,17 @@ def test_a_millisecond_that_runs_out_goes_on_in_the_next_and_a_clock_going_back_
     monkeypatch.setattr(ids.time, "time_ns", lambda: (ms - 1000) * 1_000_000)
     later = ids.new_job_id()
     assert later > run[-1] and ULID.from_str(later.upper()).milliseconds == ms + 1
+
+
+def test_a_forked_child_does_not_go_on_from_its_parents_last_id():
+    import multiprocessing
+
+    ids.new_job_id()
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        state = pool.apply(_child_state)
+    assert state == [-1, 0]
+
+
+def _child_state():
+    return list(ids._last)

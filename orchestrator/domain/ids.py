@@ -28,6 +28,17 @@ _lock = threading.Lock()
 _last = [-1, 0]  # the millisecond of the last id minted, and its random part
 
 
+def _forget_after_fork() -> None:
+    # A forked child (a uvicorn worker) must not go on from its parent's last id:
+    # both would mint the same next one within that millisecond.
+    global _lock
+    _lock = threading.Lock()
+    _last[0], _last[1] = -1, 0
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def encode(value: int, _p: list[str] = _PAIRS) -> str:
     """A 128-bit ULID as its 26 digits: 130 bits (the first two zero), ten a step."""
     return "".join([_p[value >> 120], _p[(value >> 110) & 1023], _p[(value >> 100) & 1023],
