@@ -227,7 +227,9 @@ def admit_many(session: Session, admitted: list[Admission], *, owner: str, now: 
     """``admit`` of each, in a few statements for all of them: the status changes
     (``transition_many``), then one executemany each of the attempts, their usage
     rows and the skips. A pass admitting 12 jobs made ~80 round trips, most of a
-    fresh process's first pass on PostgreSQL (docs/benchmarks.md)."""
+    fresh process's first pass on PostgreSQL (docs/benchmarks.md). Their
+    DISPATCHING events are written at commit: a caller that moves one of these
+    jobs again must do it in a later transaction, or its event would sort first."""
     if len(admitted) <= 1:
         return [admit(session, a.job, a.placement, passed_over=a.passed_over, owner=owner, now=now,
                       lease_until=lease_until, scale_up=a.scale_up, queued=a.queued) for a in admitted]
