@@ -60,25 +60,23 @@ def test_a_routed_batch_stores_each_jobs_placement_and_names_a_job_that_can_neve
     (``routing.route_many``), each stored with its own placement; a job no group
     can ever hold refuses the batch, by index."""
     from raylane.orchestrator.domain.profile import default_profile
-    from raylane.orchestrator.domain.routing import route, route_many
+    from raylane.orchestrator.domain.routing import route
 
     profile = default_profile()
-    cp.router = lambda spec: route(spec, profile)
-    cp.route_many = lambda specs: route_many(specs, profile)
+    routed = []
+    cp.router = lambda spec: routed.append(spec.name) or route(spec, profile)
     gpu = {**HELLO, "name": "g", "resources": {"gpus_per_worker": 1}}
     r = api.post("/v1/jobs/batch", json={"jobs": [HELLO, gpu, HELLO, {**HELLO, "name": "spot", "placement": {
         "market": "SPOT"}}]})
     assert r.status_code == 201, r.text
     groups = [api.get(f"/v1/jobs/{i}").json()["placement"]["node_group"] for i in r.json()["ids"]]
     assert groups == ["cpu", "gpu", "cpu", "spot-cpu"]
-    for router in ("route_many", "router"):  # memoised, and routed one at a time
-        if router == "router":
-            cp.route_many = None
-        never = {**HELLO, "name": "never", "resources": {"gpus_per_worker": 8}}
-        r = api.post("/v1/jobs/batch", json={"jobs": [HELLO, HELLO, HELLO, never]})
-        assert r.status_code == 422, r.text
-        d = r.json()["detail"][0]
-        assert d["loc"] == ["body", "jobs.3.resources"] and d["msg"].startswith("jobs[3]: ") and "GPU" in d["msg"], d
+    assert routed == ["hello", "g", "spot"]  # the second "hello" took the first's placement
+    never = {**HELLO, "name": "never", "resources": {"gpus_per_worker": 8}}
+    r = api.post("/v1/jobs/batch", json={"jobs": [HELLO, HELLO, HELLO, never]})
+    assert r.status_code == 422, r.text
+    d = r.json()["detail"][0]
+    assert d["loc"] == ["body", "jobs.3.resources"] and d["msg"].startswith("jobs[3]: ") and "GPU" in d["msg"], d
     assert api.get("/v1/jobs", params={"name_prefix": "never"}).json()["items"] == []
     assert len(api.get("/v1/jobs").json()["items"]) == 4
 

@@ -97,7 +97,7 @@ def test_the_router_reads_nothing_its_memo_key_leaves_out():
 @pytest.mark.parametrize("view", [None, VIEW])
 def test_a_batch_routed_once_a_shape_places_every_job_as_routing_each_would(fast_lane, view):
     specs = [s for s in variety() if _routable(s)]
-    placements = route_many(specs, PROFILE, view, fast_lane=fast_lane)
+    placements = route_many(specs, lambda s: route(s, PROFILE, view, fast_lane=fast_lane))
     assert [p.model_dump() for p in placements] == [route(s, PROFILE, view, fast_lane=fast_lane).model_dump()
                                                     for s in specs]
     # Names and labels do not change a route: jobs "a" and "b" of a shape share one
@@ -133,7 +133,7 @@ def test_a_job_that_can_never_run_is_refused_with_its_index_in_the_batch():
     ok = JobSpec(name="a", kind="command", entrypoint="true")
     never = JobSpec(name="b", kind="command", entrypoint="true", resources={"gpus_per_worker": 8})
     with pytest.raises(Invalid) as e:
-        route_many([ok, ok, never], PROFILE)
+        route_many([ok, ok, never], lambda s: route(s, PROFILE))
     assert e.value.field == "jobs.2.resources" and e.value.message.startswith("jobs[2]: ")
     assert "GPU" in e.value.message
 

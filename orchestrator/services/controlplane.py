@@ -77,8 +77,6 @@ class ControlPlane:
         self.new_work = threading.Event()
         # Routing hook: (spec) -> Placement | None; None until Ray/profile are wired.
         self.router: Callable[[JobSpec], Placement | None] | None = None
-        # ... and a batch's: (specs) -> placements, alike specs routed once; None: ``router`` each.
-        self.route_many: Callable[[Sequence[JobSpec]], list[Placement]] | None = None
         self.dashboard_url: str | None = settings.dashboard_url
         # Where a person opens Ray's dashboard: Raylane's /ray (set by the API,
         # api/rayproxy.py), so a job's link works with a Raylane token. Unset: Ray's own URL.
@@ -166,21 +164,11 @@ class ControlPlane:
     def _route(self, spec: JobSpec) -> Placement | None:
         return self.router(spec) if self.router else None
 
-    def _route_many(self, specs: Sequence[JobSpec]) -> list[Placement | None] | None:
+    def _route_many(self, specs: Sequence[JobSpec]) -> list[Placement] | None:
         """A batch's placements, each shape routed once (``routing.route_many``)."""
-        from raylane.orchestrator.domain.routing import Unroutable, in_batch
+        from raylane.orchestrator.domain.routing import route_many
 
-        if self.route_many is not None:
-            return self.route_many(specs)
-        if not self.router:
-            return None
-        out = []
-        for i, spec in enumerate(specs):
-            try:
-                out.append(self.router(spec))
-            except Unroutable as e:
-                raise in_batch(e, i) from None
-        return out
+        return route_many(specs, self.router) if self.router else None
 
     def submit(self, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None = None,
                audit: Callable[[Job, bool], dict[str, Any]] | None = None) -> tuple[Job, bool]:
@@ -376,7 +364,7 @@ class ControlPlane:
         from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
         from raylane.orchestrator.loops.dispatcher import Dispatcher
         from raylane.orchestrator.loops.reconciler import Reconciler
-        from raylane.orchestrator.domain.routing import route, route_many
+        from raylane.orchestrator.domain.routing import route
 
         self.profile = profile
         self.dashboard_url = dashboard_url
@@ -391,7 +379,6 @@ class ControlPlane:
                                  max_envs=self.settings.lane_max_envs)
         fast_lane = self.settings.fast_lane
         self.router = lambda spec: route(spec, profile, self.cluster_view(), fast_lane=fast_lane)
-        self.route_many = lambda specs: route_many(specs, profile, self.cluster_view(), fast_lane=fast_lane)
         self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work,
                                      lanes=self.lanes)
         self.reconciler = Reconciler(self.settings, self.sessions, self.backend, lanes=self.lanes)

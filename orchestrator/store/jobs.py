@@ -235,11 +235,11 @@ def submit_batch(
     names = {spec.name: ids[i] for i, spec in reversed(list(enumerate(specs)))} if linked else {}
     all_deps = []
     moved: Counter[tuple[str, str | None, str]] = Counter()
-    placement_texts: dict[int, str] = {}  # alike jobs share a Placement (routing.route_many): encoded once
+    placement_texts: dict[int, str] = {id(None): "null"}  # alike jobs share a Placement (routing.route_many)
     for i, spec in enumerate(specs):
         job_id = ids[i]
         placement = placements[i] if placements else None
-        if placement is not None and id(placement) not in placement_texts:
+        if id(placement) not in placement_texts:
             placement_texts[id(placement)] = placement.model_dump_json()
         deps = dependencies.resolve(session, spec, project=project, batch=names, field=f"jobs.{i}.depends_on") \
             if spec.depends_on else []
@@ -247,7 +247,7 @@ def submit_batch(
         if deps:  # the stored spec names its parents by id, as a resubmit of it must
             spec, text = dependencies.by_id(spec, deps), None
         row = _batch_row(spec, job_id=job_id, placement=placement, text=text,
-                         placement_text=placement_texts[id(placement)] if placement is not None else None)
+                         placement_text=placement_texts[id(placement)])
         if deps:
             _wait_for(row, deps)
         all_deps.append((job_id, deps))
@@ -277,9 +277,10 @@ _BATCH_COMMON = {"attempts": 0, "preemptions": 0, "idempotency_key": None, "requ
 
 
 def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text: str | None,
-               placement_text: str | None = None) -> dict[str, Any]:
+               placement_text: str) -> dict[str, Any]:
     """``_job_row`` less ``_BATCH_COMMON`` and the batch's project and time, with the
-    spec as its JSON text (``PreparedInsert.execute_many(encoded=...)``): ``text`` if given."""
+    spec and the placement as their JSON texts (``PreparedInsert.execute_many(encoded=...)``):
+    ``text`` if given; ``placement_text`` is ``placement``'s ("null" for none)."""
     return {
         "id": job_id,
         "name": spec.name,
@@ -289,7 +290,7 @@ def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text:
         "priority": spec.priority,
         "spec": spec.model_dump_json(exclude_none=True) if text is None else text,
         "node_group": placement.node_group if placement else None,
-        "placement": placement_text or (placement.model_dump_json() if placement else "null"),
+        "placement": placement_text,
         "max_attempts": spec.retry.max_attempts,
         "deps_waiting": 0,  # _wait_for, for a job with parents
     }
