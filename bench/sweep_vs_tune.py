@@ -35,6 +35,12 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def phases_of(logs: str, prefix: str) -> dict:
     line = [x for x in logs.splitlines() if prefix in x]
     return json.loads(line[-1].split(prefix, 1)[1]) if line else {}
@@ -80,7 +86,7 @@ def main() -> None:
             if args.raylane_env:
                 spec.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(
                     kv.split("=", 1) for kv in args.raylane_env)
-            t = time.perf_counter()
+            t, cpu0 = time.perf_counter(), cpu_s(bench.server.pid)
             job = httpx.post(url + "/v1/jobs", json=spec).json()
             while True:
                 j = httpx.get(url + f"/v1/jobs/{job['id']}").json()
@@ -88,11 +94,13 @@ def main() -> None:
                     break
                 time.sleep(0.2)
             wall = time.perf_counter() - t
+            # The control plane's own CPU over the sweep: on 2 cores it competes with the trials.
+            server_cpu = cpu_s(bench.server.pid) - cpu0
             assert j["status"] == "SUCCEEDED", j["status_reason"]
             logs = httpx.get(url + f"/v1/jobs/{job['id']}/logs").text
             # Submit to the driver's start: Raylane's admission and Ray's job supervisor.
             ray_job = ray.get_job_info(submission_id(job["id"], 1))  # its Ray job: what Ray was given
-            return {"wall_s": wall, "trials": j["result"]["num_trials"],
+            return {"wall_s": wall, "server_cpu_s": round(server_cpu, 2), "trials": j["result"]["num_trials"],
                     "concurrency": j["placement"]["num_workers"], "runtime_env": ray_job.runtime_env,
                     "best_loss": j["result"]["best"]["metrics"]["loss"],
                     "phases": {**phases_of(logs, "raylane: timing "), **phases_of(logs, "raylane: sweep timing ")}}
@@ -109,7 +117,7 @@ def main() -> None:
                           "expert_s": expert["wall_s"], "raylane_s": ours["wall_s"],
                           "ratio": ours["wall_s"] / expert["wall_s"], "expert": expert, "raylane": ours})
             print(f"pair {i + 1}: expert {expert['wall_s']:.1f} s, Raylane {ours['wall_s']:.1f} s, "
-                  f"ratio {ours['wall_s'] / expert['wall_s']:.2f}, load {before:.1f} -> {load():.1f}", flush=True)
+                  f"ratio {ours['wall_s'] / expert['wall_s']:.2f}, server CPU {ours['server_cpu_s']:.1f} s, load {before:.1f} -> {load():.1f}", flush=True)
         ratios = sorted(p["ratio"] for p in pairs)
         out = {"samples": args.samples, "raylane_env": args.raylane_env, "pairs": pairs, "median_ratio": statistics.median(ratios),
                "spread": [ratios[0], ratios[-1]]}

@@ -506,6 +506,54 @@ def test_live_attempts_are_polled_at_a_rate_not_a_pause_after_each_pass(settings
         assert took + rec.next_wait() == pytest.approx(period), took
 
 
+def test_a_quiet_live_attempt_is_polled_less_often_until_something_changes(cp, settings):
+    """A job running with nothing changing is polled at a period that grows with
+    the quiet time (QUIET_POLL_SHARE of it) up to QUIET_POLL_MAX_S; a pass that
+    sees a change (Ray's status, a new attempt, a cancel) polls fast again."""
+    from raylane.orchestrator.loops import reconciler as rmod
+
+    jid = _dispatched(cp, attempt=AttemptStatus.RUNNING)
+    with db.transaction(cp.sessions) as s:
+        transition(s, jid, JobStatus.RUNNING, reason="started", actor="test", attempt=1)
+    sid = submission_id(jid, 1)
+    ray = FakeRay({sid: RayJob(sid, "RUNNING", None, None, 1, None, "n1", None, {})})
+    rec = Reconciler(settings, cp.sessions, ray)
+
+    def period() -> float:
+        rec.last_took = 0.0  # the period alone, not less the pass's own time
+        return rec.next_wait()
+
+    rec.run_once()
+    assert period() == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)  # just seen: fast
+
+    def quiet_for(seconds: float) -> float:
+        rec._changed_at -= seconds  # as if the passes since had seen the same
+        rec.run_once()  # ... and so does this one: the quiet time stands
+        return period()
+
+    assert quiet_for(5) == pytest.approx(5 * rmod.QUIET_POLL_SHARE, rel=0.05)
+    assert quiet_for(3600) == pytest.approx(rmod.QUIET_POLL_MAX_S, abs=1e-3)
+    # Ray says it ended: the pass writes the outcome and polls fast again.
+    ray.answers[sid] = RayJob(sid, "SUCCEEDED", None, None, 1, 2, "n1", 0, {})
+    rec.run_once()
+    assert period() == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
+    # A cancel (the API wakes the loop) is a change too.
+    other = _dispatched(cp, attempt=AttemptStatus.RUNNING)
+    osid = submission_id(other, 1)
+    ray.answers[osid] = RayJob(osid, "RUNNING", None, None, 1, None, "n1", None, {})
+    rec.run_once()  # writes it RUNNING: the next pass sees that change
+    rec.run_once()
+    assert period() == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
+    rec._changed_at -= 3600
+    rec.run_once()
+    assert period() == pytest.approx(rmod.QUIET_POLL_MAX_S, abs=1e-3)
+    with db.transaction(cp.sessions) as s:
+        store.cancel(s, other, project=None)
+    rec.run_once()
+    assert ray.stopped == [osid]
+    assert period() == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
+
+
 def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
     """It polls every 20 ms while attempts live: on SQLite its reads must not take
     the one write lock that submits' commits wait for. Here another connection

@@ -51,6 +51,16 @@ log = logging.getLogger(__name__)
 # While attempts are live, Ray is polled this often: completion shows within
 # ~25 ms on average: one read of Ray's GCS for all live attempts.
 FAST_POLL_S = 0.02
+# ... while something changes. Once nothing has (no attempt came or went, Ray's
+# status and Raylane's stayed the same) the period grows to this share of the
+# quiet time, up to QUIET_POLL_MAX_S: a job running for minutes has its end
+# noticed within 0.25 s, and its control plane polls 4 times a second, not 50 (a
+# pass costs ~2 ms of CPU, which on a small head node competes with the job's own
+# processes: about 10% of a core for as long as anything runs). A short job is
+# polled at FAST_POLL_S throughout (its first second of quiet is); a submit or a
+# cancel wakes the loop at once, and a change seen restarts the fast period.
+QUIET_POLL_SHARE = 0.02
+QUIET_POLL_MAX_S = 0.25
 LIVE_TRIALS_EVERY_S = 1.0  # a running sweep's finished trials are read from Ray's store at most this often
 WRITE_BATCH = 200  # most outcomes written in one transaction (``_flush``)
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
@@ -93,6 +103,8 @@ class Reconciler(LoopService):
         # Called when an attempt ended (its capacity is free): the dispatcher admits the next at once.
         self.on_ended = None
         self._live = 0
+        self._seen: frozenset = frozenset()  # what the last pass saw of each live attempt (``_quiet_since``)
+        self._changed_at = time.monotonic()  # when a pass last saw something different
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
         self._trials_seen: dict[str, tuple[float, int]] = {}  # running sweep -> (last read, trials stored)
@@ -111,7 +123,17 @@ class Reconciler(LoopService):
         # period waits the whole period, as every pass did before.
         if not self._live:
             return self.interval
-        return max(FAST_POLL_S - self.last_took, min(self.last_took, FAST_POLL_S))
+        quiet = time.monotonic() - self._changed_at
+        period = min(max(FAST_POLL_S, QUIET_POLL_SHARE * quiet), QUIET_POLL_MAX_S, self.interval)
+        return max(period - self.last_took, min(self.last_took, period))
+
+    def _quiet_since(self, live, ray_jobs: dict[str, RayJob | None]) -> None:
+        """Note the time when what this pass sees differs from the last pass."""
+        seen = frozenset((r["submission_id"], r["status"], r["job_status"],
+                          (rj.status if (rj := ray_jobs.get(r["submission_id"])) is not None else None))
+                         for r in live)
+        if seen != self._seen:
+            self._seen, self._changed_at = seen, time.monotonic()
 
     def run_once(self) -> None:
         # A read (SQLite: no write lock): this runs every 20 ms while attempts live, and
@@ -143,6 +165,7 @@ class Reconciler(LoopService):
         except RayUnavailable as e:
             self.backend.reachability.down(e)  # warns once per outage; this loop polls every 50 ms
             return
+        self._quiet_since(live, ray_jobs)
         try:
             self._drains(live, ray_jobs)
         except Exception:
