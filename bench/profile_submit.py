@@ -24,14 +24,16 @@ sys.path.insert(0, str(ROOT))
 from bench import _server, submit_throughput as st  # noqa: E402
 
 
-def shares(raw: Path) -> tuple[int, collections.Counter]:
-    """(samples, samples under each function) from py-spy's raw (collapsed) output."""
+def shares(raw: Path, leaf: bool = False) -> tuple[int, collections.Counter]:
+    """(samples, samples under each function) from py-spy's raw (collapsed) output;
+    ``leaf``: samples in each function itself (its own time, not its callees')."""
     inclusive: collections.Counter = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         total += int(n)
-        for name in {f.split(" (")[0] for f in stack.split(";")}:
+        frames = [f.split(" (")[0] for f in stack.split(";")]
+        for name in ({frames[-1]} if leaf else set(frames)):
             inclusive[name] += int(n)
     return total, inclusive
 
@@ -42,6 +44,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--top", type=int, default=60)
     ap.add_argument("--grep", help="only functions whose name contains this")
+    ap.add_argument("--self", dest="leaf", action="store_true", help="each function's own samples, not its callees'")
+    ap.add_argument("--rate", type=int, default=200, help="samples a second")
     ap.add_argument("--batches", type=int, default=0, help="sample N batches of 1,000 jobs instead of single submits")
     args = ap.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -54,7 +58,7 @@ def main() -> None:
     proc, base = st.start_server(url, tempfile.mkdtemp(prefix="raylane-prof-"))
     try:
         asyncio.run(st.singles(base, 1.0, 4))  # warm-up
-        rec = subprocess.Popen([spy, "record", "-p", str(proc.pid), "-r", "200", "-d", str(args.seconds), "--gil",
+        rec = subprocess.Popen([spy, "record", "-p", str(proc.pid), "-r", str(args.rate), "-d", str(args.seconds), "--gil",
                                 "--nonblocking", "--format", "raw", "-o", str(raw)], stdout=subprocess.DEVNULL)
         if args.batches:
             n, dt = asyncio.run(st.batches(base, args.batches, 1000, 2))
@@ -66,7 +70,7 @@ def main() -> None:
         _server.stop_server(proc)
         if drop:
             drop()
-    total, inclusive = shares(raw)
+    total, inclusive = shares(raw, args.leaf)
     what = "jobs/s in batches" if args.batches else "submits/s"
     print(f"{args.db}: {n / dt:.0f} {what} while sampled; {total} samples")
     rows = [(k, v) for k, v in inclusive.most_common() if not args.grep or args.grep in k]

@@ -102,3 +102,31 @@ def test_a_stored_spec_loads_though_the_input_rule_refuses_it_at_submit():
     assert "NUL" in str(e.value)
     spec = JobSpec.from_stored(row)
     assert spec.runtime_env.env_vars["A"] == "a\x00b"
+
+
+def test_a_spec_short_enough_to_skip_measuring_always_fits():
+    """``check_exec_size`` does not measure a spec under ``_ALWAYS_FITS`` characters:
+    the worst character there is must still fit that many times over."""
+    from raylane.orchestrator.domain.specs import _ALWAYS_FITS, MAX_SPEC_BYTES, check_exec_size, exec_size
+
+    for worst in ("\U0001F600", "\x01", "\u2028", '"'):
+        assert len(json.dumps(worst * _ALWAYS_FITS)) <= MAX_SPEC_BYTES
+    # A spec just over the bound is measured: one that does not fit is refused.
+    big = JobSpec(name="x", kind="command", entrypoint="\U0001F600" * (_ALWAYS_FITS + 10))
+    assert len(big.model_dump_json(exclude_none=True)) > _ALWAYS_FITS and exec_size(big) > MAX_SPEC_BYTES
+    with pytest.raises(ValueError, match="driver's command line"):
+        check_exec_size(big)
+
+
+def test_default_sections_are_shared_and_cannot_be_changed():
+    """Resources, placement and retry defaults are one instance for every spec (not built per
+    spec): only sound because nobody can change them through one spec."""
+    a = JobSpec(name="a", kind="command", entrypoint="true")
+    b = JobSpec(name="b", kind="command", entrypoint="true")
+    assert a.resources is b.resources and a.retry is b.retry and a.placement is b.placement
+    for section, name, value in ((a.resources, "num_workers", 2), (a.retry, "max_attempts", 9),
+                                 (a.placement, "node_group", "gpu")):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(section, name, value)
+    assert b.resources.num_workers == 1 and b.retry.max_attempts == 3 and b.placement.node_group == "auto"
+    assert a.runtime_env is not b.runtime_env  # holds lists and dicts: one each

@@ -135,6 +135,8 @@ def allowlisted_name(entry: str) -> str | None:
 
 def _check_sources(spec: JobSpec, settings: Settings) -> None:
     env = spec.runtime_env
+    if not env.working_dir and not env.py_modules:
+        return
     items = ([("runtime_env.working_dir", env.working_dir)] if env.working_dir else []) + \
         [("runtime_env.py_modules", m) for m in env.py_modules]
     for field, value in items:
@@ -182,6 +184,8 @@ def _check_local_dir(field: str, value: str, settings: Settings) -> None:
 
 
 def _check_env(spec: JobSpec, settings: Settings) -> None:
+    if not spec.runtime_env.env_vars:
+        return
     prefixes = [p.upper() for p in settings.policy_reserved_env_prefixes]
     for name in spec.runtime_env.env_vars:
         hit = next((p for p in prefixes if name.upper().startswith(p)), None)
