@@ -80,6 +80,8 @@ def test_every_runner_module_exists_and_every_section_is_a_spec_field():
             assert importlib.util.find_spec(row.runner) is not None, row.runner
         if row.section:
             assert row.section in JobSpec.model_fields, row.section
+            # The spec looks for a kind's section only among these (JobSpec._kind_sections).
+            assert row.section in JobSpec._section_fields, row.section
 
 
 def test_an_unknown_kind_is_refused_with_the_known_ones():

@@ -190,11 +190,14 @@ def test_past_the_parameter_bound_what_waits_is_sent_first(cp, monkeypatch):
 # Many rows at once (PreparedInsert.execute_many: a batch) -------------------------
 
 
-def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values(cp, monkeypatch):
+@pytest.mark.parametrize("encoded", [("spec",), ("spec", "placement")])
+def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values(cp, monkeypatch, encoded):
     """Common values bound once, the spec given as its JSON text: the rows read back
     as ``insert(table)``'s do. PostgreSQL sends multi-row VALUES of a bounded size:
     at 4 rows a statement, 11 rows are one executemany of two, then 2 rows and 1
-    (what is left goes in powers of two: few statement shapes to cache)."""
+    (what is left goes in powers of two: few statement shapes to cache). On
+    SQLite, rows with nothing to convert (placement given as its JSON text too)
+    go as tuples in a statement that lists their own columns first."""
     from raylane.orchestrator.store import prepared
 
     monkeypatch.setattr(prepared, "PG_PARAMS_PER_STATEMENT", 4 * 21)  # the row below has 21 columns
@@ -207,19 +210,24 @@ def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values
         many.append(r)
     reference = _job_row(spec, project="default", job_id=new_job_id(), now=now, placement=None,
                          idempotency_key=None, reason=None)
-    common = {k: many[0][k] for k in ("project", "created_at", "updated_at", "attempts")}
+    common = {k: many[0][k] for k in ("project", "created_at", "updated_at", "attempts", "cancel_requested")}
     given = [{k: v for k, v in r.items() if k not in common} for r in many]
     for r in given:
         r["spec"] = spec.model_dump_json(exclude_none=True)
+        if "placement" in encoded:
+            r["placement"] = "null"
     sent, stop = _writes(cp.engine)
     try:
         with db.transaction(cp.sessions) as s:
-            PreparedInsert(jobs).execute_many(s, given, common=common, encoded=("spec",))
+            PreparedInsert(jobs).execute_many(s, given, common=common, encoded=encoded)
             s.execute(insert(jobs), reference)
     finally:
         stop()
     # + the reference's insert
     assert [q.count("), (") + 1 for q in sent[:-1]] == ([4, 2, 1] if cp.engine.dialect.name == "postgresql" else [1])
+    if cp.engine.dialect.name == "sqlite":
+        head = sent[0].split(") VALUES")[0]
+        assert (head.index("project") > head.index("name")) == ("placement" in encoded), head  # shared ones last
     with db.transaction(cp.sessions) as s:
         got = {r["id"]: dict(r) for r in s.execute(select(jobs)).mappings()}
     want = got.pop(reference["id"])

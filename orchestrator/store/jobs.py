@@ -253,7 +253,9 @@ def submit_batch(
         all_deps.append((job_id, deps))
         rows.append(row)
         moved[(row["status"], row["node_group"], row["kind"])] += 1
-        label_rows.extend({"job_id": job_id, "key": k, "value": v} for k, v in spec.labels.items())
+        if spec.labels:  # a loop, not a generator a job: most specs have one label or none
+            for k, v in spec.labels.items():
+                label_rows.append({"job_id": job_id, "key": k, "value": v})
     # The values every row shares are bound once, and each spec is encoded once
     # (model_dump_json) instead of dumped to Python and encoded again.
     _INSERT_JOB.execute_many(session, rows, encoded=("spec", "placement"), common={
@@ -271,6 +273,8 @@ def submit_batch(
     return ids
 
 
+_PENDING = JobStatus.PENDING.value
+
 # What every job of a batch starts with (``_job_row``'s constants).
 _BATCH_COMMON = {"attempts": 0, "preemptions": 0, "idempotency_key": None, "request_hash": None,
                  "cancel_requested": False, "skips": 0}
@@ -285,7 +289,7 @@ def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text:
         "id": job_id,
         "name": spec.name,
         "kind": spec.kind.value,
-        "status": JobStatus.PENDING.value,
+        "status": _PENDING,
         "status_reason": WAITING_REASON,
         "priority": spec.priority,
         "spec": spec.model_dump_json(exclude_none=True) if text is None else text,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 from typing import Any, Collection, Sequence
 
 from sqlalchemy import Table, event, insert
@@ -51,6 +52,7 @@ class PreparedInsert:
         self.table = table
         self._forms: dict[tuple[str, tuple[str, ...]], tuple[str, tuple[str, ...], dict, dict, bool]] = {}
         self._positional: dict[tuple[str, tuple[str, ...]], tuple[str, str, tuple[str, ...], dict, dict]] = {}
+        self._ordered: dict[tuple[str, ...], str] = {}  # SQLite: execute_many's statement, by column order
 
     def defer(self, session: Session, rows: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """``execute``, or outside a savepoint: kept, and sent with the transaction's
@@ -134,6 +136,17 @@ class PreparedInsert:
                 raise ValueError("execute_many needs a positional paramstyle")
         fixed = {k: procs[k](v) if k in procs else v for k, v in {**defaults, **common}.items()}
         slots = [(k, None if k in encoded else procs.get(k)) for k in order]
+        if not pg and not any(p for k, p in slots if k not in fixed):
+            # Nothing a row gives needs converting: its values are one itemgetter
+            # call, the shared ones a tuple after them (a statement that lists
+            # the row's columns first). A row's values cost ~1/3 of the loop below.
+            take = [k for k in order if k not in fixed]
+            last = tuple(fixed[k] for k in order if k in fixed)
+            getter = operator.itemgetter(*take)
+            one = len(take) == 1
+            conn.exec_driver_sql(self._sqlite_sql(conn.dialect, (*take, *(k for k in order if k in fixed))),
+                                 [((getter(r),) if one else getter(r)) + last for r in rows])
+            return
         template = [fixed.get(k) for k in order]
         varying = [(i, k, p) for i, (k, p) in enumerate(slots) if k not in fixed]
         params = []
@@ -161,6 +174,16 @@ class PreparedInsert:
             k = 1 << (len(rest).bit_length() - 1)
             chunk, rest = rest[:k], rest[k:]
             conn.exec_driver_sql(head + ", ".join([values] * k), tuple(v for row in chunk for v in row))
+
+    def _sqlite_sql(self, dialect, keys: tuple[str, ...]) -> str:
+        """``INSERT INTO table (keys...) VALUES (?, ...)``, the columns in the given order."""
+        sql = self._ordered.get(keys)
+        if sql is None:
+            q = dialect.identifier_preparer
+            names = ", ".join(q.quote(self.table.c[k].name) for k in keys)
+            sql = self._ordered[keys] = \
+                f"INSERT INTO {q.format_table(self.table)} ({names}) VALUES ({', '.join('?' * len(keys))})"
+        return sql
 
     @staticmethod
     def _params(row, order, procs, defaults, positional):
