@@ -300,3 +300,23 @@ def test_data_dir_is_0700_and_its_files_0600(tmp_path):
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     assert {"raylane.db", "raylane.db-wal", "admin_token"} <= set(modes), modes
     assert all(m == 0o600 for n, m in modes.items() if n.startswith(("raylane.db", "admin_token"))), modes
+
+
+@pytest.mark.parametrize("value,path,words", [
+    ({"a": {"b": [1, "x\x00"]}}, "args.a.b[1]", "NUL"),
+    ({"a": [1.0, float("nan")]}, "args.a[1]", "finite"),
+    ({"a": "\ud800"}, "args.a", "UTF-8"),
+    ({"k\ud800": 1}, "args (a key)", "UTF-8"),
+    ({"a": "x" * 70_000}, "args.a", "longer"),
+    ({"x" * 100: [None, ["\x00"]]}, "args." + "x" * 64 + "[1][0]", "NUL"),
+    ({"a": [[[]]]}, "args.a[0][0]", "nested deeper"),
+])
+def test_the_input_rule_names_the_path_of_what_it_refuses(value, path, words, monkeypatch):
+    """``check_value`` writes a path only when it refuses: it must still be the one the caller wrote."""
+    from raylane.orchestrator.domain import inputs
+
+    monkeypatch.setattr(inputs, "MAX_DEPTH", 3)
+    with pytest.raises(ValueError) as e:
+        inputs.check_value(value, "args")
+    assert str(e.value).startswith(path + ":") and words in str(e.value), str(e.value)[:200]
+    assert inputs.check_value({"ok": ["caf\u00e9", 1.5, {"n": None}]}, "args")  # what is fine passes

@@ -62,27 +62,37 @@ def check_text(s: str, where: str, *, max_chars: int | None = MAX_TEXT_CHARS) ->
 
 
 def check_value(value: Any, where: str) -> Any:
-    """Check every text and number inside ``value``; iterative, so depth cannot overflow the stack."""
-    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    """Check every text and number inside ``value``; iterative, so depth cannot overflow the stack.
+    A value's path is kept as links (parent, separator, key) and written out only for a refusal."""
+    stack: list[tuple[Any, Any, int]] = [(value, where, 0)]
     while stack:
         v, at, depth = stack.pop()
         if isinstance(v, str):
-            check_text(v, at)
+            if "\x00" in v or not v.isascii() or len(v) > MAX_TEXT_CHARS:  # else nothing to refuse
+                check_text(v, _path(at))
         elif isinstance(v, float):
             if not math.isfinite(v):
-                raise ValueError(f"{at}: numbers must be finite, got {v}")
+                raise ValueError(f"{_path(at)}: numbers must be finite, got {v}")
         elif isinstance(v, (dict, list, tuple)):
             if depth >= MAX_DEPTH:
-                raise ValueError(f"{at}: nested deeper than {MAX_DEPTH} levels")
+                raise ValueError(f"{_path(at)}: nested deeper than {MAX_DEPTH} levels")
             if isinstance(v, dict):
                 for k, item in v.items():
-                    key_at = f"{at}.{k[:64] if isinstance(k, str) else k}"
-                    if isinstance(k, str):
-                        check_text(k, f"{at} (a key)")
-                    stack.append((item, key_at, depth + 1))
+                    if isinstance(k, str) and ("\x00" in k or not k.isascii() or len(k) > MAX_TEXT_CHARS):
+                        check_text(k, f"{_path(at)} (a key)")
+                    stack.append((item, (at, ".", k), depth + 1))
             else:
-                stack.extend((item, f"{at}[{i}]", depth + 1) for i, item in enumerate(v))
+                stack.extend((item, (at, "[", i), depth + 1) for i, item in enumerate(v))
     return value
+
+
+def _path(at: Any) -> str:
+    """``env_vars.HOME``, ``args.layers[3]``: a path ``check_value`` kept as links."""
+    parts = []
+    while isinstance(at, tuple):
+        at, sep, key = at
+        parts.append(f"[{key}]" if sep == "[" else f".{key[:64] if isinstance(key, str) else key}")
+    return at + "".join(reversed(parts))
 
 
 def check_date(d: datetime, where: str) -> datetime:
