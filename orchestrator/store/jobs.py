@@ -250,7 +250,7 @@ def submit_batch(
                          placement_text=placement_texts[id(placement)])
         if deps:
             _wait_for(row, deps)
-        all_deps.append((job_id, deps))
+            all_deps.append((job_id, deps))
         rows.append(row)
         moved[(row["status"], row["node_group"], row["kind"])] += 1
         if spec.labels:  # a loop, not a generator a job: most specs have one label or none
