@@ -193,14 +193,8 @@ def test_past_the_parameter_bound_what_waits_is_sent_first(cp, monkeypatch):
 @pytest.mark.parametrize("encoded", [("spec",), ("spec", "placement")])
 def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values(cp, monkeypatch, encoded):
     """Common values bound once, the spec given as its JSON text: the rows read back
-    as ``insert(table)``'s do. PostgreSQL sends multi-row VALUES of a bounded size:
-    at 4 rows a statement, 11 rows are one executemany of two, then 2 rows and 1
-    (what is left goes in powers of two: few statement shapes to cache). On
-    SQLite, rows with nothing to convert (placement given as its JSON text too)
-    go as tuples in a statement that lists their own columns first."""
-    from raylane.orchestrator.store import prepared
-
-    monkeypatch.setattr(prepared, "PG_PARAMS_PER_STATEMENT", 4 * 21)  # the row below has 21 columns
+    as ``insert(table)``'s do. PostgreSQL takes them by COPY (no statement); SQLite
+    in one executemany whose statement lists the rows' own columns first."""
     spec = JobSpec(name="p", kind="command", entrypoint="echo 'ü \"b\"' %s \\n", labels={"k": "v"})
     now = utcnow()
     many = []
@@ -224,10 +218,12 @@ def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values
     finally:
         stop()
     # + the reference's insert
-    assert [q.count("), (") + 1 for q in sent[:-1]] == ([4, 2, 1] if cp.engine.dialect.name == "postgresql" else [1])
-    if cp.engine.dialect.name == "sqlite":
+    if cp.engine.dialect.name == "postgresql":
+        assert len(sent) == 1, sent  # the reference's INSERT; the eleven went by COPY
+    else:
+        assert len(sent) == 2 and sent[0].count("?") == 21, sent
         head = sent[0].split(") VALUES")[0]
-        assert (head.index("project") > head.index("name")) == ("placement" in encoded), head  # shared ones last
+        assert head.index("project") > head.index("name"), head  # the shared values last
     with db.transaction(cp.sessions) as s:
         got = {r["id"]: dict(r) for r in s.execute(select(jobs)).mappings()}
     want = got.pop(reference["id"])
@@ -237,6 +233,24 @@ def test_execute_many_reads_back_as_inserted_rows_with_common_and_encoded_values
         row.pop("id")
         assert row == want
     assert want["spec"]["entrypoint"] == "echo 'ü \"b\"' %s \\n"
+
+
+def test_execute_many_fails_as_any_statement_does_and_stores_nothing(cp):
+    """A row the database refuses (a label of no job) is SQLAlchemy's IntegrityError
+    on both databases (PostgreSQL's rows go by COPY, outside SQLAlchemy's execute),
+    the transaction rolls back, and the pooled connection serves the next one."""
+    rows = [{"job_id": f"nope{i}", "key": "k", "value": "v"} for i in range(3)]
+    with pytest.raises(IntegrityError):
+        with db.transaction(cp.sessions) as s:
+            PreparedInsert(job_labels).execute_many(s, rows)
+    with db.transaction(cp.sessions) as s:
+        assert s.execute(select(func.count()).select_from(job_labels)).scalar_one() == 0
+        job = _job_row(JobSpec(name="p", kind="command", entrypoint="true"), project="default",
+                       job_id=new_job_id(), now=utcnow(), placement=None, idempotency_key=None, reason=None)
+        s.execute(insert(jobs), job)
+        PreparedInsert(job_labels).execute_many(s, [{"job_id": job["id"], "key": "k", "value": "v\t\n\\ \u00fc"}])
+    with db.transaction(cp.sessions) as s:
+        assert s.execute(select(job_labels.c.value)).scalars().all() == ["v\t\n\\ \u00fc"]  # COPY's escapes
 
 
 def test_execute_many_refuses_rows_with_other_keys(cp):

@@ -93,7 +93,7 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
 # whole text) and caches the result only for statements under 4 KiB with at most
 # 50 parameters: ORM-made INSERTs of varying row counts would churn its cache.
 # Ours do not vary (store.prepared: a submit's rows and tallies as one statement,
-# ~6 KB and ~60 parameters; batches in multi-row VALUES of a fixed size), and
+# ~6 KB and ~60 parameters; batches go by COPY), and
 # parsing them again on every execute was 10-15% of a PostgreSQL submit's CPU
 # (py-spy). Up to these bounds they are cached (still an LRU of 128 statements).
 PSYCOPG_CACHED_STATEMENT_LENGTH = 32 * 1024
