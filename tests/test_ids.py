@@ -73,3 +73,13 @@ def test_a_forked_child_does_not_go_on_from_its_parents_last_id():
 
 def _child_state():
     return list(ids._last)
+
+
+def test_a_run_of_ids_is_each_id_encoded_alone_across_every_carry():
+    """``encode_run`` encodes a run's shared digits once: across a carry into them
+    (2**30, 2**40 and the timestamp's own boundary) it must still give each id."""
+    from raylane.orchestrator.domain.ids import encode, encode_run
+
+    for base in (0, (1 << 30) - 3, (5 << 80) | ((1 << 40) - 2), (7 << 80) - 4, (1 << 128) - 8, 123456789 << 80):
+        n = 7
+        assert encode_run(base, n) == [encode(base + i) for i in range(n)]

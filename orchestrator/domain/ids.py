@@ -76,8 +76,22 @@ def new_job_ids(n: int) -> list[str]:
     """``n`` ids in minting order (a batch's), reserved at once."""
     if n <= 0:
         return []
-    base = _reserve(n)
-    return [encode(base + i) for i in range(n)]
+    return encode_run(_reserve(n), n)
+
+
+def encode_run(base: int, n: int, _p: list[str] = _PAIRS) -> list[str]:
+    """``[encode(base + i) for i in range(n)]``: consecutive ids share all but their
+    last three digits (30 bits) until a carry reaches them, so those are encoded
+    once a run of 2**30, not for every id."""
+    out = []
+    prefix_of = -1
+    prefix = ""
+    for v in range(base, base + n):
+        hi = v >> 30
+        if hi != prefix_of:
+            prefix_of, prefix = hi, encode(v)[:-6]
+        out.append(prefix + _p[(v >> 20) & 1023] + _p[(v >> 10) & 1023] + _p[v & 1023])
+    return out
 
 
 def submission_id(job_id: str, attempt: int) -> str:
