@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _server  # noqa: E402
+from bench.submit_throughput import cpu_s  # noqa: E402
 
 POLL_S = 0.02
 ENTRYPOINT = "true"
@@ -157,18 +158,24 @@ def main() -> None:
         print(json.dumps({"direct_phases_p50_ms": medians_ms(dph), "raylane_phases_p50_ms": medians_ms(rph)},
                          indent=2), file=sys.stderr)
 
+        cpu_use = {"direct": [], "raylane": []}  # (control plane, this client) CPU s during each burst
+
         def burst(submit, done) -> tuple[float, int]:
             mon = PeakRSS(head_pgid)
             mon.start()
+            server0, me0 = cpu_s(bench.server.pid), time.process_time()
             t = time.perf_counter()
             ids = [submit() for _ in range(args.burst)]
             pending = set(ids)
             while pending:
                 pending = {x for x in pending if not done(x)}
                 time.sleep(0.2)
+            took = time.perf_counter() - t
             mon.stop_.set()
             mon.join()
-            return time.perf_counter() - t, mon.peak
+            cpu_use["raylane" if submit is raylane_submit else "direct"].append(
+                (cpu_s(bench.server.pid) - server0, time.process_time() - me0))
+            return took, mon.peak
 
         load_before = os.getloadavg()
         pairs = []  # (direct s, raylane s, direct peak RSS, raylane peak RSS), the order flipped every pair
@@ -195,6 +202,10 @@ def main() -> None:
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "queue_ahead_jobs": args.queue_ahead,
             "direct_phases_p50_ms": medians_ms(dph), "raylane_phases_p50_ms": medians_ms(rph),
             "direct_head_peak_rss_mb": bd_mem / 2**20, "raylane_head_peak_rss_mb": br_mem / 2**20,
+            # What the control plane (its server and loops) and this client's polling took
+            # of the 2 cores during each burst: the makespan's CPU not spent on Ray.
+            "burst_cpu_s": {path: [{"control_plane": round(a, 2), "client": round(b, 2)} for a, b in v]
+                            for path, v in cpu_use.items()},
         }
         print(json.dumps(out, indent=2))
     finally:
