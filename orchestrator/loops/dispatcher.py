@@ -92,12 +92,16 @@ class Dispatcher(LoopService):
 
     def claim(self, view: ClusterView) -> list[Claimed]:
         """One pass, one transaction: take over stale leases, then admit what fits."""
-        now = utcnow()
-        lease_until = now + timedelta(seconds=self.settings.lease_s)
         rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
                                 self.settings.autoscale_ahead_jobs, fast_lane=self.settings.fast_lane and self.lanes is not None,
                                 queue_ahead=self.settings.queue_ahead_jobs)
         with db.transaction(self.sessions) as s:
+            # The pass's time once its transaction has begun (SQLite: BEGIN IMMEDIATE, after
+            # every write it waited for): taken before, a member an ending member released
+            # while this pass waited was stamped DISPATCHING before that member's end.
+            s.connection()
+            now = utcnow()
+            lease_until = now + timedelta(seconds=self.settings.lease_s)
             claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until)
             used, drivers = stats.used_by_active(s)
             limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
