@@ -116,8 +116,8 @@ def test_ray_job_ids_are_asked_of_the_jobs_api_once_each_and_kept_bounded(monkey
 
 def test_a_pass_read_through_the_gcs_carries_the_ray_job_ids_already_known():
     class JobsGcs(FakeGcs):
-        def job_infos(self, sids):
-            return {sid: {"status": "RUNNING"} for sid in sids}
+        def job_records(self, sids):
+            return {sid: b'{"status": "RUNNING"}' for sid in sids}
 
     backend = RayJobsBackend("http://ray.invalid", gcs=JobsGcs())
     backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
@@ -126,6 +126,35 @@ def test_a_pass_read_through_the_gcs_carries_the_ray_job_ids_already_known():
     assert backend.ray_job_id("a") == "02000000"
     seen = backend.get_many(["a", "b"])
     assert seen["a"].ray_job_id == "02000000" and seen["b"].ray_job_id is None
+
+
+def test_a_pass_decodes_only_the_job_records_that_changed_since_the_last(monkeypatch):
+    """The reconciler reads every live attempt's record every 20 ms: one unchanged
+    since the last read is not decoded again (the same RayJob), a changed one is,
+    and what is kept is the last read's ids only."""
+    from raylane.orchestrator.backends import ray_jobs
+
+    records = {"a": b'{"status": "RUNNING"}', "b": b'{"status": "PENDING"}'}
+
+    class JobsGcs(FakeGcs):
+        def job_records(self, sids):
+            return {sid: records[sid] for sid in sids if sid in records}
+
+    decoded = []
+    real = ray_jobs.RayJob.from_json.__func__
+    monkeypatch.setattr(ray_jobs.RayJob, "from_json", classmethod(lambda cls, d: decoded.append(d) or real(cls, d)))
+    backend = RayJobsBackend("http://ray.invalid", gcs=JobsGcs())
+    first = backend.get_many(["a", "b", "gone"])
+    assert (first["a"].status, first["b"].status, first["gone"]) == ("RUNNING", "PENDING", None)
+    assert len(decoded) == 2
+    records["b"] = b'{"status": "SUCCEEDED", "driver_exit_code": 0}'
+    second = backend.get_many(["a", "b"])
+    assert second["a"] is first["a"] and second["b"].status == "SUCCEEDED" and second["b"].driver_exit_code == 0
+    assert len(decoded) == 3  # b's new record only
+    backend.get_many(["b"])
+    assert set(backend._decoded) == {"b"}  # a ended: its record is no longer kept
+    backend.get_many(["a"])
+    assert len(decoded) == 4  # ... and is decoded again if asked again
 
 
 def test_nodes_come_from_the_gcs_while_ray_is_reachable_and_from_the_dashboard_otherwise():

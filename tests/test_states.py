@@ -554,6 +554,45 @@ def test_a_quiet_live_attempt_is_polled_less_often_until_something_changes(cp, s
     assert period() == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
 
 
+def test_a_live_attempts_spec_and_placement_are_read_once_while_it_is_current(cp):
+    """The reconciler reads the live attempts every 20 ms: each job's spec and
+    placement (JSON, decoded) only when its attempt is new to the caller's map,
+    not on every read; a retry is a new attempt (its placement is new), read
+    again, and an attempt no longer live leaves the map."""
+    from sqlalchemy import event
+
+    a = _dispatched(cp, attempt=AttemptStatus.RUNNING)
+    b = _dispatched(cp, spec=SPEC.model_copy(update={"timeout_s": 30.0}), attempt=AttemptStatus.SUBMITTED)
+    details = []
+
+    def count(conn, cursor, statement, *args):
+        if "jobs.spec" in statement:
+            details.append(statement)
+
+    event.listen(cp.engine, "before_cursor_execute", count)
+    try:
+        known: dict = {}
+        for _ in range(3):
+            with db.read(cp.sessions) as s:
+                live = lifecycle.live_attempts(s, known)
+            assert [(r["job_id"], r["spec"]["timeout_s"] if r["job_id"] == b else r["spec"]["kind"]) for r in live] == \
+                sorted([(a, SPEC.kind.value), (b, 30.0)])
+        assert len(details) == 1  # the first read only
+        with db.transaction(cp.sessions) as s:  # a's attempt ends; its retry is admitted elsewhere
+            set_attempt(s, a, 1, AttemptStatus.FAILED)
+            transition(s, a, JobStatus.RETRYING, reason="retry", actor="test", attempt=1)
+            transition(s, a, JobStatus.DISPATCHING, reason="admitted", actor="test", attempt=2,
+                       values={"attempts": 2, "placement": {"node_group": "gpu", "lane": None}})
+            s.execute(insert(attempts).values(job_id=a, number=2, submission_id=submission_id(a, 2),
+                                              status=AttemptStatus.SUBMITTED.value, created_at=utcnow()))
+        with db.read(cp.sessions) as s:
+            live = lifecycle.live_attempts(s, known)
+        assert {(r["job_id"], r["number"]): r["placement"] for r in live}[(a, 2)] == {"node_group": "gpu", "lane": None}
+        assert len(details) == 2 and set(known) == {(a, 2), (b, 1)}
+    finally:
+        event.remove(cp.engine, "before_cursor_execute", count)
+
+
 def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
     """It polls every 20 ms while attempts live: on SQLite its reads must not take
     the one write lock that submits' commits wait for. Here another connection

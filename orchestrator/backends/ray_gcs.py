@@ -197,22 +197,14 @@ class RayGcs:
             keys=[k.encode() for k in keys], namespace=KV_NAMESPACE))
         return {e.key.decode(): e.value for e in reply.results if e.value}
 
-    def job_infos(self, submission_ids: list[str]) -> dict[str, dict]:
-        """Ray's records of those jobs (its job manager's ``JobInfo``, where the
-        dashboard's job API reads them too), in one call: what a pass over many
-        live attempts needs, at the cost of the live ones, not of every job Ray
-        ever ran (``GET /api/jobs/`` lists them all). Missing: Ray has no such job."""
-        if not submission_ids:
-            return {}
-        keys = {f"{JOB_INFO_PREFIX}{sid}".encode(): sid for sid in submission_ids}
-        reply = self._call(self._kv.InternalKVMultiGet, gcs_service_pb2.InternalKVMultiGetRequest(
-            keys=list(keys), namespace=JOB_INFO_NAMESPACE))
-        return {keys[e.key]: json.loads(e.value) for e in reply.results if e.value and e.key in keys}
-
     # Ray's job records, as a lane host writes them for its attempts (``lanes.dashboard_record``).
 
     def job_records(self, submission_ids: list[str]) -> dict[str, bytes]:
-        """Ray's job records of those ids that have one, undecoded, in one call."""
+        """Ray's records of those jobs (its job manager's ``JobInfo``, where the
+        dashboard's job API reads them too), undecoded, in one call: what a pass
+        over many live attempts needs, at the cost of the live ones, not of every
+        job Ray ever ran (``GET /api/jobs/`` lists them all). Missing: Ray has no
+        such job."""
         if not submission_ids:
             return {}
         keys = {f"{JOB_INFO_PREFIX}{sid}".encode(): sid for sid in submission_ids}

@@ -8,6 +8,7 @@ token stays on the server side.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -137,6 +138,7 @@ class RayJobsBackend:
         self._drained: set[str] = set()  # node ids seen draining (a killed node's death info forgets it)
         self._lock = threading.Lock()  # guards _labels, _drained, _draining_cache and _ray_job_ids
         self._ray_job_ids: OrderedDict[str, str] = OrderedDict()  # submission id -> Ray's job id, once known
+        self._decoded: dict[str, tuple[bytes, RayJob]] = {}  # the last get_many's records, raw and decoded
         self._draining_cache: tuple[float, set[str]] = (0.0, set())  # (valid until, draining node ids)
         self._gcs_nodes_after = 0.0  # listing nodes through the GCS failed: not before this (monotonic)
         # group -> its live, undrained nodes as (node id, CPUs), from the last cluster_view
@@ -294,13 +296,29 @@ class RayJobsBackend:
                 return {sid: by_id.get(sid) for sid in submission_ids}
             return {sid: self.get(sid) for sid in submission_ids}
         try:
-            infos = gcs.job_infos(submission_ids)
+            records = gcs.job_records(submission_ids)
         except GcsUnavailable as e:
             raise RayUnavailable(str(e)) from e
         with self._lock:
             known = {sid: self._ray_job_ids.get(sid) for sid in submission_ids}
-        return {sid: RayJob.from_json({**infos[sid], "submission_id": sid, "job_id": known[sid]}) if sid in infos
-                else None for sid in submission_ids}
+        # A record decoded on the last call and unchanged since is not decoded again: a
+        # pass over 60 running attempts every 20 ms decoded 3,000 JSON records a second
+        # to find the few that changed. What is kept is the asked ids' only.
+        last, self._decoded = self._decoded, {}
+        out: dict[str, RayJob | None] = {}
+        for sid in submission_ids:
+            raw = records.get(sid)
+            if raw is None:
+                out[sid] = None
+                continue
+            seen = last.get(sid)
+            if seen is not None and seen[0] == raw and seen[1].ray_job_id == known[sid]:
+                rj = seen[1]
+            else:
+                rj = RayJob.from_json({**json.loads(raw), "submission_id": sid, "job_id": known[sid]})
+            out[sid] = rj
+            self._decoded[sid] = (raw, rj)
+        return out
 
     def list(self) -> list[RayJob]:
         r = self._req("GET", "/api/jobs/")

@@ -40,7 +40,6 @@ from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.loops.classify import _tail, classify
 from raylane.orchestrator.settings import Settings
-from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.store import db, lane_logs, lifecycle
 from raylane.orchestrator.store.jobs import save_trials, set_result
@@ -103,6 +102,7 @@ class Reconciler(LoopService):
         # Called when an attempt ended (its capacity is free): the dispatcher admits the next at once.
         self.on_ended = None
         self._live = 0
+        self._known: dict = {}  # (job id, attempt) -> its job's spec and placement (``lifecycle.live_attempts``)
         self._seen: frozenset = frozenset()  # what the last pass saw of each live attempt (``_quiet_since``)
         self._changed_at = time.monotonic()  # when a pass last saw something different
         self._drain_checked_at = 0.0
@@ -139,7 +139,7 @@ class Reconciler(LoopService):
         # A read (SQLite: no write lock): this runs every 20 ms while attempts live, and
         # a write transaction each time took the lock that submits' commits wait for.
         with db.read(self.sessions) as s:
-            live = lifecycle.live_attempts(s)
+            live = lifecycle.live_attempts(s, self._known)
             cancelling_unsubmitted = lifecycle.cancelling_jobs(s)
         self._live = len(live)
         live_ids = {r["job_id"] for r in live}
@@ -243,15 +243,17 @@ class Reconciler(LoopService):
         for r in live:
             logcontext.bind_job(r["job_id"], r["number"])  # every log line about this attempt names it
             rj = ray_jobs[r["submission_id"]]
-            spec = JobSpec.from_stored(r["spec"])
+            # The stored spec as it is: it was validated at its submit (a model of it each
+            # pass was most of a pass's CPU while 60 attempts ran).
+            timeout_s = r["spec"].get("timeout_s")
             try:
                 # Ray's job statuses are spelled as AttemptStatus's (its values are Ray's).
                 if JobStatus(r["job_status"]) is JobStatus.CANCELLING and \
                         rj is not None and rj.status in (AttemptStatus.PENDING, AttemptStatus.RUNNING):
                     self._via(r).stop(r["submission_id"])
                     continue
-                if rj is not None and rj.status == AttemptStatus.RUNNING and spec.timeout_s and r["started_at"] and \
-                        now - r["started_at"] > timedelta(seconds=spec.timeout_s) and \
+                if rj is not None and rj.status == AttemptStatus.RUNNING and timeout_s and r["started_at"] and \
+                        now - r["started_at"] > timedelta(seconds=timeout_s) and \
                         r["cause"] != FailureCause.TIMEOUT.value:
                     with db.transaction(self.sessions) as s:
                         lifecycle.timeout_requested(s, r["job_id"], r["number"])
@@ -280,7 +282,7 @@ class Reconciler(LoopService):
                     continue
                 if nodes is None:
                     nodes = {n.node_id: n for n in self.backend.nodes()}
-                self._ended_badly(r, rj, spec, nodes)
+                self._ended_badly(r, rj, nodes)
                 self._forget(r)  # a stopped service's last word, if any
             except RayUnavailable as e:
                 self.backend.reachability.down(e)
@@ -478,7 +480,7 @@ class Reconciler(LoopService):
         if self.on_ended:
             self.on_ended()
 
-    def _ended_badly(self, r, rj: RayJob | None, spec: JobSpec, nodes: dict[str, RayNode]) -> None:
+    def _ended_badly(self, r, rj: RayJob | None, nodes: dict[str, RayNode]) -> None:
         cancelled = r["job_status"] == JobStatus.CANCELLING.value
         timed_out = r["cause"] == FailureCause.TIMEOUT.value
         if r["cause"] == FailureCause.SCALE_UP_TIMEOUT.value and not cancelled:
