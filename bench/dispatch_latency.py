@@ -26,7 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -82,6 +85,8 @@ def main() -> None:
     ap.add_argument("--queue-ahead", type=int, default=8, help="RAYLANE_QUEUE_AHEAD_JOBS of the server")
     ap.add_argument("--tree", help="run the server and the cluster's nodes from another checkout (a before/after "
                                    "comparison: run this once per tree, alternated)")
+    ap.add_argument("--profile", metavar="FILE", help="sample the server with py-spy (on-CPU threads, raw "
+                                                      "collapsed stacks) during its first burst into FILE")
     args = ap.parse_args()
 
     from ray.job_submission import JobSubmissionClient
@@ -163,6 +168,11 @@ def main() -> None:
         def burst(submit, done) -> tuple[float, int]:
             mon = PeakRSS(head_pgid)
             mon.start()
+            spy = None
+            if args.profile and submit is raylane_submit and not cpu_use["raylane"]:
+                exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+                spy = subprocess.Popen([exe, "record", "-p", str(bench.server.pid), "-r", "100", "--nonblocking",
+                                        "--format", "raw", "-o", args.profile], stdout=subprocess.DEVNULL)
             server0, me0 = cpu_s(bench.server.pid), time.process_time()
             t = time.perf_counter()
             ids = [submit() for _ in range(args.burst)]
@@ -171,6 +181,9 @@ def main() -> None:
                 pending = {x for x in pending if not done(x)}
                 time.sleep(0.2)
             took = time.perf_counter() - t
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+                spy.wait(timeout=60)
             mon.stop_.set()
             mon.join()
             cpu_use["raylane" if submit is raylane_submit else "direct"].append(

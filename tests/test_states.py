@@ -630,3 +630,48 @@ def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
             writer.close()
     finally:
         plane.close()
+
+
+def test_the_apis_reads_do_not_wait_for_the_write_lock(tmp_path):
+    """A client polling its jobs (``GET /v1/jobs/{id}``, the list, events,
+    attempts, a log follower's progress) only reads: on SQLite it must read its
+    snapshot, not queue for the one write lock behind the loops' and submits'
+    commits (a burst of 60 jobs polled every 0.2 s is 300 such reads a second).
+    Another connection holds the lock while they run; each must still answer."""
+    import sqlite3
+    import threading
+
+    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.store import migrate
+    from tests.conftest import ADMIN_TOKEN
+
+    url = f"sqlite:///{tmp_path / 'raylane.db'}"
+    migrate.upgrade(url)
+    settings = Settings(database_url=url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False,
+                        admin_token=ADMIN_TOKEN, submit_rate_per_s=0, gc_freeze=False)
+    plane = ControlPlane(settings)
+    try:
+        jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
+        reads = {
+            "get": lambda: plane.get(jid, project=None).id,
+            "list": lambda: [j.id for j in plane.list(store.JobFilter(), limit=10, cursor=None)[0]],
+            "events": lambda: len(plane.events(jid, project=None)),
+            "attempts": lambda: [a.number for a in plane.attempts(jid, project=None)],
+            "progress": lambda: plane.progress([jid])[jid][1],
+        }
+        writer = sqlite3.connect(tmp_path / "raylane.db", timeout=0)
+        writer.execute("BEGIN IMMEDIATE")  # a commit in progress elsewhere
+        try:
+            got: dict = {}
+            t = threading.Thread(target=lambda: got.update({k: f() for k, f in reads.items()}), daemon=True)
+            t.start()
+            t.join(10)  # taking the write lock, a read would wait SQLITE_BUSY_TIMEOUT_MS (30 s)
+            assert not t.is_alive(), "a read waited for the write lock"
+            assert got == {"get": jid, "list": [jid], "events": got["events"], "attempts": [1], "progress": 1}
+            assert got["events"] >= 2  # submitted, admitted
+        finally:
+            writer.rollback()
+            writer.close()
+    finally:
+        plane.close()

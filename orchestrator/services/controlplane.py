@@ -264,7 +264,7 @@ class ControlPlane:
         return self.get_array(array_id, project=project)
 
     def get_array(self, array_id: str, *, project: str | None) -> JobArray:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             row = store_arrays.get(s, array_id, project=project)
             if row is None:
                 raise NotFound(f"array {array_id} not found")
@@ -310,23 +310,23 @@ class ControlPlane:
         return ArrayAction(array=self.get_array(array_id, project=project), jobs=ids)
 
     def get(self, job_id: str, *, project: str | None) -> Job:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_jobs.get_job(s, job_id, project=project, dashboard_url=self.link)
 
     def list(self, flt: store_jobs.JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_jobs.list_jobs(s, flt, limit=limit, cursor=cursor, dashboard_url=self.link)
 
     def events(self, job_id: str, *, project: str | None, after_id: int = 0) -> list[JobEvent]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_jobs.list_events(s, job_id, project=project, after_id=after_id)
 
     def attempts(self, job_id: str, *, project: str | None) -> list[Attempt]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_jobs.list_attempts(s, job_id, project=project, dashboard_url=self.link)
 
     def trials(self, job_id: str, *, project: str | None, sort_by: str | None = None, mode: str = "min"):
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_jobs.list_trials(s, job_id, project=project, sort_by=sort_by, mode=mode)
 
     def cancel(self, job_id: str, *, project: str | None, actor: str) -> tuple[Job, str]:
@@ -410,7 +410,7 @@ class ControlPlane:
         self._require_ray()
         self._view_cache = None
         view = self.cluster_view() or {}
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             used, _ = stats.used_by_active(s)
             counts, queued = stats.jobs_per_group(s)
         out = []
@@ -452,7 +452,7 @@ class ControlPlane:
 
     def _kept_lane_log(self, job_id: str, number: int) -> str | None:
         """An ended lane attempt's log tail, kept in the database (``store.lane_logs``)."""
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_lane_logs.read(s, job_id, number)
 
     def _attempt_logs(self, job_id: str, number: int, placement: Placement | None) -> str | None:
@@ -469,7 +469,7 @@ class ControlPlane:
     def progress(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, int]]:
         """(status, attempts) of each existing job, unscoped: for the log
         followers, whose streams were authorised when they opened."""
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_jobs.progress(s, job_ids)
 
     def attempt_log(self, job_id: str, attempt: int) -> str:
@@ -479,7 +479,7 @@ class ControlPlane:
         self._require_ray()
         placement = None
         if self.lanes is not None:  # which backend holds its log is in its placement
-            with db.transaction(self.sessions) as s:
+            with db.read(self.sessions) as s:
                 placement = store_jobs.get_job(s, job_id, project=None, dashboard_url=None).placement
         return self._attempt_logs(job_id, attempt, placement) or ""
 
