@@ -66,6 +66,22 @@ def rss_of_group(pgid: int) -> int:
     return total
 
 
+def cpu_of_group(pgid: int) -> dict[int, float]:
+    """User + system CPU seconds of each live process in the process group (Linux /proc)."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, ProcessLookupError):
+            continue
+        out[int(pid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 class PeakRSS(threading.Thread):
     def __init__(self, pgid: int):
         super().__init__(daemon=True)
@@ -169,7 +185,8 @@ def main() -> None:
         print(json.dumps({"direct_phases_p50_ms": medians_ms(dph), "raylane_phases_p50_ms": medians_ms(rph)},
                          indent=2), file=sys.stderr)
 
-        cpu_use = {"direct": [], "raylane": []}  # (control plane, this client) CPU s during each burst
+        # (control plane, this client, the Ray head node's processes) CPU s during each burst
+        cpu_use = {"direct": [], "raylane": []}
 
         def burst(submit, done) -> tuple[float, int]:
             mon = PeakRSS(head_pgid)
@@ -179,7 +196,7 @@ def main() -> None:
                 exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
                 spy = subprocess.Popen([exe, "record", "-p", str(bench.server.pid), "-r", "100", "--nonblocking",
                                         "--format", "raw", "-o", args.profile], stdout=subprocess.DEVNULL)
-            server0, me0 = cpu_s(bench.server.pid), time.process_time()
+            server0, me0, head0 = cpu_s(bench.server.pid), time.process_time(), cpu_of_group(head_pgid)
             t = time.perf_counter()
             ids = [submit() for _ in range(args.burst)]
             pending = set(ids)
@@ -192,8 +209,9 @@ def main() -> None:
                 spy.wait(timeout=60)
             mon.stop_.set()
             mon.join()
+            head = sum(v - head0.get(p, 0.0) for p, v in cpu_of_group(head_pgid).items())
             cpu_use["raylane" if submit is raylane_submit else "direct"].append(
-                (cpu_s(bench.server.pid) - server0, time.process_time() - me0))
+                (cpu_s(bench.server.pid) - server0, time.process_time() - me0, head))
             return took, mon.peak
 
         load_before = os.getloadavg()
@@ -224,10 +242,11 @@ def main() -> None:
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "queue_ahead_jobs": args.queue_ahead,
             "direct_phases_p50_ms": medians_ms(dph), "raylane_phases_p50_ms": medians_ms(rph),
             "direct_head_peak_rss_mb": bd_mem / 2**20, "raylane_head_peak_rss_mb": br_mem / 2**20,
-            # What the control plane (its server and loops) and this client's polling took
-            # of the 2 cores during each burst: the makespan's CPU not spent on Ray.
-            "burst_cpu_s": {path: [{"control_plane": round(a, 2), "client": round(b, 2)} for a, b in v]
-                            for path, v in cpu_use.items()},
+            # What the control plane (its server and loops), this client's polling and the
+            # Ray head node's processes (its GCS, raylet and dashboard: what answers the
+            # polls straight to Ray) took of the 2 cores during each burst.
+            "burst_cpu_s": {path: [{"control_plane": round(a, 2), "client": round(b, 2), "ray_head": round(c, 2)}
+                                   for a, b, c in v] for path, v in cpu_use.items()},
         }
         print(json.dumps(out, indent=2))
     finally:

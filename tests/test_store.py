@@ -143,3 +143,31 @@ def test_a_pooled_connection_killed_while_idle_is_replaced_before_use(pg_templat
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
     finally:
         engine.dispose()
+
+
+def test_a_job_read_on_a_connection_is_the_same_view_as_in_a_session(cp):
+    """GET /v1/jobs/{id} reads a job in two statements on a Core connection
+    (``read_job``) instead of three in an ORM session (``get_job``): the view
+    must be the same, labels and result included, and so must the project's
+    scope (another project's job is not found)."""
+    from raylane.orchestrator.domain.errors import NotFound
+
+    plain = _submit(cp)
+    rich = _submit(cp, SPEC.model_copy(update={"labels": {"team": "ml", "run": "7"}}), project="p1")
+    with db.transaction(cp.sessions) as s:
+        store.set_result(s, rich, {"loss": 0.25, "nested": {"k": [1, 2]}}, attempt=1)
+    link = "http://ray.example:8265"
+    for jid, project in ((plain, None), (plain, "default"), (rich, None), (rich, "p1")):
+        with db.read(cp.sessions) as s:
+            want = store.get_job(s, jid, project=project, dashboard_url=link)
+        with db.read_connection(cp.sessions) as conn:
+            got = store.read_job(conn, jid, project=project, dashboard_url=link)
+        assert got == want
+    with db.read_connection(cp.sessions) as conn:
+        seen = store.read_job(conn, rich, project="p1")
+        assert seen.labels == {"team": "ml", "run": "7"} and seen.result == {"loss": 0.25, "nested": {"k": [1, 2]}}
+        with pytest.raises(NotFound):
+            store.read_job(conn, rich, project="default")
+        with pytest.raises(NotFound):
+            store.read_job(conn, "0" * 26, project=None)
+    assert cp.get(rich, project="p1") == seen

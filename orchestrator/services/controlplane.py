@@ -310,8 +310,8 @@ class ControlPlane:
         return ArrayAction(array=self.get_array(array_id, project=project), jobs=ids)
 
     def get(self, job_id: str, *, project: str | None) -> Job:
-        with db.read(self.sessions) as s:
-            return store_jobs.get_job(s, job_id, project=project, dashboard_url=self.link)
+        with db.read_connection(self.sessions) as conn:
+            return store_jobs.read_job(conn, job_id, project=project, dashboard_url=self.link)
 
     def list(self, flt: store_jobs.JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
         with db.read(self.sessions) as s:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
-from sqlalchemy import and_, exists, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -386,6 +386,30 @@ def get_row(session: Session, job_id: str, project: str | None = DEFAULT_PROJECT
 def get_job(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
             dashboard_url: str | None = None) -> Job:
     return _views(session, [get_row(session, job_id, project)], dashboard_url)[0]
+
+
+# Built once: GET /v1/jobs/{id}, which every client waiting on a job polls. A job's
+# row with its result in one statement, its labels (written once, with the job) in
+# another, on a Core connection: the three statements of ``get_job`` in an ORM
+# session were a third of the request's CPU.
+_ONE = (select(jobs, results.c.result.label("job_result"))
+        .select_from(jobs.outerjoin(results, results.c.job_id == jobs.c.id))
+        .where(jobs.c.id == bindparam("b_id")))
+_ONE_OF_PROJECT = _ONE.where(jobs.c.project == bindparam("b_project"))
+_LABELS_OF = select(job_labels.c.key, job_labels.c.value).where(job_labels.c.job_id == bindparam("b_id"))
+
+
+def read_job(conn: Connection, job_id: str, *, project: str | None = DEFAULT_PROJECT,
+             dashboard_url: str | None = None) -> Job:
+    """``get_job`` on a connection (``db.read_connection``): the same view, fewer statements."""
+    if project is None:
+        row = conn.execute(_ONE, {"b_id": job_id}).mappings().first()
+    else:
+        row = conn.execute(_ONE_OF_PROJECT, {"b_id": job_id, "b_project": project}).mappings().first()
+    if row is None:
+        raise NotFound(f"job {job_id} not found", field="id")
+    labels = dict(conn.execute(_LABELS_OF, {"b_id": job_id}).all())
+    return _view(row, labels, row["job_result"], dashboard_url)
 
 
 def list_events(session: Session, job_id: str, *, project: str | None = DEFAULT_PROJECT,
