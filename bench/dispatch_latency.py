@@ -187,6 +187,7 @@ def main() -> None:
 
         # (control plane, this client, the Ray head node's processes) CPU s during each burst
         cpu_use = {"direct": [], "raylane": []}
+        in_ray = {"direct": [], "raylane": []}  # ray_spans of each burst
 
         def burst(submit, done) -> tuple[float, int]:
             mon = PeakRSS(head_pgid)
@@ -197,7 +198,7 @@ def main() -> None:
                 spy = subprocess.Popen([exe, "record", "-p", str(bench.server.pid), "-r", "100", "--nonblocking",
                                         "--format", "raw", "-o", args.profile], stdout=subprocess.DEVNULL)
             server0, me0, head0 = cpu_s(bench.server.pid), time.process_time(), cpu_of_group(head_pgid)
-            t = time.perf_counter()
+            wall0, t = time.time(), time.perf_counter()
             ids = [submit() for _ in range(args.burst)]
             pending = set(ids)
             while pending:
@@ -210,9 +211,25 @@ def main() -> None:
             mon.stop_.set()
             mon.join()
             head = sum(v - head0.get(p, 0.0) for p, v in cpu_of_group(head_pgid).items())
-            cpu_use["raylane" if submit is raylane_submit else "direct"].append(
-                (cpu_s(bench.server.pid) - server0, time.process_time() - me0, head))
+            path = "raylane" if submit is raylane_submit else "direct"
+            cpu_use[path].append((cpu_s(bench.server.pid) - server0, time.process_time() - me0, head))
+            in_ray[path].append(ray_spans(ids, wall0, path == "raylane"))
             return took, mon.peak
+
+        def ray_spans(ids: list[str], wall0: float, raylane: bool) -> dict:
+            """How the burst used Ray, from Ray's own start and end of each job (read
+            after it): the first start and the last end after the first submit, the
+            median job's time in Ray, and the jobs in Ray at once on average over
+            that span: fewer at once is admission holding work back, longer in Ray
+            is contention."""
+            spans = []
+            for x in ids:
+                sid = http.get(f"/v1/jobs/{x}").json()["ray_submission_id"] if raylane else x
+                spans.append(ray_times(sid))
+            first, last = min(a for a, _ in spans), max(b for _, b in spans)
+            return {"first_start_s": round(first - wall0, 2), "last_end_s": round(last - wall0, 2),
+                    "in_ray_p50_s": round(statistics.median(b - a for a, b in spans), 3),
+                    "in_ray_at_once": round(sum(b - a for a, b in spans) / (last - first), 2)}
 
         load_before = os.getloadavg()
         pairs = []  # (direct s, raylane s, direct peak RSS, raylane peak RSS), the order flipped every pair
@@ -245,6 +262,7 @@ def main() -> None:
             # What the control plane (its server and loops), this client's polling and the
             # Ray head node's processes (its GCS, raylet and dashboard: what answers the
             # polls straight to Ray) took of the 2 cores during each burst.
+            "burst_in_ray": in_ray,
             "burst_cpu_s": {path: [{"control_plane": round(a, 2), "client": round(b, 2), "ray_head": round(c, 2)}
                                    for a, b, c in v] for path, v in cpu_use.items()},
         }
