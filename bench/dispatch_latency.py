@@ -51,35 +51,28 @@ ENTRYPOINT = "true"
 CPUS = 0.25
 
 
-def rss_of_group(pgid: int) -> int:
-    total = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            if os.getpgid(int(pid)) != pgid:
-                continue
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ProcessLookupError):
-            continue
-    return total
-
-
-def cpu_of_group(pgid: int) -> dict[int, float]:
-    """User + system CPU seconds of each live process in the process group (Linux /proc)."""
+def read_group(pgid: int, file: str) -> dict[int, str]:
+    """``/proc/<pid>/<file>`` of each live process in the process group."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            if os.getpgid(int(pid)) != pgid:
-                continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if os.getpgid(int(pid)) == pgid:
+                out[int(pid)] = Path(f"/proc/{pid}/{file}").read_text()
         except (OSError, ProcessLookupError):
             continue
-        out[int(pid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
+
+
+def rss_of_group(pgid: int) -> int:
+    return sum(int(t.split()[1]) * os.sysconf("SC_PAGE_SIZE") for t in read_group(pgid, "statm").values())
+
+
+def cpu_of_group(pgid: int) -> dict[int, float]:
+    """User + system CPU seconds of each live process in the process group."""
+    return {pid: sum(map(int, t.rsplit(")", 1)[1].split()[11:13])) / os.sysconf("SC_CLK_TCK")
+            for pid, t in read_group(pgid, "stat").items()}
 
 
 class PeakRSS(threading.Thread):

@@ -593,13 +593,9 @@ def test_a_live_attempts_spec_and_placement_are_read_once_while_it_is_current(cp
         event.remove(cp.engine, "before_cursor_execute", count)
 
 
-def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
-    """It polls every 20 ms while attempts live: on SQLite its reads must not take
-    the one write lock that submits' commits wait for. Here another connection
-    holds that lock for the whole pass, which must still see the live attempt."""
-    import sqlite3
-    import threading
-
+def _sqlite_plane(tmp_path):
+    """(settings, control plane) on a SQLite file of its own, without loops: for
+    tests that open a second connection to the same file."""
     from raylane.orchestrator.services.controlplane import ControlPlane
     from raylane.orchestrator.settings import Settings
     from raylane.orchestrator.store import migrate
@@ -609,7 +605,17 @@ def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
     migrate.upgrade(url)
     settings = Settings(database_url=url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False,
                         admin_token=ADMIN_TOKEN, submit_rate_per_s=0, gc_freeze=False)
-    plane = ControlPlane(settings)
+    return settings, ControlPlane(settings)
+
+
+def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
+    """It polls every 20 ms while attempts live: on SQLite its reads must not take
+    the one write lock that submits' commits wait for. Here another connection
+    holds that lock for the whole pass, which must still see the live attempt."""
+    import sqlite3
+    import threading
+
+    settings, plane = _sqlite_plane(tmp_path)
     try:
         jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
         sid = submission_id(jid, 1)
@@ -641,16 +647,7 @@ def test_the_apis_reads_do_not_wait_for_the_write_lock(tmp_path):
     import sqlite3
     import threading
 
-    from raylane.orchestrator.services.controlplane import ControlPlane
-    from raylane.orchestrator.settings import Settings
-    from raylane.orchestrator.store import migrate
-    from tests.conftest import ADMIN_TOKEN
-
-    url = f"sqlite:///{tmp_path / 'raylane.db'}"
-    migrate.upgrade(url)
-    settings = Settings(database_url=url, data_dir=tmp_path, auto_migrate=False, loops_enabled=False,
-                        admin_token=ADMIN_TOKEN, submit_rate_per_s=0, gc_freeze=False)
-    plane = ControlPlane(settings)
+    _, plane = _sqlite_plane(tmp_path)
     try:
         jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
         reads = {
