@@ -52,7 +52,7 @@ def one_round(gcs_address: str, token: str, gcs_pid: int, live: int, passes: int
     from raylane.orchestrator.services.controlplane import ControlPlane
     from raylane.orchestrator.settings import Settings
     from raylane.orchestrator.store import db, jobs as store, lifecycle, migrate, queue
-    from raylane.orchestrator.store.transitions import transition, utcnow
+    from raylane.orchestrator.store.transitions import utcnow
 
     url = f"sqlite:///{tempfile.mkdtemp(prefix='raylane-rc-')}/rc.db"
     migrate.upgrade(url)
