@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from raylane.jobs.sweep import snapshot_period_s
 from tests.helpers import wait_for
 from tests.ray.conftest import wait_status
 
@@ -116,6 +117,10 @@ def test_sweep_trials_run_on_spot_nodes(rapi):
     trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
     assert [t["config"]["x"] for t in trials] == [4, 3, 2, 1]  # mode max: best first
     assert {t["node_group"] for t in trials} == {"spot-cpu"}
+    # Its driver sits on on-demand, so it snapshots the experiment at Tune's pace, not spot's.
+    assert done["placement"]["driver_market"] == "ON_DEMAND"
+    timing = next(x for x in rapi.get(f"/v1/jobs/{job['id']}/logs").text.splitlines() if "sweep timing" in x)
+    assert json.loads(timing.split("sweep timing ", 1)[1])["snapshot_s"] == f"{snapshot_period_s('ON_DEMAND'):g}" == "10"
 
 
 def test_never_fits_is_refused_at_submit_with_reason(rapi):

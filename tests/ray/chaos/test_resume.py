@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from raylane.jobs.sweep import EXPERIMENT_SNAPSHOT_S
+from raylane.jobs.sweep import snapshot_period_s
 from tests.helpers import wait_for
 from tests.s3 import CREDENTIALS, moto_s3
 from tests.ray.chaos.test_spot_loss import lines, record
@@ -92,15 +92,17 @@ def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, ray_settings, 
     log = tmp_path / "trials.jsonl"
     spec = {"name": "resume-sweep", "kind": "sweep", "entrypoint": "chaos_funcs:slow_trial",
             "runtime_env": {"working_dir": FUNCS}, "retry": {"backoff_s": 0.5},
-            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
-                      "search_space": {"x": {"grid": list(range(12))}, "log": {"choice": [str(log)]},
+            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 1,
+                      "search_space": {"x": {"grid": list(range(16))}, "log": {"choice": [str(log)]},
                                        "iters": {"choice": [8]}, "sleep": {"choice": [0.25]}}}}
     job = rapi.post("/v1/jobs", json=spec).json()
     # The kill comes when some trials finished longer ago than the experiment's
     # snapshot period (and its upload) takes: those must be restored, not run again.
-    settled = EXPERIMENT_SNAPSHOT_S + 3.0
-    wait_for(lambda: [x for x in lines(log) if x.get("done") and time.time() - x["t"] > settled],
-             timeout=300, what=f"a trial done more than {settled:g} s ago")
+    # The driver sits on on-demand, which snapshots every 10 s: 16 trials of 2 s one
+    # at a time, so the kill comes after about 10 of the 16 ran.
+    settled = snapshot_period_s("ON_DEMAND") + 3.0
+    wait_for(lambda: len([x for x in lines(log) if x.get("done") and time.time() - x["t"] > settled]) >= 3,
+             timeout=300, what=f"three trials done more than {settled:g} s ago")
     node = driver_node(rapi, ray_cluster, job["id"])
     assert node.group == "cpu"  # the sweep's driver sits on on-demand
     killed_at = time.time()
@@ -111,7 +113,7 @@ def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, ray_settings, 
     assert done["status"] == "SUCCEEDED", done["status_reason"]
     assert done["attempts"] == 2
     trials = rapi.get(f"/v1/jobs/{job['id']}/trials").json()
-    assert len(trials) == 12 and all(t["status"] == "TERMINATED" for t in trials)
+    assert len(trials) == 16 and all(t["status"] == "TERMINATED" for t in trials)
     finishes: dict[int, int] = {}
     for x in lines(log):
         if x.get("done"):
@@ -126,4 +128,4 @@ def test_sweep_attempt_restores_its_experiment(rapi, ray_cluster, ray_settings, 
                    for k in request.getfixturevalue("s3").keys(prefix))
     assert_nothing_under_data_dir(ray_settings)
     starts = len([x for x in lines(log) if "start" in x])
-    record(test="sweep_resume", trials_done_before_loss=len(done_before), trial_starts=starts, trials=12)
+    record(test="sweep_resume", trials_done_before_loss=len(done_before), trial_starts=starts, trials=16)
