@@ -608,13 +608,39 @@ def _sqlite_plane(tmp_path):
     return settings, ControlPlane(settings)
 
 
+def _while_write_locked(db_file, reads: dict) -> dict:
+    """Each of ``reads`` run while another connection holds SQLite's write lock (a
+    commit in progress elsewhere); their answers. Taking the lock, a read would wait
+    SQLITE_BUSY_TIMEOUT_MS (30 s): it must read its snapshot instead."""
+    import sqlite3
+    import threading
+
+    writer = sqlite3.connect(db_file, timeout=0)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        got: dict = {}
+
+        def run():
+            for k, f in reads.items():
+                try:
+                    got[k] = f()
+                except Exception as e:  # noqa: BLE001 - shown as the read's answer
+                    got[k] = e
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), f"a read waited for the write lock: {next(k for k in reads if k not in got)}"
+        return got
+    finally:
+        writer.rollback()
+        writer.close()
+
+
 def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
     """It polls every 20 ms while attempts live: on SQLite its reads must not take
     the one write lock that submits' commits wait for. Here another connection
     holds that lock for the whole pass, which must still see the live attempt."""
-    import sqlite3
-    import threading
-
     settings, plane = _sqlite_plane(tmp_path)
     try:
         jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
@@ -622,18 +648,8 @@ def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
         running = {sid: RayJob(sid, "RUNNING", None, None, 1, None, "n1", None, {})}
         rec = Reconciler(settings, plane.sessions, FakeRay(running))
         rec.run_once()  # its first sight of the attempt running: written
-        writer = sqlite3.connect(tmp_path / "raylane.db", timeout=0)
-        writer.execute("BEGIN IMMEDIATE")  # a commit in progress elsewhere
-        try:
-            done = threading.Event()
-            t = threading.Thread(target=lambda: (rec.run_once(), done.set()), daemon=True)
-            t.start()
-            # Taking the write lock, the pass would wait SQLITE_BUSY_TIMEOUT_MS (30 s) here.
-            assert done.wait(10), "the reconciler's pass waited for the write lock"
-            assert rec._live == 1
-        finally:
-            writer.rollback()
-            writer.close()
+        _while_write_locked(tmp_path / "raylane.db", {"pass": rec.run_once})
+        assert rec._live == 1
     finally:
         plane.close()
 
@@ -644,31 +660,56 @@ def test_the_apis_reads_do_not_wait_for_the_write_lock(tmp_path):
     snapshot, not queue for the one write lock behind the loops' and submits'
     commits (a burst of 60 jobs polled every 0.2 s is 300 such reads a second).
     Another connection holds the lock while they run; each must still answer."""
-    import sqlite3
-    import threading
-
     _, plane = _sqlite_plane(tmp_path)
     try:
         jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
-        reads = {
+        got = _while_write_locked(tmp_path / "raylane.db", {
             "get": lambda: plane.get(jid, project=None).id,
             "list": lambda: [j.id for j in plane.list(store.JobFilter(), limit=10, cursor=None)[0]],
             "events": lambda: len(plane.events(jid, project=None)),
             "attempts": lambda: [a.number for a in plane.attempts(jid, project=None)],
             "progress": lambda: plane.progress([jid])[jid][1],
-        }
-        writer = sqlite3.connect(tmp_path / "raylane.db", timeout=0)
-        writer.execute("BEGIN IMMEDIATE")  # a commit in progress elsewhere
-        try:
-            got: dict = {}
-            t = threading.Thread(target=lambda: got.update({k: f() for k, f in reads.items()}), daemon=True)
-            t.start()
-            t.join(10)  # taking the write lock, a read would wait SQLITE_BUSY_TIMEOUT_MS (30 s)
-            assert not t.is_alive(), "a read waited for the write lock"
-            assert got == {"get": jid, "list": [jid], "events": got["events"], "attempts": [1], "progress": 1}
-            assert got["events"] >= 2  # submitted, admitted
-        finally:
-            writer.rollback()
-            writer.close()
+        })
+        assert got == {"get": jid, "list": [jid], "events": got["events"], "attempts": [1], "progress": 1}
+        assert got["events"] >= 2  # submitted, admitted
+    finally:
+        plane.close()
+
+
+def test_the_other_services_reads_do_not_wait_for_the_write_lock(tmp_path):
+    """The same for what admins, dashboards and the schedule loop read: tokens,
+    projects, a quota, the audit log, webhooks and their deliveries, a package's
+    existence, schedules (and the loop's look for due ones, every tick), costs."""
+    from raylane.orchestrator.domain.views import ScheduleCreate, TokenCreate, WebhookCreate
+    from raylane.orchestrator.services import accounting
+
+    _, plane = _sqlite_plane(tmp_path)
+    try:
+        jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
+        plane.access.create_token(TokenCreate(name="alice", project="default"), actor="t")
+        hook = plane.webhooks.create(WebhookCreate(url="http://8.8.8.8/hook"), project="default", actor="t")
+        sched = plane.schedules.create(ScheduleCreate(name="nightly", cron="@daily", spec=SPEC),
+                                       project="default", actor="t")
+        got = _while_write_locked(tmp_path / "raylane.db", {
+            "tokens": lambda: [t.name for t in plane.access.list_tokens()],
+            "projects": lambda: "default" in [p.name for p in plane.access.list_projects()],
+            "quota": lambda: plane.access.quota("ml").node_groups,
+            "audit": lambda: plane.access.audit(limit=10, cursor=None)[0],
+            "hooks": lambda: [h.id for h in plane.webhooks.list(project="default")],
+            "hook": lambda: plane.webhooks.get(hook.id, project="default").id,
+            "deliveries": lambda: plane.webhooks.deliveries(hook.id, project="default"),
+            "package": lambda: plane.packages.exists("0" * 64),
+            "schedules": lambda: [x.name for x in plane.schedules.list(project="default")],
+            "schedule": lambda: plane.schedules.get(sched.id, project="default").name,
+            "due": lambda: plane.schedules.run_due(owner="t"),  # none due: it only looks
+            "costs": lambda: type(accounting.cost_breakdown(plane, group_by="project", start=None, end=None,
+                                                            project=None)),
+            "report": lambda: type(accounting.report(plane, start=None, end=None, project=None)),
+            "job cost": lambda: accounting.job_cost(plane, jid, project=None)["job_id"],
+        })
+        assert got == {"tokens": ["alice"], "projects": True, "quota": {}, "audit": [],
+                       "hooks": [hook.id], "hook": hook.id, "deliveries": [], "package": False,
+                       "schedules": ["nightly"], "schedule": "nightly", "due": 0, "costs": dict,
+                       "report": dict, "job cost": jid}
     finally:
         plane.close()

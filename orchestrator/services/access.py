@@ -261,7 +261,7 @@ class Access:
         return NewToken(**tok.model_dump(), token=secret)
 
     def list_tokens(self, *, project: str | None = None, include_revoked: bool = False) -> list[Token]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store.list_tokens(s, project=project, include_revoked=include_revoked)
 
     def revoke_token(self, token_id: str, *, actor: str) -> Token:
@@ -275,14 +275,14 @@ class Access:
             return store.create_project(s, name, description=description, actor=actor)
 
     def list_projects(self, *, only: str | None = None) -> list[Project]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store.list_projects(s, only=only)
 
     # Quotas ----------------------------------------------------------------------
 
     def quota(self, project: str) -> ProjectQuota:
         """The project's limits per node group, with what its active jobs hold now."""
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             limits = store_quotas.load_limits(s, project=project)
             used = store_quotas.usage(s, project=project)
         groups: dict[str, GroupQuota] = {}
@@ -325,7 +325,7 @@ class Access:
 
     def audit(self, *, limit: int, cursor: str | None, actor: str | None = None, action: str | None = None,
               since=None) -> tuple[list[AuditEntry], str | None]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store.list_audit(s, limit=limit, cursor=cursor, actor=actor, action=action, since=since)
 
 

@@ -67,7 +67,7 @@ def cost_breakdown(cp: "ControlPlane", *, group_by: str, start: datetime | None,
     now = utcnow()
     start, end = window(start, end, now)
     kw = {"start": start, "end": end, "now": now, "project": project}
-    with db.transaction(cp.sessions) as s:
+    with db.read(cp.sessions) as s:
         rows = usage.sums(s, **kw)
     out = costs.breakdown(_priced(rows, profile(cp)), group_by, usage.jobs_by(rows, group_by),
                           usage.jobs_by(rows, None).get("", 0))
@@ -79,7 +79,7 @@ def report(cp: "ControlPlane", *, start: datetime | None, end: datetime | None, 
     start, end = window(start, end, now)
     prof = profile(cp)
     kw = {"start": start, "end": end, "now": now, "project": project}
-    with db.transaction(cp.sessions) as s:
+    with db.read(cp.sessions) as s:
         rows = usage.sums(s, **kw)
         candidates = usage.reviewed(s, **kw)
     items = _priced(rows, prof)
@@ -96,7 +96,7 @@ def report(cp: "ControlPlane", *, start: datetime | None, end: datetime | None, 
 def job_cost(cp: "ControlPlane", job_id: str, *, project: str | None) -> dict[str, Any]:
     """Every attempt of one job, priced over its whole life."""
     now = utcnow()
-    with db.transaction(cp.sessions) as s:
+    with db.read(cp.sessions) as s:
         get_row(s, job_id, project)  # NotFound, also for another project's job
         usages = load_usage(s, start=EPOCH, end=now, job_id=job_id)
     items = [costs.attempt_cost(u, profile(cp), start=EPOCH, end=now, now=now) for u in usages]

@@ -40,7 +40,7 @@ class Packages:
 
     def exists(self, sha256: str) -> bool:
         _check_name(sha256)
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return store_packages.exists_(s, sha256)
 
     def upload(self, sha256: str, data: bytes, *, project: str | None, actor: str) -> bool:

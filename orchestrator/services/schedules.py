@@ -85,14 +85,14 @@ class Schedules:
                         next_runs=sorted(set(nxt))[:NEXT_RUNS], recent_runs=[ScheduleRun(**r) for r in runs])
 
     def get(self, schedule_id: str, *, project: str | None) -> Schedule:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             row = store.get(s, schedule_id, project=project)
             if row is None:
                 raise NotFound(f"schedule {schedule_id} not found")
             return self._view(row, store.runs(s, schedule_id, limit=RECENT_RUNS))
 
     def list(self, *, project: str | None) -> list[Schedule]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return [self._view(r, []) for r in store.list_(s, project=project)]
 
     def delete(self, schedule_id: str, *, project: str | None) -> None:
@@ -119,7 +119,7 @@ class Schedules:
     def run_due(self, *, owner: str, now: datetime | None = None) -> int:
         """Handle every due schedule this replica can lease; the number of jobs made."""
         now = now or utcnow()
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             ids = store.due_ids(s, now=now, limit=BATCH)
         made = 0
         for sid in ids:
@@ -142,7 +142,7 @@ class Schedules:
             (t, None, "skipped", f"missed: older than {row['starting_deadline_s']:g} s when a control plane "
                                  f"next looked (missed policy {row['missed']})") for t in p.skipped]
         for tick in p.run:
-            with db.transaction(self.sessions) as s:
+            with db.read(self.sessions) as s:
                 previous = store.job_status(s, last_job)
             active = previous is not None and previous not in {st.value for st in TERMINAL}
             if active and row["overlap"] == "skip":

@@ -113,11 +113,11 @@ class Webhooks:
         return NewWebhook(**{**_view(row), "url": body.url}, secret=secret)
 
     def list(self, *, project: str | None) -> list[Webhook]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             return [Webhook(**_view(r)) for r in store.list_(s, project=project)]
 
     def get(self, hook_id: str, *, project: str | None) -> Webhook:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             row = store.get(s, hook_id, project=project)
         if row is None:
             raise NotFound(f"webhook {hook_id} not found")
@@ -129,7 +129,7 @@ class Webhooks:
                 raise NotFound(f"webhook {hook_id} not found")
 
     def deliveries(self, hook_id: str, *, project: str | None, limit: int = DELIVERY_LOG_LIMIT) -> list[WebhookDelivery]:
-        with db.transaction(self.sessions) as s:
+        with db.read(self.sessions) as s:
             if store.get(s, hook_id, project=project) is None:
                 raise NotFound(f"webhook {hook_id} not found")
             return [_delivery(r) for r in store.deliveries(s, hook_id, limit=limit)]
