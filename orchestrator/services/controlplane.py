@@ -436,8 +436,6 @@ class ControlPlane:
                            "death_reason": n.death_reason} for n in nodes]}
 
     def logs(self, job_id: str, *, project: str | None, attempt: int | None = None) -> tuple[str, Job]:
-        from raylane.orchestrator.domain.ids import submission_id
-
         job = self.get(job_id, project=project)
         n = attempt or job.attempts
         if n == 0:
@@ -474,8 +472,6 @@ class ControlPlane:
 
     def attempt_log(self, job_id: str, attempt: int) -> str:
         """Ray's driver log of one attempt ("" when Ray has none), unscoped like ``progress``."""
-        from raylane.orchestrator.domain.ids import submission_id
-
         self._require_ray()
         placement = None
         if self.lanes is not None:  # which backend holds its log is in its placement
