@@ -73,7 +73,7 @@ class Recorder:
 
 def covered(path: str) -> bool:
     """In the key, under a section in it, or a section on the way to one (``spec.sweep
-    is not None``: the key's ``sweep.num_samples`` is None without a sweep)."""
+    is not None``: the key's ``sweep.num_trials`` is None without a sweep)."""
     return any(path == p or path.startswith(p + ".") or p.startswith(path + ".") for p in ROUTE_READS)
 
 
@@ -144,3 +144,26 @@ def _routable(spec: JobSpec) -> bool:
         return True
     except Unroutable:
         return False
+
+
+def test_a_grid_sweep_counts_every_combination_of_its_grid_as_a_trial():
+    """Tune runs ``num_samples`` of each grid combination: a 4 x 3 grid sampled twice
+    is 24 trials, and a cap of 8 at a time is 8, not ``num_samples`` (2)."""
+    space = {"lr": {"grid": [1, 2, 3, 4]}, "bs": {"grid": [16, 32, 64]}, "wd": {"uniform": [0.0, 0.1]}}
+
+    def sweep(**kw) -> JobSpec:
+        return JobSpec(name="g", kind="sweep", entrypoint="m:f", resources={"cpus_per_worker": 1},
+                       sweep={"metric": "loss", "num_samples": 2, "max_concurrent_trials": 8, "search_space": space,
+                              **kw})
+
+    capped = sweep()
+    assert capped.sweep.num_trials == 24
+    pl = route(capped, PROFILE, VIEW)
+    assert pl.num_workers == 8 and pl.total["CPU"] == 8
+    assert any("sweep of 24 independent trials" in r for r in pl.reasons)
+    # No cap: as many at once as the group holds (spot-cpu: 8 CPUs live), not 2.
+    assert route(sweep(max_concurrent_trials=None), PROFILE, VIEW).num_workers == 8
+    # Routed alike only where the trial count is alike.
+    fewer = sweep(search_space={"lr": space["lr"]})
+    assert route_key(fewer) != route_key(capped) and route(fewer, PROFILE, VIEW).num_workers == 8
+    assert route(sweep(num_samples=1, search_space={"lr": {"grid": [1, 2, 3]}}), PROFILE, VIEW).num_workers == 3

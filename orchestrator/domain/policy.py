@@ -70,7 +70,7 @@ def totals(spec: JobSpec) -> JobTotals:
     r = spec.resources
     workers = r.num_workers
     if spec.sweep is not None:
-        workers = min(spec.sweep.max_concurrent_trials or spec.sweep.num_samples, spec.sweep.num_samples)
+        workers = min(spec.sweep.max_concurrent_trials or spec.sweep.num_trials, spec.sweep.num_trials)
     return JobTotals(workers=workers, gpus=workers * r.gpus_per_worker,
                      cpus=workers * r.cpus_per_worker + r.driver_cpus)
 

@@ -140,7 +140,7 @@ def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *
 # What of a spec the router reads (``route``, ``lanes.decide``): specs alike in
 # these route alike. tests/test_routing.py records every attribute ``route``
 # reads and fails on one not covered here.
-ROUTE_READS = ("kind", "lane", "resources", "placement", "sweep.num_samples", "sweep.max_concurrent_trials",
+ROUTE_READS = ("kind", "lane", "resources", "placement", "sweep.num_trials", "sweep.max_concurrent_trials",
                "runtime_env.working_dir", "runtime_env.py_modules", "runtime_env.pip")
 
 
@@ -151,7 +151,7 @@ def route_key(spec: JobSpec) -> tuple:
     only (a list field would make this unhashable, and every batch fail loudly)."""
     sweep, env = spec.sweep, spec.runtime_env
     return (spec.kind, spec.lane, tuple(spec.resources.__dict__.values()), tuple(spec.placement.__dict__.values()),
-            None if sweep is None else (sweep.num_samples, sweep.max_concurrent_trials),
+            None if sweep is None else (sweep.num_trials, sweep.max_concurrent_trials),
             env.working_dir, tuple(env.py_modules), tuple(env.pip))
 
 
@@ -230,7 +230,7 @@ def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, r
     kind = traits(spec.kind)
     if not wants_gpu:
         if spec.sweep is not None:
-            reasons.append(f"sweep of {spec.sweep.num_samples} independent trials: {chosen.name}, {kind.strategy}")
+            reasons.append(f"sweep of {spec.sweep.num_trials} independent trials: {chosen.name}, {kind.strategy}")
         elif kind.spot_first:
             reasons.append(f"{kind.name} tolerates lost workers: {chosen.name} ({chosen.market})")
         else:
@@ -256,14 +256,14 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
     workers = r.num_workers
     if spec.sweep is not None:
         if spec.sweep.max_concurrent_trials:
-            workers = min(spec.sweep.max_concurrent_trials, spec.sweep.num_samples)
+            workers = min(spec.sweep.max_concurrent_trials, spec.sweep.num_trials)
         else:
             # No cap given: as many trials at once as the group can hold now (or at
             # its largest), so Tune does not queue hundreds of trial actors.
             live = cluster.get(group.name) if cluster else None
             cpus = live.total.get("CPU", 0) if live and live.alive_nodes else group.cpus * group.max_nodes
-            slots = int(cpus // r.cpus_per_worker) if r.cpus_per_worker else spec.sweep.num_samples
-            workers = max(1, min(spec.sweep.num_samples, slots))
+            slots = int(cpus // r.cpus_per_worker) if r.cpus_per_worker else spec.sweep.num_trials
+            workers = max(1, min(spec.sweep.num_trials, slots))
             reasons.append(f"{workers} trials at a time: what group {group.name} holds")
     total = {k: v * workers for k, v in per_worker.items()}
     driver_group = group

@@ -213,6 +213,16 @@ class SweepSpec(_Model):
     grace_period: int = Field(1, ge=1, le=1_000_000)
     max_trial_failures: int = Field(3, ge=-1, le=1000)
 
+    @property
+    def num_trials(self) -> int:
+        """The trials Tune runs: ``num_samples`` of each combination of the grid
+        dimensions (Tune's ``grid_search`` multiplies, it does not sample)."""
+        n = self.num_samples
+        for d in self.search_space.values():
+            if d.grid is not None:
+                n *= len(d.grid)
+        return n
+
     @field_validator("search_space")
     @classmethod
     def _space(cls, v: dict[str, Domain]) -> dict[str, Domain]:
