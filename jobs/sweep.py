@@ -12,12 +12,16 @@ A trial function can save a checkpoint when its node is about to be drained:
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import time
+from collections import deque
 from typing import Any
 
 from ray import tune
 from ray.tune import PlacementGroupFactory
+from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from raylane.jobs.base import RunContext, load_callable, watch_checkpoint_requests
 from raylane.jobs.metrics import flush_live_trials, trial_callback
@@ -48,6 +52,93 @@ def snapshot_period_s(driver_market: str | None) -> float:
     """Seconds between experiment snapshots for a driver on ``driver_market``; an
     unknown market is taken as spot (the shorter loss)."""
     return SNAPSHOT_PERIOD_S.get(driver_market or "SPOT", SNAPSHOT_PERIOD_S["SPOT"])
+
+
+# How many trials run at once, by how long they take. With reuse_actors, Tune starts
+# an actor for each trial it stages, and hands a finished trial's actor to the next
+# staged trial, removing the actor it had started for that one. When trials are
+# shorter than an actor's start (a process importing Tune: about a CPU-second), no
+# second actor is ever ready before the first is free again: every trial runs on
+# one actor while Tune starts, and throws away, an actor for each staged trial.
+# Measured here, 100 trials of microseconds at 8 at once started 10-21 actors, ran
+# every trial on one or two, and took 12.8-17 s; at 1 at once, one actor, 2.9 s
+# (docs/benchmarks.md, "Trials sized to their length"). So the cap on live trials
+# follows the trials: the router's cap (``placement.num_workers``) until trials end,
+# as Tune alone would start; then the cap for trials of ``ACTOR_START_S`` or more
+# (the median of the last ones), proportionally fewer for shorter ones, at least
+# one; and one more for each trial that has lived ``LONG_AFTER_S``, so a straggler
+# never holds the short ones up. (Starting with one trial, to learn their length
+# first, made 2 s trials 45% slower: the other actors then start while the first
+# one frees up every 2 s and takes their trials.)
+ACTOR_START_S = 1.0
+LONG_AFTER_S = 3.0
+
+
+def concurrency_for(cap: int, median_trial_s: float) -> int:
+    """How many trials to run at once, under ``cap``, for trials of ``median_trial_s``."""
+    return max(1, min(cap, math.ceil(cap * median_trial_s / ACTOR_START_S)))
+
+
+class TrialSizedConcurrency(BasicVariantGenerator):
+    """Tune's own search (random and grid) whose cap on live trials follows the
+    trials' lengths (see above), checked each time Tune asks for a trial. What it
+    learned (the last lengths) is saved with the experiment, so a restored sweep
+    keeps it."""
+
+    def __init__(self, *, max_concurrent: int, clock=time.monotonic, **kwargs):
+        super().__init__(max_concurrent=max_concurrent, **kwargs)
+        self.cap = max_concurrent
+        self.lengths: deque[float] = deque(maxlen=max(8, max_concurrent))
+        self._clock = clock
+        self._born: dict[str, float] = {}  # live trials: when each was handed to Tune
+        self._said = max_concurrent
+
+    def _target(self) -> int:
+        if self.cap <= 1 or not self.lengths:
+            return self.cap
+        now = self._clock()
+        long_lived = sum(1 for t in self._born.values() if now - t > LONG_AFTER_S)
+        return min(self.cap, long_lived + concurrency_for(self.cap, statistics.median(self.lengths)))
+
+    def _resize(self) -> None:
+        self.max_concurrent = self._target()
+        # Said in the driver's log when the trials' lengths move it (not at each straggler).
+        said = concurrency_for(self.cap, statistics.median(self.lengths)) if self.lengths else self.cap
+        if said != self._said:
+            print(f"raylane: sweep concurrency {self._said} -> {said} of {self.cap}: its trials take "
+                  f"{statistics.median(self.lengths):.3g} s (median of the last {len(self.lengths)}), an actor's "
+                  f"start about {ACTOR_START_S:g} s; plus one for each trial live over {LONG_AFTER_S:g} s", flush=True)
+            self._said = said
+
+    def next_trial(self):
+        self._resize()
+        trial = super().next_trial()
+        if trial is not None:
+            self._born[trial.trial_id] = self._clock()
+        return trial
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        super().on_trial_complete(trial_id, result=result, error=error)
+        self._born.pop(trial_id, None)
+        length = (result or {}).get("time_total_s")
+        if not error and isinstance(length, (int, float)):
+            self.lengths.append(float(length))
+
+    def get_state(self):
+        state = super().get_state()
+        if state:  # this process's clock readings mean nothing to a restored one
+            state = {k: v for k, v in state.items() if k not in ("_born", "_clock")}
+        return state
+
+    def set_state(self, state):
+        super().set_state(state)
+        self._clock = time.monotonic
+        self._born = {}
+
+    def __setstate__(self, state):  # unpickled with the restored Tuner
+        self.__dict__.update(state)
+        self._clock = time.monotonic
+        self._born = {}
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
@@ -95,8 +186,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             trainable_r,
             param_space={k: _domain(d) for k, d in sw.search_space.items()},
             tune_config=tune.TuneConfig(metric=sw.metric, mode=sw.mode, num_samples=sw.num_samples,
-                                        max_concurrent_trials=pl.num_workers, scheduler=scheduler,
-                                        reuse_actors=True),
+                                        search_alg=TrialSizedConcurrency(max_concurrent=pl.num_workers),
+                                        scheduler=scheduler, reuse_actors=True),
             run_config=tune.RunConfig(storage_path=path, storage_filesystem=fs, name=name, verbose=0,
                                       callbacks=[trial_callback()],
                                       failure_config=tune.FailureConfig(max_failures=sw.max_trial_failures)),

@@ -123,6 +123,23 @@ def test_sweep_trials_run_on_spot_nodes(rapi):
     assert json.loads(timing.split("sweep timing ", 1)[1])["snapshot_s"] == f"{snapshot_period_s('ON_DEMAND'):g}" == "10"
 
 
+def test_a_sweep_of_short_trials_runs_them_one_at_a_time_once_it_knows_their_length(rapi):
+    # 24 trials of microseconds, 4 allowed at once: once the first end, the sweep
+    # runs one at a time on one actor (jobs/sweep.py, TrialSizedConcurrency), and
+    # says so in its driver's log.
+    spec = {"name": "short-sweep", "kind": "sweep", "entrypoint": "funcs:trial_where",
+            "runtime_env": {"working_dir": FUNCS},
+            "sweep": {"metric": "score", "mode": "max", "num_samples": 1, "max_concurrent_trials": 4,
+                      "search_space": {"x": {"grid": list(range(24))}}}}
+    job = rapi.post("/v1/jobs", json=spec).json()
+    assert job["placement"]["num_workers"] == 4
+    done = wait_status(rapi, job["id"], TERMINAL, timeout=240)
+    assert done["status"] == "SUCCEEDED", done["status_reason"]
+    assert done["result"]["num_trials"] == 24 and done["result"]["best"]["config"] == {"x": 23}
+    logs = rapi.get(f"/v1/jobs/{job['id']}/logs").text
+    assert "raylane: sweep concurrency 4 -> 1 of 4" in logs, logs[-3000:]
+
+
 def test_never_fits_is_refused_at_submit_with_reason(rapi):
     spec = {"name": "huge", "kind": "training", "entrypoint": "m:f",
             "resources": {"num_workers": 4, "gpus_per_worker": 1}}
