@@ -56,27 +56,31 @@ def snapshot_period_s(driver_market: str | None) -> float:
 
 # How many trials run at once, by how long they take. With reuse_actors, Tune starts
 # an actor for each trial it stages, and hands a finished trial's actor to the next
-# staged trial, removing the actor it had started for that one. When trials are
-# shorter than an actor's start (a process importing Tune: about a CPU-second), no
-# second actor is ever ready before the first is free again: every trial runs on
-# one actor while Tune starts, and throws away, an actor for each staged trial.
-# Measured here, 100 trials of microseconds at 8 at once started 10-21 actors, ran
-# every trial on one or two, and took 12.8-17 s; at 1 at once, one actor, 2.9 s
+# staged trial, removing the actor it had started for that one. So an actor started
+# for a staged trial lives only if no running trial ends before it is ready: with
+# ``c`` trials live, each ``L`` seconds long, that needs (c - 1) * L longer than an
+# actor's start. Below that, every trial runs on one actor while Tune starts, and
+# throws away, an actor for each trial it stages. Measured here (a trial actor's
+# start, a process importing Tune, takes 1.3 CPU-seconds), 100 trials of
+# microseconds at 8 at once started 16-21 actors, ran every trial on one, and took
+# 12.4-17 s; at 1 at once, one actor, 2.9 s; at 3 at once, 10.6-12.2 s
 # (docs/benchmarks.md, "Trials sized to their length"). So the cap on live trials
 # follows the trials: the router's cap (``placement.num_workers``) until trials end,
-# as Tune alone would start; then the cap for trials of ``ACTOR_START_S`` or more
-# (the median of the last ones), proportionally fewer for shorter ones, at least
-# one; and one more for each trial that has lived ``LONG_AFTER_S``, so a straggler
-# never holds the short ones up. (Starting with one trial, to learn their length
-# first, made 2 s trials 45% slower: the other actors then start while the first
-# one frees up every 2 s and takes their trials.)
+# as Tune alone would start; then, by the median length of the last ones, one at a
+# time if (cap - 1) * median < ``ACTOR_START_S``, else the router's cap; plus one for
+# each trial live over ``LONG_AFTER_S``, so a straggler holds short trials up for
+# at most that long. (Starting with one trial, to learn their length first, made
+# 2 s trials 45% slower: the other actors then start while the first one frees up
+# every 2 s and takes their trials.)
 ACTOR_START_S = 1.0
 LONG_AFTER_S = 3.0
 
 
 def concurrency_for(cap: int, median_trial_s: float) -> int:
-    """How many trials to run at once, under ``cap``, for trials of ``median_trial_s``."""
-    return max(1, min(cap, math.ceil(cap * median_trial_s / ACTOR_START_S)))
+    """How many trials to run at once, under ``cap``, for trials of ``median_trial_s``:
+    one where an actor started for a second trial would not be ready before the
+    running ones end (it would be thrown away), else all ``cap``."""
+    return 1 if (cap - 1) * median_trial_s < ACTOR_START_S else cap
 
 
 class TrialSizedConcurrency(BasicVariantGenerator):
@@ -90,11 +94,11 @@ class TrialSizedConcurrency(BasicVariantGenerator):
         self.cap = max_concurrent
         self.lengths: deque[float] = deque(maxlen=max(8, max_concurrent))
         self._clock = clock
-        self._born: dict[str, float] = {}  # live trials: when each was handed to Tune
+        self._born: dict[str, float] = {}  # live trials: when each was handed to Tune (or restored)
         self._said = max_concurrent
 
     def _target(self) -> int:
-        if self.cap <= 1 or not self.lengths:
+        if not self.lengths:
             return self.cap
         now = self._clock()
         long_lived = sum(1 for t in self._born.values() if now - t > LONG_AFTER_S)
@@ -124,21 +128,19 @@ class TrialSizedConcurrency(BasicVariantGenerator):
         if not error and isinstance(length, (int, float)):
             self.lengths.append(float(length))
 
-    def get_state(self):
-        state = super().get_state()
-        if state:  # this process's clock readings mean nothing to a restored one
-            state = {k: v for k, v in state.items() if k not in ("_born", "_clock")}
-        return state
+    def _restored(self) -> None:
+        # This process's clock: the live trials restored with the experiment count
+        # their age from now (the old process's readings mean nothing here).
+        self._clock = time.monotonic
+        self._born = {tid: self._clock() for tid in self._live_trials}
 
-    def set_state(self, state):
+    def set_state(self, state):  # the experiment's snapshot of its search
         super().set_state(state)
-        self._clock = time.monotonic
-        self._born = {}
+        self._restored()
 
-    def __setstate__(self, state):  # unpickled with the restored Tuner
+    def __setstate__(self, state):  # unpickled with a restored Tuner
         self.__dict__.update(state)
-        self._clock = time.monotonic
-        self._born = {}
+        self._restored()
 
 
 def run(ctx: RunContext) -> dict[str, Any]:

@@ -267,7 +267,7 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
             reasons.append(f"{workers} trials at a time: what group {group.name} holds")
         if workers > 1:
             # jobs/sweep.py, TrialSizedConcurrency: Tune would start an actor per trial only to discard it.
-            reasons.append(f"fewer than {workers} at a time while its trials prove shorter than a trial actor's start")
+            reasons.append(f"one trial at a time instead of {workers} while its trials prove shorter than a trial actor's start")
     total = {k: v * workers for k, v in per_worker.items()}
     driver_group = group
     if group.is_spot and kind.runner is not None:
