@@ -12,7 +12,6 @@ A trial function can save a checkpoint when its node is about to be drained:
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import time
@@ -74,6 +73,7 @@ def snapshot_period_s(driver_market: str | None) -> float:
 # every 2 s and takes their trials.)
 ACTOR_START_S = 1.0
 LONG_AFTER_S = 3.0
+LENGTHS_KEPT = 32  # the last trials whose median decides
 
 
 def concurrency_for(cap: int, median_trial_s: float) -> int:
@@ -92,26 +92,30 @@ class TrialSizedConcurrency(BasicVariantGenerator):
     def __init__(self, *, max_concurrent: int, clock=time.monotonic, **kwargs):
         super().__init__(max_concurrent=max_concurrent, **kwargs)
         self.cap = max_concurrent
-        self.lengths: deque[float] = deque(maxlen=max(8, max_concurrent))
+        self.lengths: deque[float] = deque(maxlen=LENGTHS_KEPT)
         self._clock = clock
         self._born: dict[str, float] = {}  # live trials: when each was handed to Tune (or restored)
         self._said = max_concurrent
 
-    def _target(self) -> int:
-        if not self.lengths:
+    def _target(self, median: float | None) -> int:
+        if median is None:
             return self.cap
         now = self._clock()
         long_lived = sum(1 for t in self._born.values() if now - t > LONG_AFTER_S)
-        return min(self.cap, long_lived + concurrency_for(self.cap, statistics.median(self.lengths)))
+        return min(self.cap, long_lived + concurrency_for(self.cap, median))
 
     def _resize(self) -> None:
-        self.max_concurrent = self._target()
+        """Set the cap for the next trial (Tune asks at each step of its loop)."""
+        median = statistics.median(self.lengths) if self.lengths else None
+        self.max_concurrent = self._target(median)
         # Said in the driver's log when the trials' lengths move it (not at each straggler).
-        said = concurrency_for(self.cap, statistics.median(self.lengths)) if self.lengths else self.cap
+        said = self.cap if median is None else concurrency_for(self.cap, median)
         if said != self._said:
+            why = "end before" if said == 1 else "outlast"
             print(f"raylane: sweep concurrency {self._said} -> {said} of {self.cap}: its trials take "
-                  f"{statistics.median(self.lengths):.3g} s (median of the last {len(self.lengths)}), an actor's "
-                  f"start about {ACTOR_START_S:g} s; plus one for each trial live over {LONG_AFTER_S:g} s", flush=True)
+                  f"{median:.3g} s (median of the last {len(self.lengths)}), so {self.cap - 1} of them {why} a trial "
+                  f"actor's start (about {ACTOR_START_S:g} s); plus one for each trial live over {LONG_AFTER_S:g} s",
+                  flush=True)
             self._said = said
 
     def next_trial(self):

@@ -88,7 +88,7 @@ def test_a_restored_sweep_keeps_the_lengths_and_ages_its_live_trials_from_the_re
     else:  # the experiment's snapshot of its search
         r = TrialSizedConcurrency(max_concurrent=8)
         r.set_state(s.get_state())
-    assert list(r.lengths) == [0.001] * 7 and r.cap == 8
+    assert list(r.lengths) == [0.001] * 7 and r.cap == 8 and r._said == 8
     # live[7] was live at the snapshot: its age counts from the restore, on this
     # process's clock, so once it has lived LONG_AFTER_S it is a straggler and the
     # short trials get a slot beside it.
@@ -96,6 +96,8 @@ def test_a_restored_sweep_keeps_the_lengths_and_ages_its_live_trials_from_the_re
     born = r._born[live[7]]
     assert abs(born - time.monotonic()) < 60
     monkeypatch.setattr(r, "_clock", lambda: born + 1)
-    assert r._target() == 1
+    r._resize()
+    assert r.max_concurrent == 1
     monkeypatch.setattr(r, "_clock", lambda: born + LONG_AFTER_S + 1)
-    assert r._target() == 2
+    r._resize()
+    assert r.max_concurrent == 2

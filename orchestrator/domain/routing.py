@@ -267,7 +267,8 @@ def _placement(spec: JobSpec, profile: Profile, group: NodeGroup, fallbacks: lis
             reasons.append(f"{workers} trials at a time: what group {group.name} holds")
         if workers > 1:
             # jobs/sweep.py, TrialSizedConcurrency: Tune would start an actor per trial only to discard it.
-            reasons.append(f"one trial at a time instead of {workers} while its trials prove shorter than a trial actor's start")
+            reasons.append(f"one trial at a time instead of {workers} if {workers - 1} of its trials prove to end "
+                           "before a trial actor starts (it would be thrown away)")
     total = {k: v * workers for k, v in per_worker.items()}
     driver_group = group
     if group.is_spot and kind.runner is not None:

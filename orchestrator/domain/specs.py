@@ -206,8 +206,9 @@ class SweepSpec(_Model):
     mode: Literal["min", "max"] = "min"
     num_samples: int = Field(10, ge=1, le=100_000)
     max_concurrent_trials: int | None = Field(
-        None, ge=1, le=10_000, description="Most trials at once; unset: what the group holds. Trials shorter than "
-        "a trial actor's start run one at a time once their length is known (Tune would start actors only to discard them)")
+        None, ge=1, le=10_000, description="Most trials at once; unset: what the group holds. Trials so short that all but one "
+        "end before a trial actor starts run one at a time once their length is known (Tune would start actors only "
+        "to discard them)")
     scheduler: Literal["fifo", "asha"] = "fifo"
     search_space: dict[str, Domain] = Field(..., min_length=1)
     # ASHA's bound on the training iterations a trial may report.
