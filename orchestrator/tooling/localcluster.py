@@ -57,6 +57,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -67,6 +68,12 @@ from raylane.orchestrator.tooling import nodeprocs
 log = logging.getLogger(__name__)
 
 NODE_START_TIMEOUT_S = 120  # a node on a busy 2-core machine can take a while
+# `ray start` itself gives up when the GCS has not listed its node 30 s after its
+# processes started (a constant in ray/_private/node.py), which a 2-core machine
+# busy with another cluster's jobs can exceed; the next try usually makes it. A
+# node that gave up so is stopped and started again, up to this many starts in all.
+START_TRIES = 3
+RAY_START_TIMED_OUT = "timed out during startup"  # what `ray start` says then
 GiB = 1024**3
 PORT_TRIES = 100  # the kernel offering only ports the cluster holds, 100 times in a row, is a machine out of ports
 
@@ -129,6 +136,7 @@ class NodeProc:
     log_path: str
     ip: str = "127.0.0.1"
     draining: bool = False  # told to drain (``drain_node``): Ray places nothing new there
+    log_from: int = 0  # where this start's lines begin in ``log_path`` (a restarted node appends)
 
     @property
     def name(self) -> str:
@@ -181,6 +189,24 @@ class ClusterState:
 
 
 _alive = nodeprocs.alive
+
+
+class NodeStartTimedOut(RuntimeError):
+    """`ray start` gave up waiting for the GCS to list its node (``START_TRIES``)."""
+
+    def __init__(self, message: str, node: "NodeProc"):
+        super().__init__(message)
+        self.node = node
+
+
+def _exited(node: "NodeProc", what: str) -> None:
+    """Raise for a node whose `ray start` exited: ``NodeStartTimedOut`` when Ray gave up on the GCS."""
+    with open(node.log_path, "rb") as f:
+        f.seek(node.log_from)
+        tail = f.read().decode(errors="replace")[-3000:]
+    if RAY_START_TIMED_OUT in tail:
+        raise NodeStartTimedOut(f"{what}: Ray's start timed out waiting for the GCS (see {node.log_path})", node)
+    raise RuntimeError(f"{what}; see {node.log_path}:\n{tail}")
 
 
 class LocalCluster:
@@ -277,9 +303,28 @@ class LocalCluster:
         if index is None:
             index = 1 + max((n.index for n in self.state.nodes if n.group == group_name), default=-1)
         before = self._alive_node_ids()
-        node = self._start_node(group, index)
-        self._wait_registered(before, node)
-        return node
+
+        def start() -> NodeProc:
+            node = self._start_node(group, index)
+            self._wait_registered(before, node)
+            return node
+
+        return self._tries(start)
+
+    def _tries(self, start: Callable[[], NodeProc]) -> NodeProc:
+        """``start()`` a node, again after Ray's own start-up timeout (``START_TRIES``)."""
+        for n in range(1, START_TRIES + 1):
+            try:
+                return start()
+            except NodeStartTimedOut as e:
+                # What it started (a GCS, a raylet) goes with it: a next try binds the same ports.
+                nodeprocs.kill_tree(e.node.pid)
+                self.state.nodes = [x for x in self.state.nodes if x is not e.node]
+                self.state.save()
+                if n == START_TRIES:
+                    raise
+                log.warning("%s; starting it again (start %d of %d)", e, n + 1, START_TRIES)
+        raise AssertionError("unreachable")
 
     def kill_head(self) -> NodeProc:
         """SIGKILL the head's processes (GCS, dashboard and Jobs API, head raylet)."""
@@ -422,9 +467,13 @@ class LocalCluster:
         # `ray start --head` refuses to start where its temp dir names a cluster
         # whose GCS address some local raylet still uses (a worker of the killed
         # head, waiting for it to come back): that is exactly a restart.
-        Path(self.state.temp_dir, "ray_current_cluster").unlink(missing_ok=True)
-        self._start_node(self.profile.head, 0, head_ports=self.state.head_ports)
-        self._wait_dashboard()
+        def start() -> NodeProc:
+            Path(self.state.temp_dir, "ray_current_cluster").unlink(missing_ok=True)
+            node = self._start_node(self.profile.head, 0, head_ports=self.state.head_ports)
+            self._wait_dashboard()
+            return node
+
+        self._tries(start)
 
     def _ray_bin(self) -> str:
         return str(Path(sys.executable).with_name("ray"))
@@ -476,9 +525,11 @@ class LocalCluster:
                 env["RAY_external_storage_namespace"] = self.state.storage_namespace
         log_path = self.dir / f"node-{group.name}-{index}.log"
         with open(log_path, "ab") as logf:
+            log_from = logf.tell()
             proc = subprocess.Popen(args, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
                                     cwd=self.state.temp_dir)
-        node = NodeProc(group=group.name, index=index, pid=proc.pid, ports=ports, log_path=str(log_path), ip=ip)
+        node = NodeProc(group=group.name, index=index, pid=proc.pid, ports=ports, log_path=str(log_path), ip=ip,
+                        log_from=log_from)
         self.state.nodes.append(node)
         self.state.save()
         return node
@@ -495,7 +546,7 @@ class LocalCluster:
                     pass
             head = self._head_node()
             if not _alive(head.pid):
-                raise RuntimeError(f"Ray head exited; see {head.log_path}:\n{Path(head.log_path).read_text()[-3000:]}")
+                _exited(head, "Ray head exited")
             time.sleep(0.25)
         raise TimeoutError(f"Ray head did not come up in {NODE_START_TIMEOUT_S}s; see {self._head_node().log_path}")
 
@@ -508,8 +559,7 @@ class LocalCluster:
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not _alive(node.pid):
-                raise RuntimeError(f"node {node.name} exited; see {node.log_path}:\n"
-                                   f"{Path(node.log_path).read_text()[-3000:]}")
+                _exited(node, f"node {node.name} exited")
             try:
                 for n in self.nodes():
                     r = n["raylet"]

@@ -45,6 +45,70 @@ def test_a_node_that_does_not_come_up_takes_the_started_ones_down(tmp_path, monk
     wait_for(gone, timeout=30, what="every process of the failed cluster gone")
 
 
+def test_a_node_whose_ray_start_gives_up_on_the_gcs_is_started_again(tmp_path, monkeypatch, caplog):
+    """`ray start` gives up when the GCS has not listed its node within 30 s (CI
+    saw it under load: a second cluster's head starting beside the shared one).
+    Each node's first start here gives up so, leaving a process behind as Ray's
+    leaves its GCS: the cluster comes up on the next tries, the leftovers killed;
+    a node that always gives up fails after ``START_TRIES`` with nothing left."""
+    import logging
+
+    from raylane.orchestrator.tooling import localcluster
+    from raylane.orchestrator.domain.profile import Profile
+
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "groups": [{"name": "head", "role": "head", "cpus": 0, "memory_gb": 1},
+                                                         {"name": "cpu", "cpus": 1, "memory_gb": 1}]}))
+    cluster = localcluster.LocalCluster(Profile.load(p), tmp_path / "cluster")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    fake = tmp_path / "ray"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = start ]; then
+  case "$*" in *--head*) kind=head ;; *) kind=worker ;; esac
+  if [ ! -e "{marks}/$kind" ] || [ -e "{marks}/always-$kind" ]; then
+    sleep 600 & echo $! >> "{marks}/$kind"
+    echo "Exception: The current node {localcluster.RAY_START_TIMED_OUT}. This could happen because ..." >&2
+    exit 1
+  fi
+fi
+exec {cluster._ray_bin()} "$@"
+""")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cluster, "_ray_bin", lambda: str(fake))
+
+    def running(pid):  # killed: gone, or a zombie its new parent has yet to reap
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    def leftovers():
+        pids = [int(x) for kind in ("head", "worker") if (marks / kind).exists()
+                for x in (marks / kind).read_text().split()]
+        return pids and [pid for pid in pids if running(pid)]
+
+    caplog.set_level(logging.WARNING, logger=localcluster.__name__)
+    try:
+        state = cluster.up()
+        alive = {n["raylet"]["nodeId"] for n in cluster.nodes() if n["raylet"].get("state") == "ALIVE"}
+        assert [n.name for n in state.nodes] == ["head-0", "cpu-0"] and len(alive) == 2
+        assert state.nodes[1].ports["node_id"] in alive
+        assert [r.getMessage().split(": ")[0] for r in caplog.records if "starting it again" in r.getMessage()] == \
+            ["Ray head exited", "node cpu-0 exited"]
+        # What each failed start left was killed with it (SIGKILLed: gone once the kernel runs it).
+        wait_for(lambda: leftovers() == [], timeout=30, what="the failed starts' processes gone")
+
+        (marks / "always-worker").touch()
+        with pytest.raises(localcluster.NodeStartTimedOut, match="node cpu-1 exited"):
+            cluster.add_node("cpu")
+        assert len((marks / "worker").read_text().split()) == 1 + localcluster.START_TRIES
+        assert [n.name for n in cluster.state.nodes] == ["head-0", "cpu-0"]
+        wait_for(lambda: leftovers() == [], timeout=30, what="the failed starts' processes gone")
+    finally:
+        cluster.down()
+
+
 def test_restore_replaces_drained_and_dead_nodes(ray_cluster):
     """What the shared test cluster runs after every test: a drained node and a
     killed one are replaced by fresh, registered nodes of the same groups."""
