@@ -7,6 +7,7 @@ forgotten (a stand-in for Ray's Jobs API answers; no cluster needed)."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -504,6 +505,41 @@ def test_live_attempts_are_polled_at_a_rate_not_a_pause_after_each_pass(settings
                          (3 * FAST_POLL_S, 4 * FAST_POLL_S)):
         rec.last_took = took
         assert took + rec.next_wait() == pytest.approx(period), took
+
+
+def test_fast_polling_takes_at_most_its_share_of_a_core(settings):
+    """A pass's own CPU sets a floor under the fast period (PASS_CPU_SHARE of a
+    core): a pass of 1 ms keeps the 20 ms period, one of 2 ms (a burst's many
+    attempts on a busy head) starts every 40 ms; the quiet rule's cap and the
+    interval still bound it. Measured by the loop itself, of its own thread."""
+    from raylane.orchestrator.loops import reconciler as rmod
+
+    rec = Reconciler(settings.model_copy(update={"reconcile_interval_s": 1.0}), None, FakeRay({}))
+    rec._live = 1
+
+    def period(cpu: float) -> float:
+        rec.last_took, rec.last_cpu = 0.0, cpu
+        return rec.next_wait()
+
+    assert period(0.0) == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
+    assert period(rmod.FAST_POLL_S * rmod.PASS_CPU_SHARE) == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
+    assert period(0.002) == pytest.approx(0.002 / rmod.PASS_CPU_SHARE, abs=1e-3)
+    assert 0.002 / rmod.PASS_CPU_SHARE > 1.5 * rmod.FAST_POLL_S
+    assert period(1.0) == pytest.approx(rmod.QUIET_POLL_MAX_S, abs=1e-3)
+
+    class Spin(Reconciler):  # a pass that burns 3 ms of CPU: the loop measures it
+        def run_once(self):
+            self._live = 1
+            t = time.thread_time()
+            while time.thread_time() - t < 0.003:
+                pass
+            if self.passes >= 2:
+                self._stop.set()
+
+    spin = Spin(settings, None, FakeRay({}))
+    spin.start()
+    spin._thread.join(10)
+    assert 0.003 <= spin.last_cpu < 0.05 and spin.last_took >= spin.last_cpu
 
 
 def test_a_quiet_live_attempt_is_polled_less_often_until_something_changes(cp, settings):

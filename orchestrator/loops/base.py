@@ -24,6 +24,7 @@ class LoopService:
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.last_took = 0.0  # seconds the last pass ran (``next_wait`` may count it)
+        self.last_cpu = 0.0  # CPU-seconds the last pass took, of its own thread
 
     def run_once(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -40,7 +41,7 @@ class LoopService:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.thread_time()
             logcontext.bind_job(None)  # a pass starts about no job; run_once binds the one it works on
             try:
                 self.run_once()
@@ -48,6 +49,7 @@ class LoopService:
                 log.exception("%s pass failed; the loop goes on", self.name)
             self.passes += 1
             took = self.last_took = time.monotonic() - t0
+            self.last_cpu = time.thread_time() - c0
             if took > max(self.interval, 1.0) * 5:
                 log.warning("%s pass took %.1fs (interval %.1fs)", self.name, took, self.interval)
             # Wait for new work or the polling interval, whichever comes first.

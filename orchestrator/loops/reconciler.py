@@ -60,6 +60,12 @@ FAST_POLL_S = 0.02
 # cancel wakes the loop at once, and a change seen restarts the fast period.
 QUIET_POLL_SHARE = 0.02
 QUIET_POLL_MAX_S = 0.25
+# ... and fast polling takes at most this share of a core: a pass costing 2 ms of
+# CPU (many live attempts on a busy head node, as in a burst of jobs) starts every
+# 40 ms, not 20. Its 50 passes a second otherwise took CPU from the jobs' own
+# processes for as long as the burst ran (docs/benchmarks.md, session 29); a pass
+# of 1 ms or less (a few jobs, a quiet machine) keeps the 20 ms period.
+PASS_CPU_SHARE = 0.05
 LIVE_TRIALS_EVERY_S = 1.0  # a running sweep's finished trials are read from Ray's store at most this often
 WRITE_BATCH = 200  # most outcomes written in one transaction (``_flush``)
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
@@ -124,7 +130,8 @@ class Reconciler(LoopService):
         if not self._live:
             return self.interval
         quiet = time.monotonic() - self._changed_at
-        period = min(max(FAST_POLL_S, QUIET_POLL_SHARE * quiet), QUIET_POLL_MAX_S, self.interval)
+        period = min(max(FAST_POLL_S, QUIET_POLL_SHARE * quiet, self.last_cpu / PASS_CPU_SHARE), QUIET_POLL_MAX_S,
+                     self.interval)
         return max(period - self.last_took, min(self.last_took, period))
 
     def _quiet_since(self, live, ray_jobs: dict[str, RayJob | None]) -> None:
