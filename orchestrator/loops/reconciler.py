@@ -27,7 +27,9 @@ On start-up the control plane runs one pass before dispatching anything new
 
 from __future__ import annotations
 
+import collections
 import logging
+import statistics
 import time
 from datetime import timedelta
 
@@ -60,12 +62,15 @@ FAST_POLL_S = 0.02
 # cancel wakes the loop at once, and a change seen restarts the fast period.
 QUIET_POLL_SHARE = 0.02
 QUIET_POLL_MAX_S = 0.25
-# ... and fast polling takes at most this share of a core: a pass costing 2 ms of
-# CPU (many live attempts on a busy head node, as in a burst of jobs) starts every
-# 40 ms, not 20. Its 50 passes a second otherwise took CPU from the jobs' own
-# processes for as long as the burst ran (docs/benchmarks.md, session 29); a pass
-# of 1 ms or less (a few jobs, a quiet machine) keeps the 20 ms period.
+# ... and fast polling takes at most this share of a core: when its passes cost 2
+# ms of CPU (the median of the last PASS_CPU_KEPT: many live attempts on a busy head
+# node, as in a burst of jobs; an occasional pass that also sweeps does not count)
+# they start every 40 ms, not 20. Their 50 a second otherwise took CPU from the
+# jobs' own processes for as long as the burst ran (docs/benchmarks.md, session 29);
+# passes of 1 ms or less (a few jobs, a quiet machine) keep the 20 ms period. (Up to
+# QUIET_POLL_MAX_S: a pass dearer than 12.5 ms is bounded by the half-busy rule.)
 PASS_CPU_SHARE = 0.05
+PASS_CPU_KEPT = 5
 LIVE_TRIALS_EVERY_S = 1.0  # a running sweep's finished trials are read from Ray's store at most this often
 WRITE_BATCH = 200  # most outcomes written in one transaction (``_flush``)
 DRAIN_CHECK_S = 1.0  # how often the GCS is asked for draining nodes while attempts run
@@ -108,6 +113,7 @@ class Reconciler(LoopService):
         # Called when an attempt ended (its capacity is free): the dispatcher admits the next at once.
         self.on_ended = None
         self._live = 0
+        self._pass_cpus: collections.deque[float] = collections.deque(maxlen=PASS_CPU_KEPT)  # ``next_wait``
         self._known: dict = {}  # (job id, attempt) -> its job's spec and placement (``lifecycle.live_attempts``)
         self._seen: frozenset = frozenset()  # what the last pass saw of each live attempt (``_quiet_since``)
         self._changed_at = time.monotonic()  # when a pass last saw something different
@@ -130,8 +136,9 @@ class Reconciler(LoopService):
         if not self._live:
             return self.interval
         quiet = time.monotonic() - self._changed_at
-        period = min(max(FAST_POLL_S, QUIET_POLL_SHARE * quiet, self.last_cpu / PASS_CPU_SHARE), QUIET_POLL_MAX_S,
-                     self.interval)
+        self._pass_cpus.append(self.last_cpu)
+        cpu = statistics.median(self._pass_cpus)
+        period = min(max(FAST_POLL_S, QUIET_POLL_SHARE * quiet, cpu / PASS_CPU_SHARE), QUIET_POLL_MAX_S, self.interval)
         return max(period - self.last_took, min(self.last_took, period))
 
     def _quiet_since(self, live, ray_jobs: dict[str, RayJob | None]) -> None:

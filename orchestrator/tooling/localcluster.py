@@ -302,9 +302,8 @@ class LocalCluster:
             raise ValueError(f"no node group {group_name!r} in profile {self.profile.name}")
         if index is None:
             index = 1 + max((n.index for n in self.state.nodes if n.group == group_name), default=-1)
-        before = self._alive_node_ids()
-
         def start() -> NodeProc:
+            before = self._alive_node_ids()
             node = self._start_node(group, index)
             self._wait_registered(before, node)
             return node
@@ -563,8 +562,11 @@ class LocalCluster:
             try:
                 for n in self.nodes():
                     r = n["raylet"]
+                    # Its own address too: a node killed after a try that gave up
+                    # (``_tries``) stays ALIVE in the GCS until its health checks fail.
                     if r.get("state") == "ALIVE" and r["nodeId"] not in before and \
-                            r.get("labels", {}).get(NODE_GROUP_LABEL) == node.group:
+                            r.get("labels", {}).get(NODE_GROUP_LABEL) == node.group and \
+                            r.get("nodeManagerAddress", node.ip) == node.ip:
                         node.ports["node_id"] = r["nodeId"]  # type: ignore[assignment]
                         self.state.save()
                         return
