@@ -316,10 +316,7 @@ class LocalCluster:
             try:
                 return start()
             except NodeStartTimedOut as e:
-                # What it started (a GCS, a raylet) goes with it: a next try binds the same ports.
-                nodeprocs.kill_tree(e.node.pid)
-                self.state.nodes = [x for x in self.state.nodes if x is not e.node]
-                self.state.save()
+                self.kill_node(e.node.name)  # what it started (a GCS, a raylet): a next try binds the same ports
                 if n == START_TRIES:
                     raise
                 log.warning("%s; starting it again (start %d of %d)", e, n + 1, START_TRIES)
