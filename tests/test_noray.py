@@ -7,6 +7,7 @@ queued job's reason (written once per outage), ``raylane submit --wait`` and
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import subprocess
@@ -135,3 +136,69 @@ def test_cli_wait_prints_that_ray_is_unreachable(server, tmp_path):
     r = rl("wait", job_id, "--timeout", "0", url=server.url)
     assert r.returncode == 3 and UNREACHABLE in r.stderr, r.stderr
     assert httpx.get(f"{server.url}/v1/jobs/{job_id}").json()["status"] == JobStatus.PENDING.value
+
+
+def test_jobs_claimed_as_ray_went_away_say_so_and_are_submitted_once_when_it_answers(settings):
+    """The dashboard lists nodes but its Jobs API no longer answers (Ray went away
+    within a pass): every queued job and every attempt claimed in that pass says
+    "Ray cluster unreachable" after that one pass, each once, with no further
+    submit tried in it; when Ray answers, the first pass submits the same
+    attempts (same ids, no new attempt), and the jobs that do not fit go back
+    to their admission reason."""
+    import httpx
+
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.domain.specs import JobSpec
+    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.jobs import list_events
+
+    ray = {"jobs_api": False, "dashboard": True}
+    posted: list[str] = []
+
+    def dashboard(req: httpx.Request) -> httpx.Response:
+        if not ray["dashboard"] or (req.url.path.startswith("/api/jobs") and not ray["jobs_api"]):
+            raise httpx.ConnectError("connection refused", request=req)
+        if req.url.path == "/nodes":  # one 2-CPU node in group cpu: two 1-CPU commands fit, the third waits
+            node = {"raylet": {"nodeId": "n1", "state": "ALIVE", "resourcesTotal": {"CPU": 2},
+                               "labels": {"ray.io/node-group": "cpu", "ray.io/market-type": "ON_DEMAND"}}}
+            return httpx.Response(200, json={"data": {"summary": [node]}})
+        if req.method == "POST" and req.url.path == "/api/jobs/":
+            posted.append(json.loads(req.content)["submission_id"])
+            return httpx.Response(200, json={"submission_id": posted[-1]})
+        return httpx.Response(404)
+
+    cp = ControlPlane(settings)
+    try:
+        cp.attach_ray("http://ray.invalid", None, default_profile())
+        cp.backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(dashboard))
+        ids = [cp.submit(JobSpec(name=f"j{i}", kind="command", entrypoint="true"), project="default",
+                         actor="t")[0].id for i in range(3)]
+
+        cp.dispatcher.run_once()  # nodes listed, two admitted, the first submit refused
+        reasons = {j: cp.get(j, project=None).status_reason for j in ids}
+        assert all(r.startswith(UNREACHABLE) for r in reasons.values()), reasons
+        assert posted == []
+        states = sorted(cp.get(j, project=None).status.value for j in ids)
+        assert states == ["DISPATCHING", "DISPATCHING", "PENDING"], states
+
+        ray["dashboard"] = False
+        for _ in range(3):  # the outage goes on: nothing claimed, nothing rewritten
+            cp.dispatcher.run_once()
+        assert {j: cp.get(j, project=None).status_reason for j in ids} == reasons
+        with db.transaction(cp.sessions) as s:
+            for j in ids:
+                said = [e.reason for e in list_events(s, j, project=None) if e.reason and UNREACHABLE in e.reason]
+                assert len(said) == 1, said
+
+        ray.update(dashboard=True, jobs_api=True)
+        cp.dispatcher.run_once()
+        jobs = {j: cp.get(j, project=None) for j in ids}
+        submitted = [j for j in jobs.values() if j.status.value == "DISPATCHING"]
+        waiting = [j for j in jobs.values() if j.status.value == "PENDING"]
+        assert len(submitted) == 2 and len(waiting) == 1, {j.id: (j.status, j.status_reason) for j in jobs.values()}
+        assert sorted(posted) == sorted(f"raylane-{j.id}-1" for j in submitted), posted  # same attempts, once each
+        assert all(j.status_reason.startswith("submitted to Ray") for j in submitted), [j.status_reason for j in submitted]
+        assert UNREACHABLE not in waiting[0].status_reason and "cpu" in waiting[0].status_reason, waiting[0].status_reason
+    finally:
+        cp.close()

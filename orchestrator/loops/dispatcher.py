@@ -227,10 +227,11 @@ class Dispatcher(LoopService):
             where = "the warm lane" if pl.lane and self.lanes is not None else "Ray"
             note = f"{where} already had this attempt (a retried dispatch); adopted it"
         except RayUnavailable as e:
-            # Keep the claim; the lease expires and this attempt is re-submitted with the same id.
+            # Keep the claim: the attempt is submitted again with the same id once Ray
+            # answers (``run_once`` says why it waits and lets its lease go at once).
             self.backend.reachability.down(e)  # warns once per outage, not once per attempt
-            log.info("submit %s: %s; will retry when the lease expires", sid, e)
-            return
+            log.info("submit %s: %s; submitted again when Ray answers", sid, e)
+            raise
         except Exception as e:
             if db.is_transient(e):
                 # The database was unavailable while reading or marking the job's uploaded
@@ -313,9 +314,16 @@ class Dispatcher(LoopService):
             return
         lane_submitted: list[tuple[Claimed, str]] = []  # lane attempts: queued in microseconds, recorded together
         try:
-            for c in self.claim(view):
+            claimed = self.claim(view)
+            for i, c in enumerate(claimed):
                 logcontext.bind_job(c.job_id, c.attempt)  # every log line of this submit names the job
-                self.submit(c, lane_submitted)
+                try:
+                    self.submit(c, lane_submitted)
+                except RayUnavailable as e:
+                    # Ray went away within this pass: no more submits (each would wait
+                    # for its own timeout), and this attempt and those after it say why.
+                    self.ray_unreachable(e, unsubmitted=claimed[i:])
+                    break
         except BaseException:
             # Those queued before the error are recorded still, but the error raised
             # is the pass's own: a failure to record them must not take its place.
@@ -327,8 +335,15 @@ class Dispatcher(LoopService):
             raise
         self.record_submitted(lane_submitted)
 
-    def ray_unreachable(self, e: RayUnavailable) -> None:
-        """No admission without Ray's view: the queue says why, once per job per outage."""
+    def ray_unreachable(self, e: RayUnavailable, unsubmitted: list[Claimed] = ()) -> None:
+        """No admission without Ray's view: the queue says why, once per job per outage.
+        ``unsubmitted``: attempts this pass claimed but could not hand to Ray; they
+        say so too, and their leases end now, so that the first pass after Ray
+        answers again submits them (same ids) instead of one a lease later."""
         reason = unreachable_reason(self.backend.reachability.down(e))
         with db.transaction(self.sessions) as s:
-            queue.wait_all(s, reason, now=utcnow())
+            now = utcnow()
+            if unsubmitted:
+                queue.release_unsubmitted(s, [c.job_id for c in unsubmitted], owner=self.owner,
+                                          reason=f"{reason}; submitted when it answers", now=now)
+            queue.wait_all(s, reason, now=now)

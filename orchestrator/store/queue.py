@@ -91,6 +91,27 @@ def take_stale_leases(session: Session, *, owner: str, now: datetime, lease_unti
     return out
 
 
+def release_unsubmitted(session: Session, job_ids: list[str], *, owner: str, reason: str, now: datetime) -> None:
+    """Claimed attempts that Ray could not be reached to take: each job says
+    ``reason`` (with an event, once), and its lease ends now, so that the next
+    pass that sees Ray takes the same attempt over (``take_stale_leases``) and
+    submits it with the same id."""
+    if not job_ids:
+        return
+    rows = session.execute(select(jobs.c.id, jobs.c.status_reason).where(
+        jobs.c.id.in_(job_ids), jobs.c.status == JobStatus.DISPATCHING.value, jobs.c.lease_owner == owner)).all()
+    if not rows:
+        return
+    session.execute(update(jobs).where(jobs.c.id.in_([r.id for r in rows]),
+                                       jobs.c.status == JobStatus.DISPATCHING.value, jobs.c.lease_owner == owner)
+                    .values(status_reason=reason, lease_expires_at=now))
+    changed = [r.id for r in rows if r.status_reason != reason]
+    if changed:
+        _WAIT_EVENT.defer(session, [{"job_id": jid, "at": now, "from_status": JobStatus.DISPATCHING.value,
+                                     "to_status": JobStatus.DISPATCHING.value, "reason": reason,
+                                     "actor": "scheduler", "attempt": None} for jid in changed])
+
+
 # Held array members (store.arrays) and jobs whose parents have not ended
 # (store.dependencies) are PENDING but not queued yet.
 NOT_HELD = (jobs.c.array_held.is_(False), jobs.c.deps_waiting == 0)
