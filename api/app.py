@@ -18,7 +18,7 @@ from raylane import __version__
 from raylane.api import errors, observability
 from raylane.api.auth import AuthMiddleware
 from raylane.api.epochs import EpochReads
-from raylane.api.headers import UIHeaders
+from raylane.api.headers import SecurityHeaders
 from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
 from raylane.api.refusals import RefusalTally
@@ -159,7 +159,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(schedules.router, responses=ERROR_RESPONSES)
     app.include_router(arrays.router, responses=ERROR_RESPONSES)
     app.include_router(session.router, responses=ERROR_RESPONSES)
-    app.add_middleware(UIHeaders)
+    app.add_middleware(SecurityHeaders)  # nosniff on every answer, no-store on the API's, CSP on /ui
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.state.metrics_registry.register(LogFollowersCollector(app.state.log_followers))
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")

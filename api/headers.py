@@ -1,10 +1,17 @@
-"""Response headers that protect a browser: on the web page at ``/ui``, a Content
-Security Policy (scripts, styles and requests from this server only, never framed),
-``X-Frame-Options: DENY`` for browsers without CSP, and ``nosniff`` so a file is
-never run as another type than the one sent.
+"""Response headers that protect a browser.
 
-Only ``/ui``: Swagger UI and ReDoc (``/docs``, ``/redoc``) start themselves with an
-inline script, which this policy would block.
+- Every answer: ``X-Content-Type-Options: nosniff``, so a body (a job's log, a
+  result, an error echoing input) is never run as another type than the one sent.
+- The JSON API (``/v1/...``): ``Cache-Control: no-store`` unless the route set its
+  own: its answers hold what a project would not leave in a shared cache (specs
+  with their env vars, tokens and signing secrets on creation, logs).
+- The web page at ``/ui``: besides, a Content Security Policy (scripts, styles and
+  requests from this server only, never framed), ``X-Frame-Options: DENY`` for
+  browsers without CSP, and no referrer. Only ``/ui``: Swagger UI and ReDoc
+  (``/docs``, ``/redoc``) start themselves with an inline script, which this
+  policy would block.
+
+Ray's dashboard behind ``/ray`` gets its own set (``api/rayproxy.py``).
 """
 
 from __future__ import annotations
@@ -20,19 +27,37 @@ UI_HEADERS = [
 ]
 
 
-class UIHeaders:
+API_PREFIX = "/v1/"
+NOSNIFF = (b"x-content-type-options", b"nosniff")
+NO_STORE = (b"cache-control", b"no-store")
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+class SecurityHeaders:
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == UI_PREFIX or path.startswith(UI_PREFIX + "/")):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if _under(path, UI_PREFIX):
+            forced, default = UI_HEADERS, []
+        elif path.startswith(API_PREFIX):
+            forced, default = [NOSNIFF], [NO_STORE]
+        else:
+            forced, default = [NOSNIFF], []
 
         async def with_headers(message):
             if message["type"] == "http.response.start":
-                names = {name for name, _ in UI_HEADERS}
-                message["headers"] = [h for h in message.get("headers", []) if h[0].lower() not in names] + UI_HEADERS
+                names = {name for name, _ in forced}
+                headers = [h for h in message.get("headers", []) if h[0].lower() not in names] + forced
+                present = {h[0].lower() for h in headers}
+                message["headers"] = headers + [h for h in default if h[0] not in present]
             await send(message)
 
         await self.app(scope, receive, with_headers)
+

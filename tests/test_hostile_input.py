@@ -320,3 +320,35 @@ def test_the_input_rule_names_the_path_of_what_it_refuses(value, path, words, mo
         inputs.check_value(value, "args")
     assert str(e.value).startswith(path + ":") and words in str(e.value), str(e.value)[:200]
     assert inputs.check_value({"ok": ["caf\u00e9", 1.5, {"n": None}]}, "args")  # what is fine passes
+
+
+def _every_route(api) -> list[tuple[str, str]]:
+    """(method, path) of every route of the API's OpenAPI document, path parameters
+    filled with a value of the right shape (the answer may be 404 or 422: its
+    headers count too)."""
+    import re
+
+    paths = api.get("/openapi.json").json()["paths"]
+    return [(m.upper(), re.sub(r"\{[^}]+\}", "x0", p)) for p, ops in paths.items() for m in ops
+            if m in ("get", "post", "put", "patch", "delete")]
+
+
+def test_every_answer_says_nosniff_and_no_api_answer_is_stored(api):
+    """X-Content-Type-Options on every answer of every route (a body is never run as
+    another type), Cache-Control: no-store on every answer of the JSON API (specs
+    carry env vars; tokens and webhook secrets are shown once): 2xx, 4xx and the
+    401 of a request without a token alike."""
+    routes = _every_route(api)
+    assert len(routes) > 40, routes  # the whole API, not a few
+    for method, path in routes:
+        for headers in ({}, {"Authorization": ""}):  # as the admin, and as nobody
+            r = api.request(method, path, json={} if method in ("POST", "PUT", "PATCH") else None, headers=headers)
+            assert r.status_code < 500, (method, path, r.status_code, r.text[:200])
+            assert r.headers.get("x-content-type-options") == "nosniff", (method, path, r.status_code)
+            if path.startswith("/v1/"):
+                assert "no-store" in r.headers.get("cache-control", ""), (method, path, r.status_code)
+    # A route that sets its own keeps it; the secret-bearing ones say no-store themselves.
+    created = api.post("/v1/tokens", json={"name": "t", "project": "default", "role": "viewer"})
+    assert created.status_code == 201 and created.headers["cache-control"] == "no-store"
+    assert api.get("/healthz").headers["x-content-type-options"] == "nosniff"
+    assert "cache-control" not in api.get("/healthz").headers
