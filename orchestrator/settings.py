@@ -105,9 +105,10 @@ class Settings(BaseSettings):
         "commands without GPUs, never past a waiting job of the group, never in a group where warm-lane jobs run, "
         "nor in one the autoscaler may grow. 0: admit only what fits now.")
     fast_lane: bool = Field(
-        False, description="Small jobs (a command or function of one worker, at most 1 CPU, no GPU, no local "
+        True, description="Small jobs (a command or function of one worker, at most 1 CPU, no GPU, no local "
         "working_dir/py_modules directory, not `lane: isolated`) run in a warm lane per node group and runtime env "
-        "instead of a Ray job each (docs/fast-lane.md). Needs Ray's GCS (ray_address, or found from Ray's node list).")
+        "instead of a Ray job each (docs/fast-lane.md). Needs Ray's GCS (ray_address, or found from Ray's node list); "
+        "while its address is unknown, small jobs run as Ray jobs. false: every job is a Ray job of its own.")
     lane_idle_s: float = Field(60.0, gt=0, description="A warm lane's host exits after this long without work; the next lane job starts a new one.")
     lane_slots: int = Field(8, ge=1, le=1024, description="Most jobs one lane host runs at once (admission also bounds them by the group's CPUs).")
     lane_max_envs: int = Field(4, ge=1, le=256, description="Runtime envs (a working_dir package, py_modules, pip) of one node group whose warm lanes keep hosts at once; a job of one more retires the hosts of the env used longest ago (they finish what they run).")

@@ -319,6 +319,8 @@ def test_control_plane_deployment(rendered):
     assert env["RAYLANE_HOST"] == "0.0.0.0"
     assert env["RAYLANE_AUTO_MIGRATE"] == "false"  # the migration Job migrates
     assert env["RAYLANE_DASHBOARD_URL"] == "http://raylane-head-svc:8265"  # KubeRay: <cluster>-head-svc
+    # The fast lane on (the product's default), with the GCS its store lives in named, not guessed.
+    assert env["RAYLANE_FAST_LANE"] == "true" and env["RAYLANE_RAY_ADDRESS"] == "raylane-head-svc:6379"
     assert env["RAYLANE_DATABASE_URL"]["secretKeyRef"] == {"name": "raylane-db", "key": "url"}
     assert env["RAYLANE_RAY_AUTH_TOKEN"]["secretKeyRef"] == {"name": "raylane-ray-auth", "key": "auth_token"}
     # RAYLANE_PROFILE is a file of the mounted ConfigMap, and that file is the default profile.
@@ -799,3 +801,9 @@ def test_compose_job_storage_is_one_volume_every_node_and_the_control_plane_moun
         for name in ("raylane", "ray-head", "ray-gpu", "ray-spot", "ray-cpu"):
             assert f"jobstorage:{path}" in s[name].get("volumes", []), name
         assert "jobstorage" in doc["volumes"]
+
+
+def test_compose_control_plane_runs_the_fast_lane_with_the_gcs_named(compose):
+    env = compose["services"]["raylane"]["environment"]
+    assert env["RAYLANE_FAST_LANE"] == "${RAYLANE_FAST_LANE:-true}"  # on, and one variable turns it off
+    assert env["RAYLANE_RAY_ADDRESS"] == "ray-head:6379"

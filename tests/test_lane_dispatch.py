@@ -300,3 +300,33 @@ def test_rays_dashboard_keeps_live_lane_jobs_and_a_bounded_tail_of_ended_ones(la
     monkeypatch.setattr(lanes, "RECORD_KEEP_S", 15 * 60.0)  # "c" is past it, "d" not
     Reconciler(settings, lane.sessions, lane.ray, lanes=lane.lanes).run_once()
     assert set(gcs.records) == {sid["a"], sid["d"], sid["ray"], "raylane-live-1"}
+
+
+def test_the_lane_is_on_by_default_and_small_jobs_are_ray_jobs_while_the_gcs_is_unknown(settings):
+    """The fast lane is the default; a control plane that cannot find Ray's GCS
+    (not set, not in the head's command line) routes small jobs as Ray jobs
+    instead of queueing them for a store it cannot reach, and takes the lane
+    once the GCS is known."""
+    import httpx
+
+    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.settings import Settings
+
+    assert Settings.model_fields["fast_lane"].default is True
+    head = {"raylet": {"nodeId": "h", "state": "ALIVE", "isHeadNode": True, "resourcesTotal": {"CPU": 0},
+                       "labels": {"ray.io/node-group": "head"}}, "cmdline": ["raylet", "--node-manager-port=1"]}
+    nodes = httpx.MockTransport(lambda req: httpx.Response(200, json={"data": {"summary": [head]}}))
+    plane = ControlPlane(settings)
+    try:
+        plane.attach_ray("http://ray.invalid", None, default_profile())
+        plane.backend.http = httpx.Client(base_url="http://ray.invalid", transport=nodes)
+        job, _ = plane.submit(JobSpec(name="small", kind="command", entrypoint="true"), project="default", actor="t")
+        assert job.placement.lane is None, job.placement
+
+        plane.backend.gcs = Cluster().gcs  # found (or set): the lane takes small jobs
+        plane._view_cache = None
+        job, _ = plane.submit(JobSpec(name="small", kind="command", entrypoint="true"), project="default", actor="t")
+        assert job.placement.lane == "cpu" and "fast lane" in job.placement.reasons[-1], job.placement
+    finally:
+        plane.backend.gcs = None  # the stand-in has nothing to close
+        plane.close()

@@ -95,6 +95,13 @@ class LaneBackend:
         self._pruned_at = time.monotonic()
         self._foreign_versions: set[int] = set()  # protocol versions of statuses seen and left alone (logged once)
 
+    def usable(self) -> bool:
+        """Whether a lane can take jobs: Ray's GCS, where the lane's records live,
+        is known (configured, or found in the head's command line). Not known (a
+        deployment that hides it): small jobs are routed as Ray jobs each, as with
+        the fast lane off, rather than wait for a store they cannot reach."""
+        return self.ray._find_gcs() is not None
+
     def _gcs(self):
         from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # noqa: F401 (Ray's protobufs)
 

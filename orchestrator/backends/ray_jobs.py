@@ -440,7 +440,7 @@ class RayJobsBackend:
         try:
             address = self.gcs_address_from_nodes()
         except RayUnavailable as e:
-            log.warning("GCS address unknown: %s", e)
+            log.debug("GCS address unknown: %s", e)  # the outage itself is said once, by reachability
             address = None
         if address is None:
             self._gcs_search_after = time.monotonic() + GCS_BACKOFF_S

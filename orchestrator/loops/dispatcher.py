@@ -93,7 +93,8 @@ class Dispatcher(LoopService):
     def claim(self, view: ClusterView) -> list[Claimed]:
         """One pass, one transaction: take over stale leases, then admit what fits."""
         rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
-                                self.settings.autoscale_ahead_jobs, fast_lane=self.settings.fast_lane and self.lanes is not None,
+                                self.settings.autoscale_ahead_jobs,
+                                fast_lane=self.settings.fast_lane and self.lanes is not None and self.lanes.usable(),
                                 queue_ahead=self.settings.queue_ahead_jobs)
         with db.transaction(self.sessions) as s:
             # The pass's time once its transaction has begun (SQLite: BEGIN IMMEDIATE, after

@@ -377,8 +377,9 @@ class ControlPlane:
         # Always there, so attempts already in a lane are followed even with the fast lane turned off since.
         self.lanes = LaneBackend(self.backend, idle_s=self.settings.lane_idle_s, slots=self.settings.lane_slots,
                                  max_envs=self.settings.lane_max_envs)
+        lanes = self.lanes
         fast_lane = self.settings.fast_lane
-        self.router = lambda spec: route(spec, profile, self.cluster_view(), fast_lane=fast_lane)
+        self.router = lambda spec: route(spec, profile, self.cluster_view(), fast_lane=fast_lane and lanes.usable())
         self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work,
                                      lanes=self.lanes)
         self.reconciler = Reconciler(self.settings, self.sessions, self.backend, lanes=self.lanes)
