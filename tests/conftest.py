@@ -204,3 +204,90 @@ def server_factory(tmp_path):
     yield make
     for sp in started:
         sp.kill()
+
+
+# Tiers -----------------------------------------------------------------------
+#
+# ``make test`` runs everything. ``make test-fast`` (the inner loop) runs
+# ``-m "not ray and not slow and not process"``: no Ray cluster, no server or CLI
+# subprocess, no browser. ``process`` is not written by hand: a test is marked
+# when its own source, a fixture it uses, or a function of its module it calls
+# starts one of those (the patterns below), so a new test is put in its tier by
+# what it does. Under ``RAYLANE_TEST_TIER=fast`` a server, a cluster or a browser
+# that starts all the same fails the test, so a test the patterns missed is found.
+
+import inspect  # noqa: E402
+import re  # noqa: E402
+
+PROCESS_SOURCE = re.compile(r"ServerProcess\(|offline_server\(|server_factory|LocalCluster\(|sync_playwright|"
+                            r"chromium|raylane\.api\.cli|raylane\.client\.cli|start_server\(")
+_source_hits: dict[object, bool] = {}
+
+
+def _starts_processes(obj, module_helpers: dict[str, object] | None = None) -> bool:
+    if obj in _source_hits:
+        return _source_hits[obj]
+    _source_hits[obj] = False  # a fixture that uses itself indirectly ends here
+    try:
+        src = inspect.getsource(obj)
+    except (OSError, TypeError):
+        return False
+    hit = bool(PROCESS_SOURCE.search(src))
+    if not hit and module_helpers:
+        hit = any(re.search(rf"\b{re.escape(name)}\(", src) and _starts_processes(fn)
+                  for name, fn in module_helpers.items() if fn is not obj)
+    _source_hits[obj] = hit
+    return hit
+
+
+def _module_helpers(module) -> dict[str, object]:
+    return {name: fn for name, fn in vars(module).items()
+            if inspect.isfunction(fn) and getattr(fn, "__module__", None) == module.__name__
+            and not name.startswith("test_")}
+
+
+def _xdist_group(item) -> str:
+    """Which worker set a test runs with under ``-n`` (``--dist loadgroup``): every
+    test of one Ray cluster's package together (the cluster is started once per
+    worker that runs any of them), every other test with its module (module
+    fixtures, a server of the module, start once)."""
+    parts = item.nodeid.split("/")
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in ("ray", "ray_autoscale"):
+        return parts[1]
+    return item.nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    helpers: dict[object, dict[str, object]] = {}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+        if item.get_closest_marker("process") or not hasattr(item, "function"):
+            continue
+        mod = item.module
+        if mod not in helpers:
+            helpers[mod] = _module_helpers(mod)
+        fixtures = [fd.func for defs in item._fixtureinfo.name2fixturedefs.values() for fd in defs]
+        if any(_starts_processes(f, helpers[mod]) for f in [item.function, *fixtures]):
+            item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_tier_starts_no_process():
+    """``RAYLANE_TEST_TIER=fast``: a server, a local cluster or a browser started
+    by a test that was not marked ``process`` fails it, naming what started."""
+    if os.environ.get("RAYLANE_TEST_TIER") != "fast":
+        yield
+        return
+
+    def refuse(what):
+        def start(*a, **kw):
+            raise AssertionError(f"the fast tier starts no {what}: mark the test `process` "
+                                 "(or teach tests/conftest.py's PROCESS_SOURCE what it calls)")
+        return start
+
+    from raylane.orchestrator.tooling.localcluster import LocalCluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ServerProcess, "start", refuse("server subprocess"))
+        mp.setattr(LocalCluster, "up", refuse("Ray cluster"))
+        yield
