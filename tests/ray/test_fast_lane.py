@@ -101,8 +101,10 @@ def test_a_small_command_runs_in_the_lane_with_its_logs(lapi, ray_cluster, gcs):
     page = ended_page(ray_cluster, sid)
     assert page["status"] == "SUCCEEDED" and page["driver_exit_code"] == 0, page
     assert page["entrypoint"] == "echo lane-says-$RAYLANE_JOB_ID-$GREETING" and not page.get("runtime_env")
-    assert {k: page["metadata"].get(k) for k in ("raylane_job_id", "raylane_project", "raylane_lane")} == \
-        {"raylane_job_id": job["id"], "raylane_project": job["project"], "raylane_lane": "cpu"}
+    # Shown by its name and its own command, as a Ray job of its own would be.
+    assert {k: page["metadata"].get(k) for k in ("raylane_job_id", "raylane_project", "raylane_lane",
+                                                 "raylane_name")} == \
+        {"raylane_job_id": job["id"], "raylane_project": job["project"], "raylane_lane": "cpu", "raylane_name": "hi"}
     listed = httpx.get(ray_cluster.state.dashboard_url + "/api/jobs/", headers=ray_cluster.auth_headers())
     assert listed.status_code == 200 and sid in {j["submission_id"] for j in listed.json()}  # Ray's Jobs page
     # Its outcome and log are in the database: its keys have left Ray's store (which keeps live attempts only).
