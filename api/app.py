@@ -23,7 +23,9 @@ from raylane.api.limits import BodySizeLimit
 from raylane.api.ratelimit import AddressGate, SubmitLimit, resolve_storage
 from raylane.api.refusals import RefusalTally
 from raylane.api.rayproxy import PREFIX as RAY_PREFIX, RayProxy
-from raylane.api.routers import access, arrays, cluster, costs, health, jobs, packages, schedules, session, webhooks
+from raylane.api.routers import (
+    access, arrays, bench, cluster, costs, health, jobs, packages, schedules, session, webhooks,
+)
 from raylane.api.session import Sessions
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
@@ -159,6 +161,8 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.include_router(schedules.router, responses=ERROR_RESPONSES)
     app.include_router(arrays.router, responses=ERROR_RESPONSES)
     app.include_router(session.router, responses=ERROR_RESPONSES)
+    if settings.bench_bare_endpoint:  # the benchmarks' reference (api/routers/bench.py); off in production
+        app.include_router(bench.router, responses=ERROR_RESPONSES)
     app.add_middleware(SecurityHeaders)  # nosniff on every answer, no-store on the API's, CSP on /ui
     observability.install(app)  # after every other middleware: outermost, so each response has its X-Request-ID
     app.state.metrics_registry.register(LogFollowersCollector(app.state.log_followers))

@@ -11,8 +11,9 @@ Every run is a new ``python`` process, so nothing is warm but the OS file cache
 - CLI: wall time of ``python -m raylane.client.cli --help``.
 
 It also checks that the import loaded none of the server's dependencies.
-``--write-doc`` writes the result into docs/benchmarks.md under "## SDK import time",
-replacing that section only (other sections belong to other benchmarks).
+``--write-doc`` writes the result into docs/benchmarks/history.md under "## SDK import time",
+replacing that section only (other sections belong to other benchmarks); the
+table in docs/benchmarks.md quotes its latest figure.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = ROOT / "docs" / "benchmarks" / "history.md"
 HEADING = "## SDK import time"
 HEAVY = ("ray", "sqlalchemy", "fastapi", "uvicorn", "alembic", "psycopg", "pydantic_settings")
 
@@ -126,7 +127,7 @@ def write_doc(text: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=21)
-    ap.add_argument("--write-doc", action="store_true", help=f"update {HEADING!r} in docs/benchmarks.md")
+    ap.add_argument("--write-doc", action="store_true", help=f"update {HEADING!r} in docs/benchmarks/history.md")
     args = ap.parse_args()
     r = measure(args.runs)
     print(json.dumps(r, indent=2))

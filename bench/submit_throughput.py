@@ -13,6 +13,16 @@ too slow for 100k rows, so we count rows directly).
 With ``--before TREE``, each database runs ``--pairs`` pairs of (that tree's
 server, this tree's server), the order flipped every pair, each on a fresh
 database, and prints each pair and the median ratio after/before.
+
+    python bench/submit_throughput.py --bare-pairs 4 --seconds 5   # against the framework's ceiling
+
+With ``--bare-pairs N``, one server per database (RAYLANE_BENCH_BARE_ENDPOINT=true)
+runs N pairs of (POST /bench/bare-submit, POST /v1/jobs) single submits, the
+order flipped every pair, then batches: the ratios real / bare and batch jobs/s /
+bare singles/s, each pair's, their median and range, with the load average. The
+bare endpoint takes the same body through the same auth, middleware and JobSpec
+validation and stores nothing: what is left of the ratio is the store's cost,
+on whatever machine runs it (docs/benchmarks.md's goals: >= 0.5 and >= 5).
 """
 
 from __future__ import annotations
@@ -39,34 +49,39 @@ SPEC = {"name": "bench", "kind": "command", "entrypoint": "true", "labels": {"be
 # Auth stays on (its token lookup is part of every request's cost); the rate limit is off.
 TOKEN = "rl_bench-admin-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BARE = "/bench/bare-submit"  # api/routers/bench.py: validates, answers 201, stores nothing
 
 
-def start_server(db_url: str, data_dir: str, tree: Path | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(db_url: str, data_dir: str, tree: Path | None = None,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     return _server.start_server(Path(data_dir), {
         "RAYLANE_DATABASE_URL": db_url, "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_ADMIN_TOKEN": TOKEN,
-        "RAYLANE_SUBMIT_RATE_PER_S": "0"}, timeout=60, tree=tree)
+        "RAYLANE_SUBMIT_RATE_PER_S": "0", **(env or {})}, timeout=60, tree=tree)
 
 
 async def singles(url: str, seconds: float, concurrency: int, client: str = "raw",
-                  rate: float = 0) -> tuple[int, float, list[float]]:
+                  rate: float = 0, path: str = "/v1/jobs") -> tuple[int, float, list[float]]:
     """``concurrency`` connections each submitting one job after another for ``seconds``:
     (acknowledged, seconds, latencies). ``client="raw"``: HTTP/1.1 written and read
     on asyncio streams, ~0.1 ms of client CPU a request; httpx spent ~3.7 ms, a whole
     core at 260 submits/s on 2, so its latencies were mostly its own queue.
-    ``rate``: open loop at that many submits a second (``paced_singles``)."""
+    ``rate``: open loop at that many submits a second (``paced_singles``). ``path``:
+    another route taking the same body (the raw client only: ``BARE``)."""
     if rate:
         return await paced_singles(url, seconds, rate, concurrency)
     if client == "raw":
-        return await raw_singles(url, seconds, concurrency)
+        return await raw_singles(url, seconds, concurrency, path)
+    assert path == "/v1/jobs", "--client httpx submits to /v1/jobs only"
     return await httpx_singles(url, seconds, concurrency)
 
 
-async def raw_singles(url: str, seconds: float, concurrency: int) -> tuple[int, float, list[float]]:
+async def raw_singles(url: str, seconds: float, concurrency: int,
+                      path: str = "/v1/jobs") -> tuple[int, float, list[float]]:
     from urllib.parse import urlsplit
 
     host, port = urlsplit(url).hostname, urlsplit(url).port
     body = json.dumps(SPEC).encode()
-    request = (f"POST /v1/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: {AUTH['Authorization']}\r\n"
+    request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: {AUTH['Authorization']}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
     done = 0
     lat: list[float] = []
@@ -379,6 +394,69 @@ def compare(args) -> None:
     print(json.dumps(out))
 
 
+def against_bare(args) -> None:
+    """Per database in ``args.db``: one server with the bare endpoint on, a fresh
+    database, ``args.bare_pairs`` pairs of bare and real single submits (bare
+    first in odd pairs), each pair followed by the batches."""
+    import statistics
+
+    out = []
+    for db in args.db:
+        db_url, drop = fresh_database(db)
+        data_dir = tempfile.mkdtemp(prefix="raylane-bench-")
+        proc, url = start_server(db_url, data_dir, env={"RAYLANE_BENCH_BARE_ENDPOINT": "true"})
+        print(f"{db}: server log in {data_dir}/server.log", file=sys.stderr)
+        try:
+            for path in (BARE, "/v1/jobs"):  # warm-up, both routes
+                asyncio.run(singles(url, 1.0, 4, path=path))
+
+            def measure(path: str) -> dict:
+                rows0, cpu0 = count_rows(db_url), cpu_s(proc.pid)
+                n, dt, lat = asyncio.run(singles(url, args.seconds, args.concurrency, path=path))
+                stored = count_rows(db_url) - rows0
+                assert stored == (0 if path == BARE else n), f"{path}: {stored} rows stored for {n} acknowledged"
+                lat.sort()
+                return {"per_s": n / dt, "n": n, "p50_ms": lat[len(lat) // 2] * 1000,
+                        "server_cpu_ms": (cpu_s(proc.pid) - cpu0) * 1000 / max(n, 1)}
+
+            for i in range(args.bare_pairs):
+                order = ["bare", "real"] if i % 2 == 0 else ["real", "bare"]
+                pair = {which: measure(BARE if which == "bare" else "/v1/jobs") for which in order}
+                rows0 = count_rows(db_url)
+                bn, bdt = asyncio.run(batches(url, args.batches, 1000, args.batch_inflight))
+                assert count_rows(db_url) - rows0 == bn
+                bare, real = pair["bare"], pair["real"]
+                r = {"db": db, "pair": i + 1, "first": order[0], "load": os.getloadavg(), **pair,
+                     "batch_jobs_per_s": bn / bdt, "single_ratio": real["per_s"] / bare["per_s"],
+                     "batch_ratio": bn / bdt / bare["per_s"]}
+                out.append(r)
+                print(f"{db} pair {r['pair']} ({r['first']} first, load {r['load'][0]:.1f}): bare {bare['per_s']:.0f}/s "
+                      f"(server CPU {bare['server_cpu_ms']:.2f} ms), real {real['per_s']:.0f}/s "
+                      f"({real['server_cpu_ms']:.2f} ms) = {r['single_ratio']:.2f}x; batches "
+                      f"{r['batch_jobs_per_s']:.0f} jobs/s = {r['batch_ratio']:.1f}x bare singles", flush=True)
+        finally:
+            _server.stop_server(proc)
+            if drop:
+                drop()
+    print("| database | pair (first) | load 1/5/15 min | bare /s | real /s | real / bare "
+          "| server CPU ms bare / real | batch jobs/s | batch / bare |")
+    print("|---|---|---|---:|---:|---:|---|---:|---:|")
+    for r in out:
+        print(f"| {r['db']} | {r['pair']} ({r['first']}) | {'/'.join(f'{x:.1f}' for x in r['load'])} "
+              f"| {r['bare']['per_s']:.0f} | {r['real']['per_s']:.0f} | {r['single_ratio']:.2f} "
+              f"| {r['bare']['server_cpu_ms']:.2f} / {r['real']['server_cpu_ms']:.2f} "
+              f"| {r['batch_jobs_per_s']:.0f} | {r['batch_ratio']:.1f} |")
+    for db in args.db:
+        mine = [r for r in out if r["db"] == db]
+        for key, what, goal in (("single_ratio", "single submits / bare endpoint", 0.5),
+                                ("batch_ratio", "batch jobs/s / bare endpoint's singles/s", 5)):
+            v = [r[key] for r in mine]
+            print(f"{db}: {what}: median {statistics.median(v):.2f} (range {min(v):.2f}-{max(v):.2f}, "
+                  f"{len(v)} pairs; goal >= {goal}), load {min(r['load'][0] for r in mine):.1f}-"
+                  f"{max(r['load'][0] for r in mine):.1f}")
+    print(json.dumps(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10)
@@ -397,7 +475,13 @@ def main() -> None:
     ap.add_argument("--batch-inflight", type=int, default=2, help="batches in flight at once")
     ap.add_argument("--db-pairs", type=int, default=0,
                     help="PostgreSQL against SQLite: this many alternated pairs, the same tree")
+    ap.add_argument("--bare-pairs", type=int, default=0,
+                    help="on each --db: this many alternated pairs of single submits to the bare endpoint and to "
+                         "POST /v1/jobs, each followed by batches; ratios to the bare endpoint")
     args = ap.parse_args()
+    if args.bare_pairs:
+        against_bare(args)
+        return
     if args.db_pairs:
         compare_databases(args)
         return

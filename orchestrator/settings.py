@@ -114,6 +114,10 @@ class Settings(BaseSettings):
     lane_max_envs: int = Field(4, ge=1, le=256, description="Runtime envs (a working_dir package, py_modules, pip) of one node group whose warm lanes keep hosts at once; a job of one more retires the hosts of the env used longest ago (they finish what they run).")
     lane_tombstone_keep_s: float = Field(86400.0, ge=60, description="How long a warm-lane attempt's claim (the tombstone that keeps a late redispatch from running it again) stays in Ray's KV store after the attempt ended; then it is deleted with any key of the attempt left over.")
     lane_dashboard_keep: int = Field(1000, ge=0, le=10_000, description="Warm-lane jobs keep their records in Ray's dashboard while they run, then while they are among the newest this many ended attempts (of any job), for an hour at most; the reconciler deletes older ones, so Ray's Jobs page stays small whatever the lane's throughput (a record is about 1 KB, up to 5 KB with a failed job's output tail; docs/fast-lane.md).")
+    bench_bare_endpoint: bool = Field(
+        False, description="Mount POST /bench/bare-submit: the same auth, middleware and JobSpec validation as "
+        "POST /v1/jobs, then 201 without storing anything (bench/submit_throughput.py's reference). For "
+        "benchmarks only; never in production.")
     loops_enabled: bool = Field(True, description="Run the dispatcher, the reconciler, the webhook notifier and the scheduler in this process.")
     gc_freeze: bool = Field(True, description="After start-up, move every object alive (imports, the app, the engine) "
                                               "out of the garbage collector's sight (gc.freeze): its full collections "
