@@ -181,7 +181,9 @@ def _final_line(job) -> str:
 
     took = ""
     if job.finished_at is not None:
-        took = f" after {_duration((job.finished_at - (job.started_at or job.created_at)).total_seconds())}"
+        # Since submit: what the user waited, queue and start-up included (the run
+        # alone is `raylane status`'s Started .. Finished).
+        took = f" after {_duration((job.finished_at - job.created_at).total_seconds())}"
     why = ""
     if job.status.value != "SUCCEEDED":
         parts = [job.failure_cause.value] if job.failure_cause and job.failure_cause.value != job.status.value else []
@@ -285,10 +287,13 @@ def run(
     working_dir: Optional[Path] = typer.Option(None, "--working-dir", file_okay=False, help=_WORKING_DIR_HELP),
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help=_EXCLUDE_HELP),
     name: Optional[str] = typer.Option(None, "--name", help="Job name (default: the command's first word)."),
-    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to end (the exit code says how)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Also stream the job's log to stdout (implies --wait)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="With --wait/--follow: give up after "
-                                            "this many seconds (exit 3); the job keeps running."),
+    wait: Optional[bool] = typer.Option(None, "--wait/--no-wait", "-w", help="--wait: show status changes until the "
+                                        "job ends, without its log; --no-wait: submit and return at once."),
+    follow: Optional[bool] = typer.Option(None, "--follow/--no-follow", "-f", help="Stream the job's log to stdout "
+                                          "until it ends (the default, as `ray job submit` does); --no-follow "
+                                          "waits without the log."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="Give up waiting after this many seconds "
+                                            "(exit 3); the job keeps running."),
     output: Output = _OUTPUT,
 ) -> None:
     """Run a command as a job, like `ray job submit`: raylane run --working-dir . -- python train.py --lr 1e-3"""
@@ -298,6 +303,15 @@ def run(
         raise _fail("give the command to run after `--`", EXIT_USAGE)
     base = Path(command[0]).name or "command"
     spec = {"name": name or base[:128], "kind": "command", "entrypoint": shlex.join(command)}
+    if wait is False:  # --no-wait: submit and return, whatever else was said
+        wait, follow = False, False
+    elif follow is None:
+        # Like `ray job submit`: the log streams unless asked otherwise. `--wait`
+        # alone keeps its old meaning (status lines only), and `-o json` alone
+        # keeps printing the submitted job at once, for scripts.
+        follow, wait = not wait and output is not Output.json, bool(wait)
+    else:  # --follow streams (and waits); --no-follow waits without the log
+        wait = True
     _submit_and_watch(spec, wait=wait, follow=follow, idempotency_key=None, timeout=timeout, working_dir=working_dir,
                       exclude=exclude or [], output=output)
 
@@ -436,7 +450,6 @@ def ls(
 ) -> None:
     """List jobs, newest first."""
     from rich.markup import escape
-    from rich.table import Table
 
     labels = _labels_option(label)
     after, before = _when_option(created_after, "--created-after"), _when_option(created_before, "--created-before")
@@ -452,18 +465,16 @@ def ls(
     if not jobs:
         out.print("No jobs match.")
         return
-    t = Table(box=None, pad_edge=False, header_style="bold")
-    t.add_column("ID", no_wrap=True)
-    t.add_column("NAME", overflow="fold")
-    t.add_column("KIND", no_wrap=True)
-    t.add_column("STATUS", no_wrap=True)
-    t.add_column("GROUP", no_wrap=True)
-    t.add_column("CREATED", no_wrap=True)
-    t.add_column("REASON", overflow="ellipsis", no_wrap=True, max_width=40)
-    for j in jobs:
-        t.add_row(j.id, escape(j.name), j.kind.value, _styled(j.status), j.placement.node_group if j.placement else "-",
-                  _ago(j.created_at), escape(j.status_reason or ""))
-    out.print(t)
+    from raylane.client.tables import Col, print_table, unique_prefixes
+
+    ids = [j.id for j in jobs] if output is Output.wide else unique_prefixes([j.id for j in jobs])
+    rows = [[i, escape(j.name), j.kind.value, _styled(j.status), j.placement.node_group if j.placement else "-",
+             _ago(j.created_at), escape(j.status_reason or "")] for i, j in zip(ids, jobs)]
+    cols = [Col("ID"), Col("NAME"), Col("KIND", cut=2), Col("STATUS"), Col("GROUP", cut=1), Col("CREATED"),
+            Col("REASON", cut=0, min_width=12)]
+    if output is Output.wide:
+        out.width = 10_000
+    print_table(out, cols, rows)
     if more:
         out.print(f"[dim]Showing the newest {limit}; --limit shows more.[/]")
 
@@ -480,9 +491,14 @@ def status(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     if output is Output.json:
         _print_json(job)
         return
-    t = Table.grid(padding=(0, 2))
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column(overflow="fold")
+    def grid():
+        g = Table.grid(padding=(0, 2))
+        g.add_column(style="bold", no_wrap=True, min_width=10)
+        g.add_column(overflow="fold")
+        return g
+
+    out = _console()
+    t = grid()
     t.add_row("Job", f"{job.id}  {escape(job.name)}")
     t.add_row("Kind", job.kind.value)
     t.add_row("Status", f"{_styled(job.status)}  {escape(job.status_reason or '')}")
@@ -504,11 +520,14 @@ def status(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
         for r in p.reasons:
             t.add_row("", f"[dim]- {escape(r)}[/]")
     if job.dashboard_url:
-        t.add_row("Ray", job.dashboard_url)
+        # A URL split over two lines cannot be clicked or copied: one line, however long.
+        out.print(t)
+        out.print(f"[bold]{'Ray':<10}[/]  {escape(job.dashboard_url)}", soft_wrap=True)
+        t = grid()
     if job.result is not None:
         text = json.dumps(job.result, default=str)
         t.add_row("Result", escape(text if len(text) <= 400 else text[:400] + "..."))
-    _console().print(t)
+    out.print(t)
 
 
 @app.command()
@@ -647,7 +666,6 @@ def _chosen(c, labels: dict, mine: bool, yes: bool) -> list:
 def events(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     """Show the job's status changes, oldest first."""
     from rich.markup import escape
-    from rich.table import Table
 
     with _client() as c:
         job_id = _full_id(c, job_id)
@@ -655,13 +673,17 @@ def events(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     if output is Output.json:
         _print_json(evs)
         return
-    t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("TIME", "FROM", "TO", "REASON", "BY", "ATTEMPT"):
-        t.add_column(col, no_wrap=col != "REASON", overflow="fold")
-    for e in evs:
-        t.add_row(f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}", e.from_status.value if e.from_status else "-",
-                  _styled(e.to_status), escape(e.reason or ""), escape(e.actor), str(e.attempt or "-"))
-    _console().print(t)
+    from raylane.client.tables import Col, print_table
+
+    # One line per event: a reason is cut to the terminal (-o wide or -o json for all of it).
+    cols = [Col("TIME"), Col("FROM"), Col("TO"), Col("REASON", cut=0, min_width=12), Col("BY", cut=1),
+            Col("ATTEMPT", cut=2)]
+    rows = [[f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}", e.from_status.value if e.from_status else "-",
+             _styled(e.to_status), escape(e.reason or ""), escape(e.actor), str(e.attempt or "-")] for e in evs]
+    out = _console()
+    if output is Output.wide:
+        out.width = 10_000
+    print_table(out, cols, rows)
 
 
 @app.command()

@@ -531,9 +531,9 @@ def spec_body(spec: SpecLike) -> dict[str, Any]:
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
         try:
-            return load_spec_document(path.read_text())
+            return load_spec_document(path.read_text(), source=str(path))
         except SpecLoadError as e:
-            raise ValidationFailed(f"{path}: {e}", errors=[{"loc": ["file"], "msg": str(e), "type": "spec_load"}]) \
+            raise ValidationFailed(str(e) if str(e).startswith(str(path)) else f"{path}: {e}", errors=[{"loc": ["file"], "msg": str(e), "type": "spec_load"}]) \
                 from None
     raise TypeError(f"a spec is a JobSpec, a dict or a YAML file path, not {type(spec).__name__}")
 
