@@ -11,22 +11,25 @@ over to it in a new process, or says the server install is missing.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from raylane.client import nouns
 from raylane.client.terminal import (  # noqa: F401  (EXIT_* are documented here, in docs/cli.md)
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE, OUTPUT as _OUTPUT, Output,
     console as _console, fail as _fail, print_json as _print_json,
+)
+from raylane.client.clikit import (
+    ago as _ago, client as _client, client_command as _client_command, conn as _conn, duration as _duration,
+    money as _money, styled as _styled, when_option as _when_option,
 )
 from raylane.orchestrator.domain.specs import JobKind  # pure pydantic, as the client install has
 from raylane.orchestrator.domain.states import JobStatus
@@ -36,15 +39,6 @@ app = typer.Typer(name="raylane", help="Raylane: a job orchestrator in front of 
                   add_completion=True,
                   epilog="The server's commands (serve, db, cluster, profile) are `raylane-server`.")
 PROG = "raylane"  # also under `python -m raylane.client.cli`: completion keys on this name
-
-
-@dataclass
-class _Conn:
-    url: Optional[str] = None
-    token: Optional[str] = None
-
-
-_conn = _Conn()
 
 
 def _show_version(value: bool) -> None:
@@ -67,59 +61,6 @@ def _global_options(
     _conn.url, _conn.token = url, token
 
 
-def _client():
-    from raylane.client.sdk import Client
-
-    return Client(_conn.url, token=_conn.token)
-
-
-def _client_command(fn):
-    """Turn the SDK's typed errors into a message and an exit code, never a traceback."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        from raylane.client.sdk import (
-            AmbiguousJobId, ConnectionFailed, RaylaneError, Unauthorized, ValidationFailed, WaitTimeout,
-        )
-
-        try:
-            return fn(*args, **kwargs)
-        except AmbiguousJobId as e:
-            raise _fail(str(e), EXIT_USAGE) from None
-        except Unauthorized as e:
-            raise _fail(_unauthorized(e), EXIT_FAILED) from None
-        except ConnectionFailed as e:
-            raise _fail(str(e), EXIT_UNREACHABLE) from None
-        except WaitTimeout as e:
-            raise _fail(str(e), EXIT_TIMEOUT) from None
-        except ValidationFailed as e:
-            from rich.markup import escape
-
-            err = _console(stderr=True)
-            if e.status_code is None or not e.errors:
-                err.print(f"[bold red]Error:[/] {escape(str(e))}")
-            else:
-                err.print("[bold red]Error:[/] the server refused the request:")
-                for where, msg in e.fields.items():
-                    err.print(f"  [bold]{escape(where)}[/]: {escape(msg)}")
-            raise typer.Exit(EXIT_USAGE) from None
-        except RaylaneError as e:
-            raise _fail(str(e), EXIT_FAILED) from None
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            raise _fail(f"{e.strerror}: {e.filename}", EXIT_USAGE) from None
-
-    return run
-
-
-def _unauthorized(e) -> str:
-    """A 401 in the CLI's words: the SDK's says ``token=``, a CLI user sets RAYLANE_TOKEN or --token."""
-    where = _conn.url or os.environ.get("RAYLANE_URL") or "the server"
-    if not e.token_sent:
-        return f"{where} needs an API token and none was given: set RAYLANE_TOKEN or pass --token"
-    detail = e.detail if isinstance(e.detail, str) else str(e.detail or "unauthorized")
-    return f"{where} refused the token ({detail.split(':')[0]}): check RAYLANE_TOKEN or --token"
-
-
 def _full_id(c, job_id: str) -> str:
     """The whole id for a unique start of one (``raylane ls`` ids are long to type)."""
     return c.resolve_job_id(job_id)
@@ -139,34 +80,6 @@ def _overridden(spec: dict, sets: Optional[List[str]]) -> dict:
 _JOB_ID = typer.Argument(..., help="Job id (or a unique start of one).")
 _SET_HELP = ("Change the spec: a dotted path and a YAML value, e.g. resources.gpus_per_worker=2 or "
              "args.lr=1e-4 (repeatable; an unknown path is refused).")
-
-_STATUS_STYLE = {"PENDING": "yellow", "DISPATCHING": "cyan", "RUNNING": "bold cyan", "RETRYING": "magenta",
-                 "CANCELLING": "magenta", "SUCCEEDED": "bold green", "FAILED": "bold red", "CANCELLED": "bold yellow"}
-
-
-def _styled(status, width: int = 0) -> str:
-    s = getattr(status, "value", status)
-    return f"[{_STATUS_STYLE.get(s, 'white')}]{s:<{width}}[/]"
-
-
-def _ago(at: Optional[datetime]) -> str:
-    if at is None:
-        return "-"
-    secs = max(0, int((datetime.now(timezone.utc) - at).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if secs >= size:
-            return f"{secs // size}{unit} ago"
-    return f"{secs}s ago"
-
-
-def _duration(secs: float) -> str:
-    secs = int(secs)
-    if secs >= 3600:
-        return f"{secs // 3600}h{secs % 3600 // 60:02d}m"
-    if secs >= 60:
-        return f"{secs // 60}m{secs % 60:02d}s"
-    return f"{secs}s"
-
 
 def _res(d: dict) -> str:
     return ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in sorted(d.items())) or "-"
@@ -352,16 +265,19 @@ def _submit_and_watch(spec: dict, *, wait: bool, follow: bool, idempotency_key: 
                 f"Working dir {escape(str(working_dir))}: {pkg.files} files, {pkg.size_bytes} bytes, package "
                 f"{pkg.sha256[:12]} ({what})", soft_wrap=True)
         if spec.get("array") is not None:
-            if wait or follow:
-                raise _fail("--wait/--follow watch one job; an array's members are "
-                            "`raylane ls --label raylane.array=<id>`", EXIT_USAGE)
+            if follow:
+                raise _fail("--follow streams one job's log; with an array, --wait waits for all its members "
+                            "(`raylane logs` shows a member's)", EXIT_USAGE)
             arr = c.submit_array(spec)
-            if output is Output.json:
+            if output is Output.json and not wait:
                 _print_json(arr)
-            else:
-                _console().print(f"Submitted array [bold]{arr.id}[/] ({escape(arr.name)}): {arr.size} members, "
-                                 f"{arr.held} held by max_parallel; list them with "
-                                 f"`raylane ls --label raylane.array={arr.id}`", soft_wrap=True)
+            elif output is not Output.json:
+                _console(stderr=wait).print(
+                    f"Submitted array [bold]{arr.id}[/] ({escape(arr.name)}): {arr.size} members"
+                    + (f", {arr.held} held by max_parallel" if arr.held else "") + "; list them with "
+                    f"`raylane ls --label raylane.array={arr.id}`", soft_wrap=True)
+            if wait:
+                raise typer.Exit(nouns.array_outcome(nouns.wait_array(c, arr.id, timeout), output))
             return
         job = c.submit(spec, idempotency_key=idempotency_key)
         _show_and_watch(c, job, wait=wait, follow=follow, timeout=timeout, output=output)
@@ -415,22 +331,6 @@ def wait_cmd(
     raise typer.Exit(_exit_for(done))
 
 
-def _when_option(value: Optional[str], name: str) -> Optional[datetime]:
-    """ISO 8601 (a time without zone is local time) or a span back from now: 30m, 2h, 7d."""
-    if value is None:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    v = value.strip()
-    if len(v) > 1 and v[-1] in units and v[:-1].replace(".", "", 1).isdigit():
-        return datetime.now(timezone.utc) - timedelta(seconds=float(v[:-1]) * units[v[-1]])
-    try:
-        at = datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise typer.BadParameter(f"{value!r}: use ISO 8601 (2026-01-31T12:00) or a span like 30m, 2h, 7d",
-                                 param_hint=name) from None
-    return at if at.tzinfo else at.astimezone()
-
-
 @app.command()
 @_client_command
 def ls(
@@ -482,9 +382,12 @@ def ls(
 @app.command()
 @_client_command
 def status(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
-    """Show one job: status and why, placement and why, attempts, result."""
+    """Show one job (or, for an arr_ id, an array): status and why, placement and why, attempts, result."""
     from rich.markup import escape
     from rich.table import Table
+
+    if nouns.is_array_id(job_id):
+        return nouns.show_array(job_id, output)
 
     with _client() as c:
         job = c.get_job(_full_id(c, job_id))
@@ -594,6 +497,13 @@ def cancel(
     if not job_ids and not (labels or mine):
         raise _fail("give the job ids to cancel, or --label key=value / --mine to choose jobs", EXIT_USAGE)
     err = _console(stderr=True)
+    arrays = [x for x in job_ids or [] if nouns.is_array_id(x)]
+    if arrays and len(arrays) == len(job_ids):  # `raylane cancel arr_...`: every unfinished member
+        for a in arrays:
+            nouns.cancel_array(a, output)
+        raise typer.Exit(EXIT_OK)
+    if arrays:
+        raise _fail("give job ids or array ids (arr_...), not both", EXIT_USAGE)
     with _client() as c:
         if job_ids:
             targets, problems = [], 0
@@ -823,8 +733,8 @@ def report(
     tot = rep["total"]
     out.print(f"[bold]Window[/] {rep['window']['start'][:16]} .. {rep['window']['end'][:16]} UTC"
               + (f"  project {escape(rep['project'])}" if rep.get("project") else ""))
-    out.print(f"[bold]Cost[/] ${tot['cost']:.2f}   on demand ${tot['on_demand_cost']:.2f}   "
-              f"spot savings ${tot['spot_savings']:.2f}   {tot['attempts']} attempts of {tot['jobs']} jobs")
+    out.print(f"[bold]Cost[/] {_money(tot['cost'])}   on demand {_money(tot['on_demand_cost'])}   "
+              f"spot savings {_money(tot['spot_savings'])}   {tot['attempts']} attempts of {tot['jobs']} jobs")
     t = Table(box=None, pad_edge=False, header_style="bold", title="GPU groups: own or rent?", title_justify="left")
     for col in ("GROUP", "FLEET", "GPU-H USED", "UTILISATION", "BREAK-EVEN", "VERDICT", "COST"):
         t.add_column(col, no_wrap=True, justify="right" if col in ("GPU-H USED", "UTILISATION", "BREAK-EVEN", "COST") else "left")
@@ -833,7 +743,7 @@ def report(
         verdict = "[bold green]own[/]" if g["verdict"] == "own" else "[bold yellow]rent[/]"
         t.add_row(g["node_group"], f"{g['nodes']} x {acc['count']} {acc['type']} ({g['basis']})",
                   f"{g['gpu_hours_used']:.1f}/{g['gpu_hours_available']:.0f}", f"{g['utilisation']:.1%}",
-                  f"{g['break_even']:.0%}", verdict, f"${g['cost']:.2f}")
+                  f"{g['break_even']:.0%}", verdict, _money(g['cost']))
     out.print(t if rep["gpu_groups"] else "No GPU group in the profile.")
     for g in rep["gpu_groups"]:
         out.print(f"  - {escape(g['advice'])}")
@@ -847,8 +757,11 @@ def report(
         t.add_column(col, no_wrap=col != "WHY", overflow="fold", justify="right" if col in ("COST", "SAVING") else "left")
     for x in cheaper:
         t.add_row(f"{x['job_id']}#{x['attempt']}", escape(x["name"]), f"{x['node_group']} ({x['market']})",
-                  f"${x['cost']:.2f}", x["cheaper_node_group"], f"${x['saving']:.2f}", escape(x["reason"]))
+                  _money(x['cost']), x["cheaper_node_group"], _money(x['saving']), escape(x["reason"]))
     out.print(t)
+
+
+nouns.register(app)  # arrays, schedules, costs
 
 
 # `raylane serve` and friends, as they were before the split: handed over whole to
