@@ -132,3 +132,39 @@ def test_costs_by_each_grouping(server):
 def test_money_shows_what_a_cent_hides():
     assert money(0.0014) == "$0.0014" and money(0.000012) == "$0.000012"
     assert money(0) == "$0.00" and money(12.345) == "$12.35" and money(0.5) == "$0.50"
+
+
+# Errors in the CLI's words ------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", ["/ui", "/v1", "/ui/"])
+def test_a_url_with_the_ui_or_api_path_says_to_give_the_root(server, suffix):
+    r = rl("--url", server.url + suffix, "ls", url=None)
+    assert r.returncode == 1, r.stderr
+    msg = " ".join(r.stderr.split())
+    assert "not a Raylane API? Check the URL" in msg and f"give the server's root, {server.url}, without" in msg
+    assert "Error: Not Found" not in msg
+
+
+def test_https_against_the_plain_server_says_the_scheme_is_wrong(server):
+    url = server.url.replace("http://", "https://")
+    r = rl("--url", url, "ls", url=None)
+    msg = " ".join(r.stderr.split())
+    assert r.returncode == 4 and f"{url} answers plain HTTP, not HTTPS" in msg, msg
+    assert f"use {server.url} in RAYLANE_URL or --url" in msg and "is `raylane-server serve` running" not in msg
+
+
+def test_a_misspelt_field_in_a_spec_file_suggests_the_nearest(server, tag, tmp_path):
+    spec = hello(tag)
+    spec["entrypiont"] = spec.pop("entrypoint")
+    r = rl("submit", spec_file(tmp_path, spec), url=server.url)
+    assert r.returncode == 2
+    assert "entrypiont: unknown field 'entrypiont'; did you mean entrypoint?" in r.stderr, r.stderr
+
+
+def test_a_yaml_error_names_the_file_and_line_in_the_cli(server, tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("name: x\nkind: command\nentrypoint: [python,\n  resources: {\n")
+    r = rl("submit", bad, url=server.url)
+    msg = " ".join(r.stderr.split())
+    assert r.returncode == 2 and f"{bad}, line " in msg and "<unicode string>" not in msg, msg
