@@ -125,7 +125,12 @@ function s(tag, attrs, ...children) {
 function badge(status) { return h("span", { class: `badge s-${status}` }, status); }
 function showBanner(text) { const b = document.getElementById("banner"); b.textContent = text; b.hidden = false; }
 function hideBanner() { document.getElementById("banner").hidden = true; }
-function money(x) { return x === null || x === undefined ? "-" : "$" + (Math.abs(x) >= 100 ? x.toFixed(0) : x.toFixed(x && Math.abs(x) < 0.01 ? 4 : 2)); }
+// As the CLI writes money: cents, and below a cent two significant digits ($0.0014, never $0.0000).
+function money(x) {
+  if (x === null || x === undefined) return "-";
+  const a = Math.abs(x);
+  return "$" + (a && a < 0.01 ? x.toFixed(1 - Math.floor(Math.log10(a))) : x.toFixed(2));
+}
 function pct(x) { return x === null || x === undefined ? "-" : (100 * x).toFixed(1) + "%"; }
 function num(x, d = 2) { return x === null || x === undefined ? "-" : Number(x).toFixed(d).replace(/\.?0+$/, "") || "0"; }
 function when(iso) { return iso ? new Date(iso).toLocaleString() : "-"; }
@@ -208,7 +213,7 @@ function jobsView(view, params) {
   const body = h("tbody");
   const pager = h("div", { class: "pager" });
   const table = h("table", { id: "jobs" },
-    h("thead", {}, h("tr", {}, ["ID", "Name", "Project", "Kind", "Status", "Group", "Created", "Reason"].map(c => h("th", {}, c)))), body);
+    h("thead", {}, h("tr", {}, ["ID", "Name", "Status", "Project", "Kind", "Group", "Created", "Reason"].map(c => h("th", {}, c)))), body);
 
   const go = (over) => {
     const q = new URLSearchParams();
@@ -245,7 +250,8 @@ function jobsView(view, params) {
     if (!page.items.length) { body.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No jobs match."))); return; }
     body.replaceChildren(...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: (ev) => { if (!ev.target.closest("a")) window.location.hash = "#/jobs/" + j.id; } },
       h("td", {}, h("a", { href: "#/jobs/" + j.id, class: "mono" }, j.id.slice(0, 12) + "\u2026")),
-      h("td", {}, j.name), h("td", {}, j.project), h("td", {}, j.kind), h("td", {}, badge(j.status)),
+      // Status beside the name: on a phone it is in sight, the rest a sideways scroll of the table away.
+      h("td", {}, j.name), h("td", {}, badge(j.status)), h("td", {}, j.project), h("td", {}, j.kind),
       h("td", {}, j.placement ? j.placement.node_group : "-", " ", groupTag(j)), h("td", { title: when(j.created_at) }, ago(j.created_at)),
       h("td", { class: "reason", title: j.status_reason || "" }, j.status_reason || ""))));
   }
@@ -306,7 +312,34 @@ function headers(accept) {
   return hd;
 }
 
-// The log panel: the last lines on demand, or followed live (NDJSON from
+// What the job holds at once, as placed: a sweep of 8 concurrent trials of 1 CPU
+// holds 8 CPUs (placement.num_workers is its concurrency), plus the driver.
+function held(job) {
+  const p = job.placement, r = job.spec.resources;
+  if (!p) return `${r.num_workers} x CPU ${num(r.cpus_per_worker)}` + (r.gpus_per_worker ? `, GPU ${num(r.gpus_per_worker)}` : "") + " (not placed yet)";
+  const unit = p.num_workers === 1 ? "worker" : (job.kind === "sweep" ? "concurrent trials" : "workers");
+  return `${p.num_workers} ${unit} x ${res(p.worker_resources)} \u00b7 total ${res(p.total)}` +
+    (p.driver_resources && Object.keys(p.driver_resources).length ? ` (driver ${res(p.driver_resources)})` : "");
+}
+
+// A result of any size: wrapped, its first lines shown, and the whole a click away.
+const RESULT_SHOWN = 600;
+function resultBox(result) {
+  const whole = JSON.stringify(result, null, 2);
+  const pre = h("pre", { class: "result", id: "result" }, whole.length > RESULT_SHOWN ? whole.slice(0, RESULT_SHOWN) + "\u2026" : whole);
+  if (whole.length <= RESULT_SHOWN) return pre;
+  const more = h("button", { class: "secondary", id: "result-all" }, `Show all (${whole.length} characters)`);
+  more.addEventListener("click", () => {
+    const open = more.dataset.open !== "1";
+    pre.textContent = open ? whole : whole.slice(0, RESULT_SHOWN) + "\u2026";
+    pre.classList.toggle("open", open);
+    more.dataset.open = open ? "1" : "0";
+    more.textContent = open ? "Show less" : `Show all (${whole.length} characters)`;
+  });
+  return h("div", {}, pre, more);
+}
+
+// The log panel: the last lines at once, again on demand, or followed live (NDJSON from
 // /v1/jobs/<id>/logs?follow=true; the server sends heartbeats and ends the stream
 // once the job has ended and its log is read out).
 function logPanel(id) {
@@ -320,6 +353,7 @@ function logPanel(id) {
     try {
       const r = await fetch(`/v1/jobs/${encodeURIComponent(id)}/logs`, { headers: headers("text/plain"), signal: viewAbort.signal });
       const text = await r.text();
+      if (r.status === 404 || r.status === 409) { state.textContent = "no log yet"; return; }
       if (!r.ok) { state.textContent = `HTTP ${r.status}: ${text.slice(0, 200)}`; return; }
       const lines = text.split("\n");
       show(lines.slice(-200).join("\n"));
@@ -360,6 +394,7 @@ function logPanel(id) {
     }
   }
   followBtn.addEventListener("click", follow);
+  tail();  // the log's last lines as soon as the page opens, not after a click
   return panel("Log", h("div", { class: "filters" },
     h("button", { class: "secondary", id: "log-tail", onclick: tail }, "Last 200 lines"), followBtn, state), pre);
 }
@@ -389,7 +424,8 @@ function jobView(view, id) {
   }
 
   function drawActions(job) {
-    actions.replaceChildren(
+    // replaceChildren, unlike h(), writes a null as the text "null": leave it out.
+    actions.replaceChildren(...[
       TERMINAL.has(job.status) ? null : h("button", { id: "cancel", onclick: () => act("cancel", async () => {
         const r = await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
         return r.message;
@@ -400,7 +436,7 @@ function jobView(view, id) {
         window.location.hash = "#/jobs/" + created.id;
         return "resubmitted as " + created.id;
       }) }, "Resubmit"),
-      actionMsg);
+      actionMsg].filter(Boolean));
   }
 
   async function drawRelated(job) {
@@ -441,8 +477,7 @@ function jobView(view, id) {
       h("dt", {}, "Kind"), h("dd", {}, job.kind),
       h("dt", {}, "Project"), h("dd", { id: "job-project" }, `${job.project} \u00b7 priority ${job.priority}`),
       h("dt", {}, "Entrypoint"), h("dd", { class: "mono" }, job.spec.entrypoint),
-      h("dt", {}, "Resources"), h("dd", {}, `${job.spec.resources.num_workers} worker(s) x ${num(job.spec.resources.cpus_per_worker)} CPU` +
-        (job.spec.resources.gpus_per_worker ? ` + ${num(job.spec.resources.gpus_per_worker)} GPU` : "")),
+      h("dt", {}, "Resources"), h("dd", { id: "job-resources" }, held(job)),
       h("dt", {}, "Attempts"), h("dd", {}, `${job.attempts} of ${job.max_attempts}` + (job.preemptions ? `, ${job.preemptions} preempted` : "")),
       job.failure_cause ? [h("dt", {}, "Cause"), h("dd", {}, job.failure_cause)] : null,
       h("dt", {}, "Created"), h("dd", {}, when(job.created_at)),
@@ -451,7 +486,7 @@ function jobView(view, id) {
       h("dt", {}, "Ray"), h("dd", {}, job.dashboard_url
         ? h("a", { href: job.dashboard_url, target: "_blank", rel: "noopener", id: "ray-link" }, "open in Ray's dashboard \u2197")
         : h("span", { class: "muted" }, "not on Ray yet")),
-      job.result ? [h("dt", {}, "Result"), h("dd", { class: "mono" }, JSON.stringify(job.result).slice(0, 400))] : null));
+      job.result ? [h("dt", {}, "Result"), h("dd", {}, resultBox(job.result))] : null));
     const p = job.placement;
     placement.replaceChildren(h("h2", {}, "Placement"), ...(p ? [
       h("p", {}, h("b", {}, p.node_group), ` (${p.market}), ${p.strategy}${p.colocate ? ", co-located" : ""}, ${p.num_workers} x ${res(p.worker_resources)}`),
