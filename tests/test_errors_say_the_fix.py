@@ -69,3 +69,17 @@ def test_a_refusal_the_same_for_every_group_is_said_once():
     msg = e.value.message
     assert msg.count("one worker needs 64 CPUs") == 1, msg
     assert " or " in msg  # both CPU groups named in the one sentence
+
+
+def test_the_admin_token_banner_is_the_last_thing_start_up_says(server_factory, tmp_path):
+    """`make run` on a new database: the token is not buried under a log line per migration."""
+    env = {"RAYLANE_DATABASE_URL": f"sqlite:///{tmp_path / 'new.db'}", "RAYLANE_DATA_DIR": str(tmp_path),
+           "RAYLANE_LOOPS_ENABLED": "false", "RAYLANE_AUTH_ENABLED": "true", "RAYLANE_ADMIN_TOKEN": None,
+           "RAYLANE_LOG_FORMAT": "json"}
+    srv = server_factory(env).start()
+    out = srv.log_path.read_text()
+    assert "Running upgrade" not in out and "database migrated to" in out  # one line, not one per migration
+    lines = [line for line in out.splitlines() if line.strip()]
+    banner = next(i for i, line in enumerate(lines) if line.startswith("Raylane admin token"))
+    after = [line for line in lines[banner + 3:] if "uvicorn" not in line.lower() and "startup" not in line.lower()]
+    assert lines[banner + 2].startswith("export RAYLANE_TOKEN=") and after == [], after
