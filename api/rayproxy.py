@@ -156,7 +156,8 @@ class RayProxy:
             # would load and show "Job Query Error" behind our 401. The sign-in page
             # sends them back; the link's #/jobs/... is kept by the browser (a
             # Location without a fragment inherits the request's).
-            root = scope.get("root_path", "")
+            root = scope.get("root_path", "")  # a mount's root_path ends in its own prefix
+            root = root[:-len(PREFIX)] if root.endswith(PREFIX) else root
             back = quote(f"{root}{PREFIX}/{rel}", safe="/")
             return await _reply(send, 303, b"", {"location": f"{root}{SIGN_IN_PAGE}?next={back}",
                                                  "cache-control": "private, no-store"})

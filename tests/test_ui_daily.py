@@ -54,9 +54,11 @@ def test_the_job_page_at_1400_px(server_factory, tmp_path, page):
     held = page.locator("#job-resources").inner_text()
     assert held.startswith("8 concurrent trials x CPU 1") and "total CPU 8" in held, held
 
-    # The log's state without a click (no Ray here: it says what the server answered).
+    # The log's state without a click (no Ray here: it says what the server answered),
+    # and no empty black box meanwhile.
     wait_for(lambda: page.locator("#log-state").inner_text() not in ("", "reading\u2026"), timeout=15,
              what="the log read at once")
+    assert "503" in page.locator("#log-state").inner_text() and not page.locator("#log").is_visible()
 
     # The long result wraps inside its card, is cut with a way to see all of it.
     box = page.locator("#result")
@@ -75,7 +77,7 @@ def test_the_job_page_at_1400_px(server_factory, tmp_path, page):
 
 
 def test_every_column_of_the_jobs_table_is_reachable_at_400_px(server_factory, tmp_path, browser):
-    srv, url = _server(server_factory, tmp_path)
+    srv, url = _server(server_factory, tmp_path, RAYLANE_DASHBOARD_URL=f"http://127.0.0.1:{free_port()}")
     _finished_sweep(srv, url, tmp_path)
     phone = browser.new_context(viewport={"width": 400, "height": 800})
     try:
@@ -83,6 +85,7 @@ def test_every_column_of_the_jobs_table_is_reachable_at_400_px(server_factory, t
         pg.goto(f"{srv.url}/ui/?token={srv.token}#/jobs")
         pg.wait_for_selector("#jobs tr[data-job]")
         assert pg.evaluate("document.documentElement.scrollWidth") <= 400  # the page never scrolls sideways
+        assert "null" not in pg.locator("main").inner_text()  # the pager said "nullnull" before
         heads = pg.locator("#jobs th")
         status = heads.nth(2)
         assert status.inner_text().upper() == "STATUS"

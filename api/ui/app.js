@@ -115,6 +115,14 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// Replace an element's children as h() adds them: a null, undefined or false is
+// left out and arrays are flattened (the DOM's replaceChildren writes a null as
+// the text "null": the stray "null" before Resubmit, "nullnull" under the jobs).
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat().filter(c => c !== null && c !== undefined && c !== false));
+  return el;
+}
+
 function s(tag, attrs, ...children) {
   const el = document.createElementNS(SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
@@ -239,16 +247,16 @@ function jobsView(view, params) {
     if (cursor) q.set("cursor", cursor);
     let page;
     try { page = await api("/v1/jobs?" + q); } catch (e) {
-      if (seq === viewSeq) body.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "error" }, e.message)));
+      if (seq === viewSeq) fill(body, h("tr", {}, h("td", { colspan: 8, class: "error" }, e.message)));
       throw e;
     }
     if (seq !== viewSeq) return;
     count.textContent = `${page.items.length}${page.next_cursor ? "+" : ""} jobs${cursor ? " (older page)" : ""}`;
-    pager.replaceChildren(
+    fill(pager, 
       cursor ? h("button", { class: "secondary", id: "page-first", onclick: () => go({ cursor: "" }) }, "\u2190 newest") : null,
       page.next_cursor ? h("button", { class: "secondary", id: "page-next", onclick: () => go({ cursor: page.next_cursor }) }, "older \u2192") : null);
-    if (!page.items.length) { body.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No jobs match."))); return; }
-    body.replaceChildren(...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: (ev) => { if (!ev.target.closest("a")) window.location.hash = "#/jobs/" + j.id; } },
+    if (!page.items.length) { fill(body, h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No jobs match."))); return; }
+    fill(body, ...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: (ev) => { if (!ev.target.closest("a")) window.location.hash = "#/jobs/" + j.id; } },
       h("td", {}, h("a", { href: "#/jobs/" + j.id, class: "mono" }, j.id.slice(0, 12) + "\u2026")),
       // Status beside the name: on a phone it is in sight, the rest a sideways scroll of the table away.
       h("td", {}, j.name), h("td", {}, badge(j.status)), h("td", {}, j.project), h("td", {}, j.kind),
@@ -424,8 +432,7 @@ function jobView(view, id) {
   }
 
   function drawActions(job) {
-    // replaceChildren, unlike h(), writes a null as the text "null": leave it out.
-    actions.replaceChildren(...[
+    fill(actions, ...[
       TERMINAL.has(job.status) ? null : h("button", { id: "cancel", onclick: () => act("cancel", async () => {
         const r = await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
         return r.message;
@@ -436,7 +443,7 @@ function jobView(view, id) {
         window.location.hash = "#/jobs/" + created.id;
         return "resubmitted as " + created.id;
       }) }, "Resubmit"),
-      actionMsg].filter(Boolean));
+      actionMsg]);
   }
 
   async function drawRelated(job) {
@@ -456,13 +463,13 @@ function jobView(view, id) {
         parents[i] ? [h("a", { href: "#/jobs/" + d.job }, parents[i].name), " ", badge(parents[i].status)] : h("span", { class: "mono" }, d.job),
         h("span", { class: "muted" }, ` \u00b7 needs it to ${d.on === "finished" ? "finish" : d.on === "failed" ? "fail" : "succeed"}`))))));
     }
-    if (seq === viewSeq) related.replaceChildren(...parts);
+    if (seq === viewSeq) fill(related, ...parts);
   }
 
   async function load() {
     let job;
     try { job = await api(`/v1/jobs/${encodeURIComponent(id)}`); } catch (e) {
-      if (seq === viewSeq) head.replaceChildren(errorBox(e));
+      if (seq === viewSeq) fill(head, errorBox(e));
       throw e;
     }
     const [events, attempts, costs] = await Promise.all([
@@ -470,9 +477,9 @@ function jobView(view, id) {
     if (seq !== viewSeq) return;
     drawActions(job);
     if (relatedShownFor !== job.status) { relatedShownFor = job.status; drawRelated(job).catch(() => {}); }
-    head.replaceChildren(h("h1", {}, job.name, " ", badge(job.status)),
+    fill(head, h("h1", {}, job.name, " ", badge(job.status)),
       h("p", { class: "muted", id: "status-reason" }, job.status_reason || ""));
-    facts.replaceChildren(h("h2", {}, "Job"), h("dl", { class: "facts" },
+    fill(facts, h("h2", {}, "Job"), h("dl", { class: "facts" },
       h("dt", {}, "ID"), h("dd", { class: "mono" }, job.id),
       h("dt", {}, "Kind"), h("dd", {}, job.kind),
       h("dt", {}, "Project"), h("dd", { id: "job-project" }, `${job.project} \u00b7 priority ${job.priority}`),
@@ -488,16 +495,16 @@ function jobView(view, id) {
         : h("span", { class: "muted" }, "not on Ray yet")),
       job.result ? [h("dt", {}, "Result"), h("dd", {}, resultBox(job.result))] : null));
     const p = job.placement;
-    placement.replaceChildren(h("h2", {}, "Placement"), ...(p ? [
+    fill(placement, h("h2", {}, "Placement"), ...(p ? [
       h("p", {}, h("b", {}, p.node_group), ` (${p.market}), ${p.strategy}${p.colocate ? ", co-located" : ""}, ${p.num_workers} x ${res(p.worker_resources)}`),
       h("div", { class: "muted" }, "Why:"), h("ul", { class: "reasons", id: "reasons" }, p.reasons.map(r => h("li", {}, r)))]
       : [h("p", { class: "muted" }, "Not routed yet (no cluster profile attached).")]));
-    cost.replaceChildren(h("h2", {}, "Cost"), costs ? h("div", { class: "stats" },
+    fill(cost, h("h2", {}, "Cost"), costs ? h("div", { class: "stats" },
       h("div", {}, h("span", { class: "muted" }, "cost"), h("span", { class: "big", id: "job-cost" }, money(costs.cost))),
       h("div", {}, h("span", { class: "muted" }, "on demand"), h("span", { class: "big" }, money(costs.on_demand_cost))),
       h("div", {}, h("span", { class: "muted" }, "spot savings"), h("span", { class: "big" }, money(costs.spot_savings))))
       : h("p", { class: "muted" }, "unavailable"));
-    attemptsP.replaceChildren(h("h2", {}, "Attempts"), attempts.length ? h("table", { id: "attempts" },
+    fill(attemptsP, h("h2", {}, "Attempts"), attempts.length ? h("table", { id: "attempts" },
       h("thead", {}, h("tr", {}, ["#", "Group", "Market", "Ray status", "Started", "Ended", "Cause", "Cost", "Ray"].map(c => h("th", {}, c)))),
       h("tbody", {}, attempts.map(a => {
         const c = costs && costs.attempts.find(x => x.number === a.number);
@@ -506,7 +513,7 @@ function jobView(view, id) {
           h("td", { class: "num" }, c ? money(c.cost) : "-"),
           h("td", {}, a.dashboard_url ? h("a", { href: a.dashboard_url, target: "_blank", rel: "noopener" }, "dashboard \u2197") : "-"));
       }))) : h("p", { class: "muted" }, "No attempt yet."));
-    eventsP.replaceChildren(h("h2", {}, "Events"), h("ol", { class: "timeline", id: "events" }, events.map(e => h("li", {},
+    fill(eventsP, h("h2", {}, "Events"), h("ol", { class: "timeline", id: "events" }, events.map(e => h("li", {},
       h("div", {}, e.from_status && e.from_status !== e.to_status ? [badge(e.from_status), " \u2192 "] : null, badge(e.to_status),
         e.attempt ? h("span", { class: "muted" }, ` attempt ${e.attempt}`) : null),
       h("div", {}, e.reason || ""), h("div", { class: "when" }, `${when(e.at)} \u00b7 ${e.actor}`)))));
@@ -525,7 +532,7 @@ function jobView(view, id) {
     const metric = job.spec.sweep.metric, mode = job.spec.sweep.mode;
     const inOrder = [...trials].sort((a, b) => a.trial_id < b.trial_id ? -1 : a.trial_id > b.trial_id ? 1 : 0);
     const params = [...new Set(trials.flatMap(t => Object.keys(t.config || {})))].sort();
-    trialsP.replaceChildren(
+    fill(trialsP, 
       panel(`Trials: ${metric} (${mode}) over ${trials.length} trials`, trialsChart(inOrder, metric, mode),
         h("div", { class: "legend" }, h("span", {}, h("i", { style: "background:#2f6fed" }), "trial"),
           h("span", {}, h("i", { style: "background:#1f9d55" }), `best so far (${mode})`),
@@ -558,9 +565,9 @@ function schedulesView(view) {
   }
   async function load() {
     let list;
-    try { list = await api("/v1/schedules"); } catch (e) { if (seq === viewSeq) body.replaceChildren(errorBox(e)); throw e; }
+    try { list = await api("/v1/schedules"); } catch (e) { if (seq === viewSeq) fill(body, errorBox(e)); throw e; }
     if (seq !== viewSeq) return;
-    body.replaceChildren(panel(null, list.length ? h("div", { class: "scroll" }, h("table", { id: "schedule-table" },
+    fill(body, panel(null, list.length ? h("div", { class: "scroll" }, h("table", { id: "schedule-table" },
       h("thead", {}, h("tr", {}, ["Name", "Project", "Cron", "Next run", "Policies", "", ""].map(c => h("th", {}, c)))),
       h("tbody", {}, list.map(x => h("tr", { "data-schedule": x.id },
         h("td", {}, h("b", {}, x.name)), h("td", {}, x.project), h("td", { class: "mono" }, `${x.cron} (${x.timezone})`),
@@ -592,15 +599,15 @@ function nodesView(view) {
     try { groups = await api("/v1/node-groups"); } catch (e) {
       if (seq !== viewSeq) return;
       if (e.status === 422) {
-        body.replaceChildren(panel("No Ray cluster attached", h("p", { id: "no-ray" }, e.message),
+        fill(body, panel("No Ray cluster attached", h("p", { id: "no-ray" }, e.message),
           h("p", { class: "muted" }, "Jobs are still accepted and queued; they are dispatched once a cluster is attached.")));
         return;
       }
-      body.replaceChildren(errorBox(e));
+      fill(body, errorBox(e));
       throw e;
     }
     if (seq !== viewSeq) return;
-    body.replaceChildren(panel(null, h("table", {},
+    fill(body, panel(null, h("table", {},
       h("thead", {}, h("tr", {}, ["Group", "Market", "Accelerator", "Nodes", "CPU", "GPU", "Jobs", "$/node-h"].map(c => h("th", {}, c)))),
       h("tbody", {}, groups.map(g => h("tr", {},
         h("td", {}, h("b", {}, g.name), g.role === "head" ? h("span", { class: "muted" }, " (head)") : null),
@@ -652,10 +659,10 @@ function costsView(view) {
     let costs, report;
     try {
       [costs, report] = await Promise.all([api(`/v1/costs?group_by=${costState.group_by}&${w}`), api(`/v1/report?${w}`)]);
-    } catch (e) { if (seq === viewSeq) body.replaceChildren(errorBox(e)); throw e; }
+    } catch (e) { if (seq === viewSeq) fill(body, errorBox(e)); throw e; }
     if (seq !== viewSeq) return;
     const t = costs.total;
-    body.replaceChildren(
+    fill(body, 
       panel(null, h("div", { class: "stats" },
         h("div", {}, h("span", { class: "muted" }, "cost"), h("span", { class: "big", id: "total-cost" }, money(t.cost))),
         h("div", {}, h("span", { class: "muted" }, "on demand would be"), h("span", { class: "big" }, money(t.on_demand_cost))),
