@@ -721,7 +721,6 @@ def report(
 ) -> None:
     """Own or rent: GPU utilisation against the break-even, costs, and jobs that could have run cheaper."""
     from rich.markup import escape
-    from rich.table import Table
 
     start, end = _when_option(since, "--since"), _when_option(until, "--until")
     with _client() as c:
@@ -735,30 +734,34 @@ def report(
               + (f"  project {escape(rep['project'])}" if rep.get("project") else ""))
     out.print(f"[bold]Cost[/] {_money(tot['cost'])}   on demand {_money(tot['on_demand_cost'])}   "
               f"spot savings {_money(tot['spot_savings'])}   {tot['attempts']} attempts of {tot['jobs']} jobs")
-    t = Table(box=None, pad_edge=False, header_style="bold", title="GPU groups: own or rent?", title_justify="left")
-    for col in ("GROUP", "FLEET", "GPU-H USED", "UTILISATION", "BREAK-EVEN", "VERDICT", "COST"):
-        t.add_column(col, no_wrap=True, justify="right" if col in ("GPU-H USED", "UTILISATION", "BREAK-EVEN", "COST") else "left")
+    from raylane.client.tables import Col, print_table
+
+    wide = out if output is not Output.wide else _console()
+    if output is Output.wide:
+        wide.width = 10_000
+    right = "right"
+    if rep["gpu_groups"]:
+        out.print("[bold]GPU groups: own or rent?[/]")
+        rows = [[g["node_group"], f"{g['nodes']} x {g['accelerator']['count']} {g['accelerator']['type']} ({g['basis']})",
+                 f"{g['gpu_hours_used']:.1f}/{g['gpu_hours_available']:.0f}", f"{g['utilisation']:.1%}",
+                 f"{g['break_even']:.0%}", "[bold green]own[/]" if g["verdict"] == "own" else "[bold yellow]rent[/]",
+                 _money(g["cost"])] for g in rep["gpu_groups"]]
+        print_table(wide, [Col("GROUP"), Col("FLEET", cut=0, min_width=12), Col("GPU-H USED", cut=1, justify=right),
+                           Col("UTILISATION", justify=right), Col("BREAK-EVEN", cut=2, justify=right),
+                           Col("VERDICT"), Col("COST", justify=right)], rows)
+    else:
+        out.print("No GPU group in the profile.")
     for g in rep["gpu_groups"]:
-        acc = g["accelerator"]
-        verdict = "[bold green]own[/]" if g["verdict"] == "own" else "[bold yellow]rent[/]"
-        t.add_row(g["node_group"], f"{g['nodes']} x {acc['count']} {acc['type']} ({g['basis']})",
-                  f"{g['gpu_hours_used']:.1f}/{g['gpu_hours_available']:.0f}", f"{g['utilisation']:.1%}",
-                  f"{g['break_even']:.0%}", verdict, _money(g['cost']))
-    out.print(t if rep["gpu_groups"] else "No GPU group in the profile.")
-    for g in rep["gpu_groups"]:
-        out.print(f"  - {escape(g['advice'])}")
+        out.print(f"  - {escape(g['advice'])}", soft_wrap=True)
     cheaper = rep["cheaper_placements"]
     if not cheaper:
         out.print("No job's placement looks like it could have been cheaper.")
         return
-    t = Table(box=None, pad_edge=False, header_style="bold", title="Placements that could have been cheaper",
-              title_justify="left")
-    for col in ("JOB", "NAME", "RAN ON", "COST", "CHEAPER ON", "SAVING", "WHY"):
-        t.add_column(col, no_wrap=col != "WHY", overflow="fold", justify="right" if col in ("COST", "SAVING") else "left")
-    for x in cheaper:
-        t.add_row(f"{x['job_id']}#{x['attempt']}", escape(x["name"]), f"{x['node_group']} ({x['market']})",
-                  _money(x['cost']), x["cheaper_node_group"], _money(x['saving']), escape(x["reason"]))
-    out.print(t)
+    out.print("[bold]Placements that could have been cheaper[/]")
+    rows = [[f"{x['job_id']}#{x['attempt']}", escape(x["name"]), f"{x['node_group']} ({x['market']})",
+             _money(x["cost"]), x["cheaper_node_group"], _money(x["saving"]), escape(x["reason"])] for x in cheaper]
+    print_table(wide, [Col("JOB"), Col("NAME"), Col("RAN ON", cut=1), Col("COST", justify=right),
+                       Col("CHEAPER ON", cut=2), Col("SAVING", justify=right), Col("WHY", cut=0, min_width=20)], rows)
 
 
 nouns.register(app)  # arrays, schedules, costs

@@ -45,7 +45,7 @@ def is_array_id(value: str) -> bool:
 
 def _counts(arr) -> str:
     parts = [f"{n} {styled(s)}" for s, n in sorted(arr.counts.items(), key=lambda kv: -kv[1]) if n]
-    held = f" ({arr.held} of the PENDING held back by max_parallel)" if arr.held else ""
+    held = f" ({arr.held} of them held back by max_parallel)" if arr.held else ""
     return (", ".join(parts) or "no members yet") + held
 
 
@@ -195,7 +195,7 @@ def _show_schedule(s, output: Output, said: str) -> None:
         print_json(s)
         return
     out = console()
-    out.print(f"Schedule [bold]{s.id}[/] ({s.name}) {said}: `{s.cron}` in {s.timezone}, overlap {s.overlap}, "
+    out.print(f"Schedule [bold]{s.id}[/] ({s.name}){' ' + said if said else ''}: `{s.cron}` in {s.timezone}, overlap {s.overlap}, "
               f"missed {s.missed}", soft_wrap=True)
     if s.paused:
         out.print("  paused: no job until `raylane schedules resume " + s.id + "`", soft_wrap=True)

@@ -50,7 +50,7 @@ def test_arrays_status_cancel_and_retry(server, sdk, tag):
     r = rl("arrays", "status", arr.id, url=server.url)
     assert r.returncode == 0, r.stderr
     assert f"Array {arr.id} (lr-sweep-member): 4 members, at most 2 at once" in r.stdout
-    assert "4 PENDING (2 of the PENDING held back by max_parallel)" in r.stdout
+    assert "4 PENDING (2 of them held back by max_parallel)" in r.stdout
     assert f"raylane ls --label raylane.array={arr.id}" in r.stdout
     # `status` and `cancel` know an array's id (they said "String should match pattern" before).
     r = rl("status", arr.id, url=server.url)
