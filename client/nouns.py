@@ -290,7 +290,7 @@ def costs(
         return
     out = console()
     out.print(f"[bold]Window[/] {b.start.astimezone():%Y-%m-%d %H:%M} .. {b.end.astimezone():%Y-%m-%d %H:%M}   "
-              f"total {money(b.total.cost)} ({b.total.jobs} jobs, {b.total.attempts} attempts), spot savings "
+              f"total {money(b.total.cost)} ({_n(b.total.jobs, 'job')}, {_n(b.total.attempts, 'attempt')}), spot savings "
               f"{money(b.total.spot_savings)}", soft_wrap=True)
     if not b.rows:
         out.print("No attempts in this window.")
@@ -305,6 +305,10 @@ def costs(
     print_table(out, cols, rows)
     if b.unpriced_attempts:
         out.print(f"[dim]{b.unpriced_attempts} attempt(s) on groups without a price are not counted.[/]")
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def register(app: typer.Typer) -> None:
