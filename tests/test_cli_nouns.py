@@ -168,3 +168,85 @@ def test_a_yaml_error_names_the_file_and_line_in_the_cli(server, tmp_path):
     r = rl("submit", bad, url=server.url)
     msg = " ".join(r.stderr.split())
     assert r.returncode == 2 and f"{bad}, line " in msg and "<unicode string>" not in msg, msg
+
+
+# What the job commands print, in process with the server's own answers ------------
+
+
+class _Fake:
+    """The SDK client, answering with jobs and events the real server made, changed where a test needs it."""
+
+    def __init__(self, job=None, events=()):
+        self.job, self.evs = job, list(events)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def resolve_job_id(self, job_id):
+        return job_id
+
+    def get_job(self, job_id):
+        return self.job
+
+    def events(self, job_id):
+        return self.evs
+
+
+def _invoke(monkeypatch, fake, *args, columns=80):
+    from typer.testing import CliRunner
+
+    from raylane.client import cli
+
+    monkeypatch.setattr(cli, "_client", lambda: fake)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("NO_COLOR", "1")
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def test_status_prints_the_dashboard_url_on_one_line(server, sdk, tag, monkeypatch):
+    job = sdk.submit(hello(tag))
+    url = f"{server.url}/ray/#/jobs/raylane-{job.id}-1"
+    r = _invoke(monkeypatch, _Fake(job.model_copy(update={"dashboard_url": url})), "status", job.id, columns=60)
+    assert r.exit_code == 0, r.output
+    assert any(line.startswith("Ray") and line.endswith(url) for line in r.output.splitlines()), r.output
+
+
+def test_events_are_one_line_each_with_the_reason_cut_to_the_terminal(server, sdk, tag, monkeypatch):
+    job = sdk.submit(hello(tag))
+    (ev,) = sdk.events(job.id)
+    long = ev.model_copy(update={"reason": "submitted; routed to cpu; " + "a reason that goes on and on " * 6})
+    r = _invoke(monkeypatch, _Fake(job, [long, ev]), "events", job.id, columns=80)
+    lines = r.output.rstrip("\n").splitlines()
+    assert r.exit_code == 0 and len(lines) == 3, r.output
+    assert all(len(line.rstrip()) <= 80 for line in lines) and "\u2026" in lines[1]
+    wide = _invoke(monkeypatch, _Fake(job, [long]), "events", job.id, "-o", "wide", columns=80)
+    assert long.reason in wide.output
+
+
+def test_the_final_line_counts_from_submit(server, sdk, tag):
+    from datetime import timedelta
+
+    from raylane.client.cli import _final_line
+
+    job = sdk.submit(hello(tag))
+    from raylane import JobStatus
+
+    done = job.model_copy(update={"status": JobStatus.SUCCEEDED, "started_at": job.created_at + timedelta(seconds=5),
+                                  "finished_at": job.created_at + timedelta(seconds=5, milliseconds=300)})
+    assert _final_line(done).endswith("SUCCEEDED[/] after 5s")  # what the user waited, not the 0 s it ran
+
+
+def test_run_streams_by_default_and_no_wait_returns(server, tag):
+    r = rl("run", "--no-wait", "--name", f"nw-{tag}", "--", "python", "-c", "print(42)", url=server.url)
+    assert r.returncode == 0 and "Submitted job" in r.stdout, r.stderr
+    r = rl("run", "-o", "json", "--", "python", "-c", "print(42)", url=server.url)
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "PENDING"  # scripts: as before
+    # By default it stays with the job (offline it stays PENDING): the status lines go to
+    # stderr, stdout is kept for the log, as `ray job submit` streams it.
+    r = rl("run", "--timeout", "1", "--", "python", "-c", "print(42)", url=server.url)
+    assert r.returncode == 3 and "Submitted job" in r.stderr and "PENDING" in r.stderr and r.stdout == "", r.stderr
+    r = rl("run", "--no-follow", "--timeout", "1", "--", "python", "-c", "print(42)", url=server.url)
+    assert r.returncode == 3 and "Submitted job" in r.stdout, r.stdout + r.stderr
