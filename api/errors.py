@@ -60,6 +60,15 @@ def _with_hint(err: dict) -> dict:
     return {**err, "msg": f"unknown field {unknown!r}{hint}"}
 
 
+def _array_id(raw: dict, err: dict) -> dict:
+    """A job route given an array's id (``arr_...``) says where arrays are, not the id pattern."""
+    value = raw.get("input")
+    if list(err["loc"]) == ["path", "job_id"] and isinstance(value, str) and value.lower().startswith("arr_"):
+        return {**err, "msg": f"{value[:64]} is an array's id, not a job's: see /v1/arrays/{value[:64]} "
+                              "(raylane arrays status)"}
+    return err
+
+
 JSON_BODY = "application/json"
 
 
@@ -118,7 +127,8 @@ def install(app: FastAPI) -> None:
         wrong_type = _not_json(request, exc)
         if wrong_type:
             return JSONResponse({"detail": wrong_type}, status_code=415, headers={"Accept": JSON_BODY})
-        return JSONResponse({"detail": [_with_hint(_clean(e)) for e in exc.errors()[:50]]}, status_code=422)
+        return JSONResponse({"detail": [_with_hint(_array_id(e, _clean(e))) for e in exc.errors()[:50]]},
+                            status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

@@ -63,6 +63,9 @@ def _global_options(
 
 def _full_id(c, job_id: str) -> str:
     """The whole id for a unique start of one (``raylane ls`` ids are long to type)."""
+    if nouns.is_array_id(job_id):
+        raise _fail(f"{job_id} is an array's id, not a job's: `raylane arrays status {job_id}` shows it, "
+                    f"`raylane ls --label raylane.array={job_id}` its members", EXIT_USAGE)
     return c.resolve_job_id(job_id)
 
 

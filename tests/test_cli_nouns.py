@@ -250,3 +250,14 @@ def test_run_streams_by_default_and_no_wait_returns(server, tag):
     assert r.returncode == 3 and "Submitted job" in r.stderr and "PENDING" in r.stderr and r.stdout == "", r.stderr
     r = rl("run", "--no-follow", "--timeout", "1", "--", "python", "-c", "print(42)", url=server.url)
     assert r.returncode == 3 and "Submitted job" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_job_command_given_an_array_id_says_where_arrays_are(server, sdk, tag):
+    arr = sdk.submit_array(array_spec(tag, size=2))
+    for cmd in ("events", "logs", "wait"):
+        r = rl(cmd, arr.id, url=server.url)
+        assert r.returncode == 2 and f"raylane arrays status {arr.id}" in r.stderr and "pattern" not in r.stderr
+    import httpx
+
+    r = httpx.get(f"{server.url}/v1/jobs/{arr.id}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 422 and f"/v1/arrays/{arr.id}" in r.json()["detail"][0]["msg"], r.text
