@@ -1,7 +1,8 @@
 """The ``raylane`` command: the user's commands (submit, run, resubmit, ls, status,
-logs, wait, cancel, events, trials, plan, nodes, report), each a call of
-``raylane.client.sdk``. Wherever a job id is taken, a unique start of one does
-(the server resolves it, within what the token may see).
+logs, wait, cancel, events, trials, plan, nodes, report; arrays, schedules and
+costs are in ``raylane.client.nouns``), each a call of ``raylane.client.sdk``.
+Wherever a job id is taken, a unique start of one does (the server resolves it,
+within what the token may see).
 
 It imports the client's dependencies only (typer, rich, httpx, pydantic, pyyaml;
 never Ray, SQLAlchemy or FastAPI). The server's commands are ``raylane-server``
@@ -16,20 +17,19 @@ import os
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from raylane.client import nouns
-from raylane.client.terminal import (  # noqa: F401  (EXIT_* are documented here, in docs/cli.md)
-    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE, OUTPUT as _OUTPUT, Output,
-    console as _console, fail as _fail, print_json as _print_json,
-)
 from raylane.client.clikit import (
     ago as _ago, client as _client, client_command as _client_command, conn as _conn, duration as _duration,
     money as _money, styled as _styled, when_option as _when_option,
+)
+from raylane.client.terminal import (  # noqa: F401  (EXIT_* are documented here, in docs/cli.md)
+    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE, OUTPUT as _OUTPUT, Output,
+    console as _console, fail as _fail, print_json as _print_json,
 )
 from raylane.orchestrator.domain.specs import JobKind  # pure pydantic, as the client install has
 from raylane.orchestrator.domain.states import JobStatus
