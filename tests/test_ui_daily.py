@@ -50,6 +50,11 @@ def test_the_job_page_at_1400_px(server_factory, tmp_path, page):
     assert "null" not in actions and actions.startswith("Resubmit"), actions
     assert "null" not in page.locator("main").inner_text()
 
+    # Money as the CLI writes it: cents, two significant digits below a cent, never $0.0000.
+    assert page.evaluate("[money(0), money(0.0014), money(0.5), money(123.456), money(0.000012)]") == \
+        ["$0.00", "$0.0014", "$0.50", "$123.46", "$0.000012"]
+    assert "$0.0000" not in page.locator("main").inner_text()
+
     # What the sweep holds: 8 trials at once of 1 CPU each, not "1 worker(s) x 1 CPU".
     held = page.locator("#job-resources").inner_text()
     assert held.startswith("8 concurrent trials x CPU 1") and "total CPU 8" in held, held
