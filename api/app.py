@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         app.state.cp = plane
         app.state.submit_limit.bind(DatabaseWindows(plane.sessions))
         app.state.refusals = RefusalTally(plane.access)
-        _bootstrap_access(plane, settings)
+        admin_banner = _bootstrap_access(plane, settings)
         if settings.dashboard_url:
             from raylane.orchestrator.backends.ray_jobs import read_token
             from raylane.orchestrator.domain.profile import Profile
@@ -103,6 +103,9 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             _frozen.append(app)
             gc.collect()
             gc.freeze()
+        if admin_banner:
+            # Last of the start-up, so that no log line pushes it off the screen.
+            print(admin_banner, flush=True)
         try:
             yield
         finally:
@@ -176,13 +179,15 @@ def public_base(settings: Settings) -> str:
     return (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
 
 
-def _bootstrap_access(plane: ControlPlane, settings: Settings) -> None:
+def _bootstrap_access(plane: ControlPlane, settings: Settings) -> str | None:
+    """The first admin token, made once; the banner that shows it (None: nothing to show)."""
     if not settings.auth_enabled:
         log.warning("RAYLANE_AUTH_ENABLED=false: every caller is an admin of every project; "
                     "never expose this server beyond localhost")
-        return
+        return None
     secret = plane.access.bootstrap()
-    if secret:
-        # Shown once: the database keeps only its hash.
-        print(f"\nRaylane admin token (shown once; also in {plane.access.admin_token_path()}, mode 0600):\n"
-              f"  {secret}\nexport RAYLANE_TOKEN={secret}\n", flush=True)
+    if not secret:
+        return None
+    # Shown once: the database keeps only its hash.
+    return (f"\nRaylane admin token (shown once; also in {plane.access.admin_token_path()}, mode 0600):\n"
+            f"  {secret}\nexport RAYLANE_TOKEN={secret}\n")

@@ -47,6 +47,45 @@ def _clean(err: dict) -> dict:
     return {"loc": [str(x)[:128] for x in err.get("loc", ())], "msg": msg, "type": err.get("type", "value_error")}
 
 
+def _with_hint(err: dict) -> dict:
+    """An unknown field says which one was meant, when one is near."""
+    if err.get("type") != "extra_forbidden":
+        return err
+    from raylane.orchestrator.domain.suggest import nearest_field
+
+    loc = list(err.get("loc", ()))
+    unknown = str(loc[-1]) if loc else "?"
+    near = nearest_field(loc)
+    hint = f"; did you mean {near}?" if near else ""
+    return {**err, "msg": f"unknown field {unknown!r}{hint}"}
+
+
+def _array_id(raw: dict, err: dict) -> dict:
+    """A job route given an array's id (``arr_...``) says where arrays are, not the id pattern."""
+    value = raw.get("input")
+    if list(err["loc"]) == ["path", "job_id"] and isinstance(value, str) and value.lower().startswith("arr_"):
+        return {**err, "msg": f"{value[:64]} is an array's id, not a job's: see /v1/arrays/{value[:64]} "
+                              "(raylane arrays status)"}
+    return err
+
+
+JSON_BODY = "application/json"
+
+
+def _not_json(request: Request, exc: RequestValidationError) -> str | None:
+    """Why a body was not read, when the request did not say it is JSON (curl's
+    ``-d`` sends ``application/x-www-form-urlencoded``): the header to send."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return None
+    ctype = request.headers.get("content-type", "")
+    if "json" in ctype.split(";")[0].lower():
+        return None
+    if not any(list(e.get("loc", ()))[:1] == ["body"] for e in exc.errors()):
+        return None
+    had = f"it was {ctype.split(';')[0]}" if ctype else "it had none"
+    return f"the request body must be JSON with the header Content-Type: {JSON_BODY} ({had})"
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(errors.RaylaneError)
     async def _domain(request: Request, exc: errors.RaylaneError):
@@ -85,7 +124,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        return JSONResponse({"detail": [_clean(e) for e in exc.errors()[:50]]}, status_code=422)
+        wrong_type = _not_json(request, exc)
+        if wrong_type:
+            return JSONResponse({"detail": wrong_type}, status_code=415, headers={"Accept": JSON_BODY})
+        return JSONResponse({"detail": [_with_hint(_array_id(e, _clean(e))) for e in exc.errors()[:50]]},
+                            status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

@@ -53,6 +53,23 @@ PAGE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"
                 (b"x-frame-options", b"SAMEORIGIN")]
 
 
+SIGN_IN_PAGE = "/ui/signin.html"  # api/ui/signin.html: trades a token for the /ray session cookie
+APP_PAGES = frozenset({"", "index.html"})
+
+
+def _needs_sign_in(scope, method: str, rel: str) -> bool:
+    """A browser opening the dashboard's page without a valid session (nor a token):
+    it goes to the sign-in page first. Scripts (no ``text/html`` in Accept) get the 401s."""
+    if method != "GET" or rel not in APP_PAGES or "text/html" not in (_header(scope, b"accept") or ""):
+        return False
+    app = scope.get("app")
+    if app is None or not app.state.settings.auth_enabled or _header(scope, b"authorization"):
+        return False
+    from raylane.api.session import cookie_from
+
+    return app.state.sessions.token_id(cookie_from(scope)) is None
+
+
 class Redactor:
     """Replaces a secret in a byte stream, also when it straddles two chunks: an
     end of a chunk that could be the secret's beginning waits for the next chunk."""
@@ -134,6 +151,16 @@ class RayProxy:
         method = scope["method"]
         caller: Caller | None = (scope.get("state") or {}).get("caller")
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if caller is None and _needs_sign_in(scope, method, rel):
+            # A dashboard link opened in a browser that has not signed in: Ray's app
+            # would load and show "Job Query Error" behind our 401. The sign-in page
+            # sends them back; the link's #/jobs/... is kept by the browser (a
+            # Location without a fragment inherits the request's).
+            root = scope.get("root_path", "")  # a mount's root_path ends in its own prefix
+            root = root[:-len(PREFIX)] if root.endswith(PREFIX) else root
+            back = quote(f"{root}{PREFIX}/{rel}", safe="/")
+            return await _reply(send, 303, b"", {"location": f"{root}{SIGN_IN_PAGE}?next={back}",
+                                                 "cache-control": "private, no-store"})
         if caller is None:  # only the app's shell is public (api.auth); never trust that it was checked
             if not rayscope.is_shell(method, rel):
                 return await _reply_json(send, 401, {"detail": "sign in through /ui (a session cookie for /ray), "

@@ -1,7 +1,8 @@
 """The ``raylane`` command: the user's commands (submit, run, resubmit, ls, status,
-logs, wait, cancel, events, trials, plan, nodes, report), each a call of
-``raylane.client.sdk``. Wherever a job id is taken, a unique start of one does
-(the server resolves it, within what the token may see).
+logs, wait, cancel, events, trials, plan, nodes, report; arrays, schedules and
+costs are in ``raylane.client.nouns``), each a call of ``raylane.client.sdk``.
+Wherever a job id is taken, a unique start of one does (the server resolves it,
+within what the token may see).
 
 It imports the client's dependencies only (typer, rich, httpx, pydantic, pyyaml;
 never Ray, SQLAlchemy or FastAPI). The server's commands are ``raylane-server``
@@ -11,19 +12,21 @@ over to it in a new process, or says the server install is missing.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from raylane.client import nouns
+from raylane.client.clikit import (
+    ago as _ago, client as _client, client_command as _client_command, conn as _conn, duration as _duration,
+    money as _money, styled as _styled, when_option as _when_option,
+)
 from raylane.client.terminal import (  # noqa: F401  (EXIT_* are documented here, in docs/cli.md)
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE, OUTPUT as _OUTPUT, Output,
     console as _console, fail as _fail, print_json as _print_json,
@@ -36,15 +39,6 @@ app = typer.Typer(name="raylane", help="Raylane: a job orchestrator in front of 
                   add_completion=True,
                   epilog="The server's commands (serve, db, cluster, profile) are `raylane-server`.")
 PROG = "raylane"  # also under `python -m raylane.client.cli`: completion keys on this name
-
-
-@dataclass
-class _Conn:
-    url: Optional[str] = None
-    token: Optional[str] = None
-
-
-_conn = _Conn()
 
 
 def _show_version(value: bool) -> None:
@@ -67,61 +61,11 @@ def _global_options(
     _conn.url, _conn.token = url, token
 
 
-def _client():
-    from raylane.client.sdk import Client
-
-    return Client(_conn.url, token=_conn.token)
-
-
-def _client_command(fn):
-    """Turn the SDK's typed errors into a message and an exit code, never a traceback."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        from raylane.client.sdk import (
-            AmbiguousJobId, ConnectionFailed, RaylaneError, Unauthorized, ValidationFailed, WaitTimeout,
-        )
-
-        try:
-            return fn(*args, **kwargs)
-        except AmbiguousJobId as e:
-            raise _fail(str(e), EXIT_USAGE) from None
-        except Unauthorized as e:
-            raise _fail(_unauthorized(e), EXIT_FAILED) from None
-        except ConnectionFailed as e:
-            raise _fail(str(e), EXIT_UNREACHABLE) from None
-        except WaitTimeout as e:
-            raise _fail(str(e), EXIT_TIMEOUT) from None
-        except ValidationFailed as e:
-            from rich.markup import escape
-
-            err = _console(stderr=True)
-            if e.status_code is None or not e.errors:
-                err.print(f"[bold red]Error:[/] {escape(str(e))}")
-            else:
-                err.print("[bold red]Error:[/] the server refused the request:")
-                for where, msg in e.fields.items():
-                    err.print(f"  [bold]{escape(where)}[/]: {escape(msg)}")
-            raise typer.Exit(EXIT_USAGE) from None
-        except RaylaneError as e:
-            raise _fail(str(e), EXIT_FAILED) from None
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            raise _fail(f"{e.strerror}: {e.filename}", EXIT_USAGE) from None
-
-    return run
-
-
-def _unauthorized(e) -> str:
-    """A 401 in the CLI's words: the SDK's says ``token=``, a CLI user sets RAYLANE_TOKEN or --token."""
-    where = _conn.url or os.environ.get("RAYLANE_URL") or "the server"
-    if not e.token_sent:
-        return f"{where} needs an API token and none was given: set RAYLANE_TOKEN or pass --token"
-    detail = e.detail if isinstance(e.detail, str) else str(e.detail or "unauthorized")
-    return f"{where} refused the token ({detail.split(':')[0]}): check RAYLANE_TOKEN or --token"
-
-
 def _full_id(c, job_id: str) -> str:
     """The whole id for a unique start of one (``raylane ls`` ids are long to type)."""
+    if nouns.is_array_id(job_id):
+        raise _fail(f"{job_id} is an array's id, not a job's: `raylane arrays status {job_id}` shows it, "
+                    f"`raylane ls --label raylane.array={job_id}` its members", EXIT_USAGE)
     return c.resolve_job_id(job_id)
 
 
@@ -140,34 +84,6 @@ _JOB_ID = typer.Argument(..., help="Job id (or a unique start of one).")
 _SET_HELP = ("Change the spec: a dotted path and a YAML value, e.g. resources.gpus_per_worker=2 or "
              "args.lr=1e-4 (repeatable; an unknown path is refused).")
 
-_STATUS_STYLE = {"PENDING": "yellow", "DISPATCHING": "cyan", "RUNNING": "bold cyan", "RETRYING": "magenta",
-                 "CANCELLING": "magenta", "SUCCEEDED": "bold green", "FAILED": "bold red", "CANCELLED": "bold yellow"}
-
-
-def _styled(status, width: int = 0) -> str:
-    s = getattr(status, "value", status)
-    return f"[{_STATUS_STYLE.get(s, 'white')}]{s:<{width}}[/]"
-
-
-def _ago(at: Optional[datetime]) -> str:
-    if at is None:
-        return "-"
-    secs = max(0, int((datetime.now(timezone.utc) - at).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if secs >= size:
-            return f"{secs // size}{unit} ago"
-    return f"{secs}s ago"
-
-
-def _duration(secs: float) -> str:
-    secs = int(secs)
-    if secs >= 3600:
-        return f"{secs // 3600}h{secs % 3600 // 60:02d}m"
-    if secs >= 60:
-        return f"{secs // 60}m{secs % 60:02d}s"
-    return f"{secs}s"
-
-
 def _res(d: dict) -> str:
     return ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in sorted(d.items())) or "-"
 
@@ -181,7 +97,9 @@ def _final_line(job) -> str:
 
     took = ""
     if job.finished_at is not None:
-        took = f" after {_duration((job.finished_at - (job.started_at or job.created_at)).total_seconds())}"
+        # Since submit: what the user waited, queue and start-up included (the run
+        # alone is `raylane status`'s Started .. Finished).
+        took = f" after {_duration((job.finished_at - job.created_at).total_seconds())}"
     why = ""
     if job.status.value != "SUCCEEDED":
         parts = [job.failure_cause.value] if job.failure_cause and job.failure_cause.value != job.status.value else []
@@ -285,10 +203,13 @@ def run(
     working_dir: Optional[Path] = typer.Option(None, "--working-dir", file_okay=False, help=_WORKING_DIR_HELP),
     exclude: Optional[List[str]] = typer.Option(None, "--exclude", help=_EXCLUDE_HELP),
     name: Optional[str] = typer.Option(None, "--name", help="Job name (default: the command's first word)."),
-    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to end (the exit code says how)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Also stream the job's log to stdout (implies --wait)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="With --wait/--follow: give up after "
-                                            "this many seconds (exit 3); the job keeps running."),
+    wait: Optional[bool] = typer.Option(None, "--wait/--no-wait", "-w", help="--wait: show status changes until the "
+                                        "job ends, without its log; --no-wait: submit and return at once."),
+    follow: Optional[bool] = typer.Option(None, "--follow/--no-follow", "-f", help="Stream the job's log to stdout "
+                                          "until it ends (the default, as `ray job submit` does); --no-follow "
+                                          "waits without the log."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="Give up waiting after this many seconds "
+                                            "(exit 3); the job keeps running."),
     output: Output = _OUTPUT,
 ) -> None:
     """Run a command as a job, like `ray job submit`: raylane run --working-dir . -- python train.py --lr 1e-3"""
@@ -298,6 +219,15 @@ def run(
         raise _fail("give the command to run after `--`", EXIT_USAGE)
     base = Path(command[0]).name or "command"
     spec = {"name": name or base[:128], "kind": "command", "entrypoint": shlex.join(command)}
+    if wait is False:  # --no-wait: submit and return, whatever else was said
+        wait, follow = False, False
+    elif follow is None:
+        # Like `ray job submit`: the log streams unless asked otherwise. `--wait`
+        # alone keeps its old meaning (status lines only), and `-o json` alone
+        # keeps printing the submitted job at once, for scripts.
+        follow, wait = not wait and output is not Output.json, bool(wait)
+    else:  # --follow streams (and waits); --no-follow waits without the log
+        wait = True
     _submit_and_watch(spec, wait=wait, follow=follow, idempotency_key=None, timeout=timeout, working_dir=working_dir,
                       exclude=exclude or [], output=output)
 
@@ -338,16 +268,19 @@ def _submit_and_watch(spec: dict, *, wait: bool, follow: bool, idempotency_key: 
                 f"Working dir {escape(str(working_dir))}: {pkg.files} files, {pkg.size_bytes} bytes, package "
                 f"{pkg.sha256[:12]} ({what})", soft_wrap=True)
         if spec.get("array") is not None:
-            if wait or follow:
-                raise _fail("--wait/--follow watch one job; an array's members are "
-                            "`raylane ls --label raylane.array=<id>`", EXIT_USAGE)
+            if follow:
+                raise _fail("--follow streams one job's log; with an array, --wait waits for all its members "
+                            "(`raylane logs` shows a member's)", EXIT_USAGE)
             arr = c.submit_array(spec)
-            if output is Output.json:
+            if output is Output.json and not wait:
                 _print_json(arr)
-            else:
-                _console().print(f"Submitted array [bold]{arr.id}[/] ({escape(arr.name)}): {arr.size} members, "
-                                 f"{arr.held} held by max_parallel; list them with "
-                                 f"`raylane ls --label raylane.array={arr.id}`", soft_wrap=True)
+            elif output is not Output.json:
+                _console(stderr=wait).print(
+                    f"Submitted array [bold]{arr.id}[/] ({escape(arr.name)}): {arr.size} members"
+                    + (f", {arr.held} held by max_parallel" if arr.held else "") + "; list them with "
+                    f"`raylane ls --label raylane.array={arr.id}`", soft_wrap=True)
+            if wait:
+                raise typer.Exit(nouns.array_outcome(nouns.wait_array(c, arr.id, timeout), output))
             return
         job = c.submit(spec, idempotency_key=idempotency_key)
         _show_and_watch(c, job, wait=wait, follow=follow, timeout=timeout, output=output)
@@ -401,22 +334,6 @@ def wait_cmd(
     raise typer.Exit(_exit_for(done))
 
 
-def _when_option(value: Optional[str], name: str) -> Optional[datetime]:
-    """ISO 8601 (a time without zone is local time) or a span back from now: 30m, 2h, 7d."""
-    if value is None:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    v = value.strip()
-    if len(v) > 1 and v[-1] in units and v[:-1].replace(".", "", 1).isdigit():
-        return datetime.now(timezone.utc) - timedelta(seconds=float(v[:-1]) * units[v[-1]])
-    try:
-        at = datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise typer.BadParameter(f"{value!r}: use ISO 8601 (2026-01-31T12:00) or a span like 30m, 2h, 7d",
-                                 param_hint=name) from None
-    return at if at.tzinfo else at.astimezone()
-
-
 @app.command()
 @_client_command
 def ls(
@@ -436,7 +353,6 @@ def ls(
 ) -> None:
     """List jobs, newest first."""
     from rich.markup import escape
-    from rich.table import Table
 
     labels = _labels_option(label)
     after, before = _when_option(created_after, "--created-after"), _when_option(created_before, "--created-before")
@@ -452,18 +368,16 @@ def ls(
     if not jobs:
         out.print("No jobs match.")
         return
-    t = Table(box=None, pad_edge=False, header_style="bold")
-    t.add_column("ID", no_wrap=True)
-    t.add_column("NAME", overflow="fold")
-    t.add_column("KIND", no_wrap=True)
-    t.add_column("STATUS", no_wrap=True)
-    t.add_column("GROUP", no_wrap=True)
-    t.add_column("CREATED", no_wrap=True)
-    t.add_column("REASON", overflow="ellipsis", no_wrap=True, max_width=40)
-    for j in jobs:
-        t.add_row(j.id, escape(j.name), j.kind.value, _styled(j.status), j.placement.node_group if j.placement else "-",
-                  _ago(j.created_at), escape(j.status_reason or ""))
-    out.print(t)
+    from raylane.client.tables import Col, print_table, unique_prefixes
+
+    ids = [j.id for j in jobs] if output is Output.wide else unique_prefixes([j.id for j in jobs])
+    rows = [[i, escape(j.name), j.kind.value, _styled(j.status), j.placement.node_group if j.placement else "-",
+             _ago(j.created_at), escape(j.status_reason or "")] for i, j in zip(ids, jobs)]
+    cols = [Col("ID"), Col("NAME"), Col("KIND", cut=2), Col("STATUS"), Col("GROUP", cut=1), Col("CREATED"),
+            Col("REASON", cut=0, min_width=12)]
+    if output is Output.wide:
+        out.width = 10_000
+    print_table(out, cols, rows)
     if more:
         out.print(f"[dim]Showing the newest {limit}; --limit shows more.[/]")
 
@@ -471,18 +385,26 @@ def ls(
 @app.command()
 @_client_command
 def status(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
-    """Show one job: status and why, placement and why, attempts, result."""
+    """Show one job (or, for an arr_ id, an array): status and why, placement and why, attempts, result."""
     from rich.markup import escape
     from rich.table import Table
+
+    if nouns.is_array_id(job_id):
+        return nouns.show_array(job_id, output)
 
     with _client() as c:
         job = c.get_job(_full_id(c, job_id))
     if output is Output.json:
         _print_json(job)
         return
-    t = Table.grid(padding=(0, 2))
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column(overflow="fold")
+    def grid():
+        g = Table.grid(padding=(0, 2))
+        g.add_column(style="bold", no_wrap=True, min_width=10)
+        g.add_column(overflow="fold")
+        return g
+
+    out = _console()
+    t = grid()
     t.add_row("Job", f"{job.id}  {escape(job.name)}")
     t.add_row("Kind", job.kind.value)
     t.add_row("Status", f"{_styled(job.status)}  {escape(job.status_reason or '')}")
@@ -504,11 +426,14 @@ def status(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
         for r in p.reasons:
             t.add_row("", f"[dim]- {escape(r)}[/]")
     if job.dashboard_url:
-        t.add_row("Ray", job.dashboard_url)
+        # A URL split over two lines cannot be clicked or copied: one line, however long.
+        out.print(t)
+        out.print(f"[bold]{'Ray':<10}[/]  {escape(job.dashboard_url)}", soft_wrap=True)
+        t = grid()
     if job.result is not None:
         text = json.dumps(job.result, default=str)
         t.add_row("Result", escape(text if len(text) <= 400 else text[:400] + "..."))
-    _console().print(t)
+    out.print(t)
 
 
 @app.command()
@@ -575,6 +500,13 @@ def cancel(
     if not job_ids and not (labels or mine):
         raise _fail("give the job ids to cancel, or --label key=value / --mine to choose jobs", EXIT_USAGE)
     err = _console(stderr=True)
+    arrays = [x for x in job_ids or [] if nouns.is_array_id(x)]
+    if arrays and len(arrays) == len(job_ids):  # `raylane cancel arr_...`: every unfinished member
+        for a in arrays:
+            nouns.cancel_array(a, output)
+        raise typer.Exit(EXIT_OK)
+    if arrays:
+        raise _fail("give job ids or array ids (arr_...), not both", EXIT_USAGE)
     with _client() as c:
         if job_ids:
             targets, problems = [], 0
@@ -647,7 +579,6 @@ def _chosen(c, labels: dict, mine: bool, yes: bool) -> list:
 def events(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     """Show the job's status changes, oldest first."""
     from rich.markup import escape
-    from rich.table import Table
 
     with _client() as c:
         job_id = _full_id(c, job_id)
@@ -655,13 +586,17 @@ def events(job_id: str = _JOB_ID, output: Output = _OUTPUT) -> None:
     if output is Output.json:
         _print_json(evs)
         return
-    t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("TIME", "FROM", "TO", "REASON", "BY", "ATTEMPT"):
-        t.add_column(col, no_wrap=col != "REASON", overflow="fold")
-    for e in evs:
-        t.add_row(f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}", e.from_status.value if e.from_status else "-",
-                  _styled(e.to_status), escape(e.reason or ""), escape(e.actor), str(e.attempt or "-"))
-    _console().print(t)
+    from raylane.client.tables import Col, print_table
+
+    # One line per event: a reason is cut to the terminal (-o wide or -o json for all of it).
+    cols = [Col("TIME"), Col("FROM"), Col("TO"), Col("REASON", cut=0, min_width=12), Col("BY", cut=1),
+            Col("ATTEMPT", cut=2)]
+    rows = [[f"{e.at.astimezone():%Y-%m-%d %H:%M:%S}", e.from_status.value if e.from_status else "-",
+             _styled(e.to_status), escape(e.reason or ""), escape(e.actor), str(e.attempt or "-")] for e in evs]
+    out = _console()
+    if output is Output.wide:
+        out.width = 10_000
+    print_table(out, cols, rows)
 
 
 @app.command()
@@ -789,7 +724,6 @@ def report(
 ) -> None:
     """Own or rent: GPU utilisation against the break-even, costs, and jobs that could have run cheaper."""
     from rich.markup import escape
-    from rich.table import Table
 
     start, end = _when_option(since, "--since"), _when_option(until, "--until")
     with _client() as c:
@@ -801,32 +735,39 @@ def report(
     tot = rep["total"]
     out.print(f"[bold]Window[/] {rep['window']['start'][:16]} .. {rep['window']['end'][:16]} UTC"
               + (f"  project {escape(rep['project'])}" if rep.get("project") else ""))
-    out.print(f"[bold]Cost[/] ${tot['cost']:.2f}   on demand ${tot['on_demand_cost']:.2f}   "
-              f"spot savings ${tot['spot_savings']:.2f}   {tot['attempts']} attempts of {tot['jobs']} jobs")
-    t = Table(box=None, pad_edge=False, header_style="bold", title="GPU groups: own or rent?", title_justify="left")
-    for col in ("GROUP", "FLEET", "GPU-H USED", "UTILISATION", "BREAK-EVEN", "VERDICT", "COST"):
-        t.add_column(col, no_wrap=True, justify="right" if col in ("GPU-H USED", "UTILISATION", "BREAK-EVEN", "COST") else "left")
+    out.print(f"[bold]Cost[/] {_money(tot['cost'])}   on demand {_money(tot['on_demand_cost'])}   "
+              f"spot savings {_money(tot['spot_savings'])}   {tot['attempts']} attempts of {tot['jobs']} jobs")
+    from raylane.client.tables import Col, print_table
+
+    wide = out if output is not Output.wide else _console()
+    if output is Output.wide:
+        wide.width = 10_000
+    right = "right"
+    if rep["gpu_groups"]:
+        out.print("[bold]GPU groups: own or rent?[/]")
+        rows = [[g["node_group"], f"{g['nodes']} x {g['accelerator']['count']} {g['accelerator']['type']} ({g['basis']})",
+                 f"{g['gpu_hours_used']:.1f}/{g['gpu_hours_available']:.0f}", f"{g['utilisation']:.1%}",
+                 f"{g['break_even']:.0%}", "[bold green]own[/]" if g["verdict"] == "own" else "[bold yellow]rent[/]",
+                 _money(g["cost"])] for g in rep["gpu_groups"]]
+        print_table(wide, [Col("GROUP"), Col("FLEET", cut=0, min_width=12), Col("GPU-H USED", cut=1, justify=right),
+                           Col("UTILISATION", justify=right), Col("BREAK-EVEN", cut=2, justify=right),
+                           Col("VERDICT"), Col("COST", justify=right)], rows)
+    else:
+        out.print("No GPU group in the profile.")
     for g in rep["gpu_groups"]:
-        acc = g["accelerator"]
-        verdict = "[bold green]own[/]" if g["verdict"] == "own" else "[bold yellow]rent[/]"
-        t.add_row(g["node_group"], f"{g['nodes']} x {acc['count']} {acc['type']} ({g['basis']})",
-                  f"{g['gpu_hours_used']:.1f}/{g['gpu_hours_available']:.0f}", f"{g['utilisation']:.1%}",
-                  f"{g['break_even']:.0%}", verdict, f"${g['cost']:.2f}")
-    out.print(t if rep["gpu_groups"] else "No GPU group in the profile.")
-    for g in rep["gpu_groups"]:
-        out.print(f"  - {escape(g['advice'])}")
+        out.print(f"  - {escape(g['advice'])}", soft_wrap=True)
     cheaper = rep["cheaper_placements"]
     if not cheaper:
         out.print("No job's placement looks like it could have been cheaper.")
         return
-    t = Table(box=None, pad_edge=False, header_style="bold", title="Placements that could have been cheaper",
-              title_justify="left")
-    for col in ("JOB", "NAME", "RAN ON", "COST", "CHEAPER ON", "SAVING", "WHY"):
-        t.add_column(col, no_wrap=col != "WHY", overflow="fold", justify="right" if col in ("COST", "SAVING") else "left")
-    for x in cheaper:
-        t.add_row(f"{x['job_id']}#{x['attempt']}", escape(x["name"]), f"{x['node_group']} ({x['market']})",
-                  f"${x['cost']:.2f}", x["cheaper_node_group"], f"${x['saving']:.2f}", escape(x["reason"]))
-    out.print(t)
+    out.print("[bold]Placements that could have been cheaper[/]")
+    rows = [[f"{x['job_id']}#{x['attempt']}", escape(x["name"]), f"{x['node_group']} ({x['market']})",
+             _money(x["cost"]), x["cheaper_node_group"], _money(x["saving"]), escape(x["reason"])] for x in cheaper]
+    print_table(wide, [Col("JOB"), Col("NAME"), Col("RAN ON", cut=1), Col("COST", justify=right),
+                       Col("CHEAPER ON", cut=2), Col("SAVING", justify=right), Col("WHY", cut=0, min_width=20)], rows)
+
+
+nouns.register(app)  # arrays, schedules, costs
 
 
 # `raylane serve` and friends, as they were before the split: handed over whole to

@@ -239,8 +239,16 @@ def _where(resp: "httpx.Response") -> str:
 
 def _not_raylane(resp: "httpx.Response") -> str:
     """What to say when the answer is not the JSON a Raylane API sends: another web
-    server (or a proxy's page) is at the URL. Its HTML is never shown."""
-    return f"{_where(resp)} answered {resp.status_code} {_content_type(resp)}: not a Raylane API? Check the URL"
+    server (or a proxy's page) is at the URL. Its HTML is never shown. A URL that
+    ends in the UI's or the API's own path (``.../ui``, ``.../v1``) says the root."""
+    said = f"{_where(resp)} answered {resp.status_code} {_content_type(resp)}: not a Raylane API? Check the URL"
+    req = _request_of(resp)
+    path = req.url.path if req is not None else ""
+    for extra in ("/ui/v1/", "/v1/v1/"):
+        if extra in path:
+            root = str(req.url.copy_with(path=path[:path.index(extra)] or "/", query=None)).rstrip("/")
+            return f"{said}: give the server's root, {root}, without {extra[:-4]}"
+    return said
 
 
 def _error_from(resp: "httpx.Response") -> RaylaneError:
@@ -261,6 +269,8 @@ def _error_from(resp: "httpx.Response") -> RaylaneError:
         message = f"{_where(resp)} answered {_content_type(resp)}"
     else:
         message = (resp.text or resp.reason_phrase or "")[:500].strip() or f"HTTP {status}"
+    if status == 404 and detail == "Not Found":  # no such route (ours name what is missing): a wrong URL
+        message = _not_raylane(resp)
     if status == 422:
         errors = detail if isinstance(detail, list) else [{"loc": [], "msg": message, "type": "value_error"}]
         errors = [e if isinstance(e, dict) else {"loc": [], "msg": str(e), "type": "value_error"} for e in errors]
@@ -531,9 +541,9 @@ def spec_body(spec: SpecLike) -> dict[str, Any]:
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
         try:
-            return load_spec_document(path.read_text())
+            return load_spec_document(path.read_text(), source=str(path))
         except SpecLoadError as e:
-            raise ValidationFailed(f"{path}: {e}", errors=[{"loc": ["file"], "msg": str(e), "type": "spec_load"}]) \
+            raise ValidationFailed(str(e) if str(e).startswith(str(path)) else f"{path}: {e}", errors=[{"loc": ["file"], "msg": str(e), "type": "spec_load"}]) \
                 from None
     raise TypeError(f"a spec is a JobSpec, a dict or a YAML file path, not {type(spec).__name__}")
 
@@ -853,6 +863,11 @@ def _retry_policy(call: _Call, max_attempts: int) -> dict[str, Any]:
 def _connection_failed(base_url: str, exc: Exception, tries: int, call: _Call) -> ConnectionFailed:
     import httpx
 
+    if isinstance(exc, httpx.ConnectError) and base_url.startswith("https://") and \
+            "wrong version number" in str(exc).lower():
+        # The TLS handshake got plain HTTP back: the server is up, the scheme is wrong.
+        return ConnectionFailed(f"{base_url} answers plain HTTP, not HTTPS ({_reason(exc)}): use "
+                                f"http://{base_url[len('https://'):]} in RAYLANE_URL or --url")
     if isinstance(exc, httpx.ConnectError):
         what = f"cannot connect to the Raylane server at {base_url} ({_reason(exc)})"
         hint = "; is `raylane-server serve` running? Set RAYLANE_URL or --url to point elsewhere"

@@ -21,12 +21,35 @@ EXIT_UNREACHABLE = 4  # the server could not be reached (after the SDK's retries
 EXIT_INTERRUPTED = 130  # Ctrl-C; a job being waited on keeps running
 
 
+def _flags_without_type() -> None:
+    """Help shows ``--wait`` alone, not ``--wait <bool>``: a flag takes no value.
+
+    Typer (0.2x) prints every option's type in the rich help, flags included, and
+    has no setting for it; this is the one place its display is changed."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_raylane", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich._raylane = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_without_type()
+
+
 class Output(str, Enum):
     text = "text"
     json = "json"
+    wide = "wide"  # tables with whole ids and nothing cut, however wide the terminal
 
 
-OUTPUT = typer.Option(Output.text, "--output", "-o", case_sensitive=False, help="text (tables) or json.")
+OUTPUT = typer.Option(Output.text, "--output", "-o", case_sensitive=False,
+                      help="text (tables fitted to the terminal), wide (nothing cut) or json.")
 
 
 def console(stderr: bool = False):

@@ -114,8 +114,10 @@ def test_submit_ls_status_events_cancel(server, sdk, tag, tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["ID", "NAME", "KIND", "STATUS", "GROUP", "CREATED", "REASON"]
-    assert lines[1].split()[:5] == [sweep_job["id"], "sweep1", "sweep", "PENDING", "spot-cpu"]
-    assert lines[2].split()[:5] == [job_id, "hello", "command", "PENDING", "cpu"]
+    # Ids as their shortest start that tells the rows apart (#48); -o wide shows them whole.
+    assert sweep_job["id"].startswith(lines[1].split()[0]) and job_id.startswith(lines[2].split()[0])
+    assert lines[1].split()[1:5] == ["sweep1", "sweep", "PENDING", "spot-cpu"]
+    assert lines[2].split()[1:5] == ["hello", "command", "PENDING", "cpu"]
     assert all(len(line) <= 100 for line in lines)
 
     # Filters, and --url instead of RAYLANE_URL.

@@ -373,7 +373,7 @@ def test_submit_sends_an_array_spec_to_the_arrays_api(server, sdk, tmp_path, tag
     assert f"raylane ls --label raylane.array={m.group(1)}" in r.stdout
     assert sorted(j.name for j in sdk.list_jobs(labels={"raylane.array": m.group(1)}).items) == \
         ["shards-0", "shards-1", "shards-2"]
-    r = rl("submit", path, "--wait", url=server.url)
-    assert r.returncode == 2 and "an array's members" in r.stderr
+    r = rl("submit", path, "--follow", url=server.url)  # one log to stream; --wait is test_cli_nouns.py's
+    assert r.returncode == 2 and "--wait waits for all its members" in r.stderr
     r = rl("submit", path, "-o", "json", url=server.url)
     assert r.returncode == 0 and json.loads(r.stdout)["size"] == 3

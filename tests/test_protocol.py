@@ -141,7 +141,12 @@ def test_the_dispatcher_leaves_a_runners_inputs_in_rays_store(tmp_path):
     key = protocol.inputs_key("raylane-01job-1")
     assert sent["entrypoint"].startswith(f"{protocol.INPUTS_KEY_ENV}={key} ")
     inputs = protocol.decode_inputs(gcs.kv[key])
-    assert JobSpec.model_validate_json(inputs[Env.SPEC]) == SPEC and SPEC.entrypoint not in sent["entrypoint"]
+    assert JobSpec.model_validate_json(inputs[Env.SPEC]) == SPEC
+    # The spec stays off the command line; the user's entrypoint shows after it, as a
+    # comment, for Ray's dashboard (#48), and in the job's metadata.
+    run, _, comment = sent["entrypoint"].partition("  # ")
+    assert SPEC.entrypoint not in run and comment == f"raylane training: {SPEC.entrypoint}"
+    assert sent["metadata"]["raylane_entrypoint"] == SPEC.entrypoint
     KvBackend(gcs).forget_inputs("raylane-01job-1")
     assert gcs.kv == {}
 
@@ -282,3 +287,18 @@ def test_without_an_address_the_gcs_is_the_one_the_head_node_was_started_with(mo
             ("authorization", "Bearer tok"),)
     finally:
         backend.close()
+
+
+def test_the_driver_command_shows_the_users_entrypoint_as_a_comment(tmp_path):
+    """Ray's dashboard shows a job's entrypoint: the user's, after the wrapper (#48)."""
+    env = _env(tmp_path)
+    key = protocol.inputs_key("raylane-01job-3")
+    shown = protocol.shown_entrypoint("training", "examples.train:main")
+    command = protocol.driver_command(env, inputs_key=key, shown=shown)
+    assert command.endswith("python -m raylane.jobs.run  # raylane training: examples.train:main")
+    # A comment: the shell runs the same words as without it.
+    assert shlex.split(command, comments=True) == shlex.split(protocol.driver_command(env, inputs_key=key))
+    # Nothing can end the comment or reach the shell: a newline, $(...), ; and quotes become ?.
+    odd = protocol.shown_entrypoint("command", "a\nrm -rf /; $(x) `y` 'z'")
+    assert "\n" not in odd and not set("$;`'()\"") & set(odd)
+    assert len(protocol.shown_entrypoint("sweep", "m:" + "f" * 1000)) < 240

@@ -115,6 +115,14 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// Replace an element's children as h() adds them: a null, undefined or false is
+// left out and arrays are flattened (the DOM's replaceChildren writes a null as
+// the text "null": the stray "null" before Resubmit, "nullnull" under the jobs).
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat().filter(c => c !== null && c !== undefined && c !== false));
+  return el;
+}
+
 function s(tag, attrs, ...children) {
   const el = document.createElementNS(SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
@@ -125,7 +133,12 @@ function s(tag, attrs, ...children) {
 function badge(status) { return h("span", { class: `badge s-${status}` }, status); }
 function showBanner(text) { const b = document.getElementById("banner"); b.textContent = text; b.hidden = false; }
 function hideBanner() { document.getElementById("banner").hidden = true; }
-function money(x) { return x === null || x === undefined ? "-" : "$" + (Math.abs(x) >= 100 ? x.toFixed(0) : x.toFixed(x && Math.abs(x) < 0.01 ? 4 : 2)); }
+// As the CLI writes money: cents, and below a cent two significant digits ($0.0014, never $0.0000).
+function money(x) {
+  if (x === null || x === undefined) return "-";
+  const a = Math.abs(x);
+  return "$" + (a && a < 0.01 ? x.toFixed(1 - Math.floor(Math.log10(a))) : x.toFixed(2));
+}
 function pct(x) { return x === null || x === undefined ? "-" : (100 * x).toFixed(1) + "%"; }
 function num(x, d = 2) { return x === null || x === undefined ? "-" : Number(x).toFixed(d).replace(/\.?0+$/, "") || "0"; }
 function when(iso) { return iso ? new Date(iso).toLocaleString() : "-"; }
@@ -208,7 +221,7 @@ function jobsView(view, params) {
   const body = h("tbody");
   const pager = h("div", { class: "pager" });
   const table = h("table", { id: "jobs" },
-    h("thead", {}, h("tr", {}, ["ID", "Name", "Project", "Kind", "Status", "Group", "Created", "Reason"].map(c => h("th", {}, c)))), body);
+    h("thead", {}, h("tr", {}, ["ID", "Name", "Status", "Project", "Kind", "Group", "Created", "Reason"].map(c => h("th", {}, c)))), body);
 
   const go = (over) => {
     const q = new URLSearchParams();
@@ -234,18 +247,19 @@ function jobsView(view, params) {
     if (cursor) q.set("cursor", cursor);
     let page;
     try { page = await api("/v1/jobs?" + q); } catch (e) {
-      if (seq === viewSeq) body.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "error" }, e.message)));
+      if (seq === viewSeq) fill(body, h("tr", {}, h("td", { colspan: 8, class: "error" }, e.message)));
       throw e;
     }
     if (seq !== viewSeq) return;
     count.textContent = `${page.items.length}${page.next_cursor ? "+" : ""} jobs${cursor ? " (older page)" : ""}`;
-    pager.replaceChildren(
+    fill(pager, 
       cursor ? h("button", { class: "secondary", id: "page-first", onclick: () => go({ cursor: "" }) }, "\u2190 newest") : null,
       page.next_cursor ? h("button", { class: "secondary", id: "page-next", onclick: () => go({ cursor: page.next_cursor }) }, "older \u2192") : null);
-    if (!page.items.length) { body.replaceChildren(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No jobs match."))); return; }
-    body.replaceChildren(...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: (ev) => { if (!ev.target.closest("a")) window.location.hash = "#/jobs/" + j.id; } },
+    if (!page.items.length) { fill(body, h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No jobs match."))); return; }
+    fill(body, ...page.items.map(j => h("tr", { class: "clickable", "data-job": j.id, onclick: (ev) => { if (!ev.target.closest("a")) window.location.hash = "#/jobs/" + j.id; } },
       h("td", {}, h("a", { href: "#/jobs/" + j.id, class: "mono" }, j.id.slice(0, 12) + "\u2026")),
-      h("td", {}, j.name), h("td", {}, j.project), h("td", {}, j.kind), h("td", {}, badge(j.status)),
+      // Status beside the name: on a phone it is in sight, the rest a sideways scroll of the table away.
+      h("td", {}, j.name), h("td", {}, badge(j.status)), h("td", {}, j.project), h("td", {}, j.kind),
       h("td", {}, j.placement ? j.placement.node_group : "-", " ", groupTag(j)), h("td", { title: when(j.created_at) }, ago(j.created_at)),
       h("td", { class: "reason", title: j.status_reason || "" }, j.status_reason || ""))));
   }
@@ -306,7 +320,34 @@ function headers(accept) {
   return hd;
 }
 
-// The log panel: the last lines on demand, or followed live (NDJSON from
+// What the job holds at once, as placed: a sweep of 8 concurrent trials of 1 CPU
+// holds 8 CPUs (placement.num_workers is its concurrency), plus the driver.
+function held(job) {
+  const p = job.placement, r = job.spec.resources;
+  if (!p) return `${r.num_workers} x CPU ${num(r.cpus_per_worker)}` + (r.gpus_per_worker ? `, GPU ${num(r.gpus_per_worker)}` : "") + " (not placed yet)";
+  const unit = p.num_workers === 1 ? "worker" : (job.kind === "sweep" ? "concurrent trials" : "workers");
+  return `${p.num_workers} ${unit} x ${res(p.worker_resources)} \u00b7 total ${res(p.total)}` +
+    (p.driver_resources && Object.keys(p.driver_resources).length ? ` (driver ${res(p.driver_resources)})` : "");
+}
+
+// A result of any size: wrapped, its first lines shown, and the whole a click away.
+const RESULT_SHOWN = 600;
+function resultBox(result) {
+  const whole = JSON.stringify(result, null, 2);
+  const pre = h("pre", { class: "result", id: "result" }, whole.length > RESULT_SHOWN ? whole.slice(0, RESULT_SHOWN) + "\u2026" : whole);
+  if (whole.length <= RESULT_SHOWN) return pre;
+  const more = h("button", { class: "secondary", id: "result-all" }, `Show all (${whole.length} characters)`);
+  more.addEventListener("click", () => {
+    const open = more.dataset.open !== "1";
+    pre.textContent = open ? whole : whole.slice(0, RESULT_SHOWN) + "\u2026";
+    pre.classList.toggle("open", open);
+    more.dataset.open = open ? "1" : "0";
+    more.textContent = open ? "Show less" : `Show all (${whole.length} characters)`;
+  });
+  return h("div", {}, pre, more);
+}
+
+// The log panel: the last lines at once, again on demand, or followed live (NDJSON from
 // /v1/jobs/<id>/logs?follow=true; the server sends heartbeats and ends the stream
 // once the job has ended and its log is read out).
 function logPanel(id) {
@@ -320,6 +361,7 @@ function logPanel(id) {
     try {
       const r = await fetch(`/v1/jobs/${encodeURIComponent(id)}/logs`, { headers: headers("text/plain"), signal: viewAbort.signal });
       const text = await r.text();
+      if (r.status === 404 || r.status === 409) { state.textContent = "no log yet"; return; }
       if (!r.ok) { state.textContent = `HTTP ${r.status}: ${text.slice(0, 200)}`; return; }
       const lines = text.split("\n");
       show(lines.slice(-200).join("\n"));
@@ -360,6 +402,7 @@ function logPanel(id) {
     }
   }
   followBtn.addEventListener("click", follow);
+  tail();  // the log's last lines as soon as the page opens, not after a click
   return panel("Log", h("div", { class: "filters" },
     h("button", { class: "secondary", id: "log-tail", onclick: tail }, "Last 200 lines"), followBtn, state), pre);
 }
@@ -389,7 +432,7 @@ function jobView(view, id) {
   }
 
   function drawActions(job) {
-    actions.replaceChildren(
+    fill(actions, ...[
       TERMINAL.has(job.status) ? null : h("button", { id: "cancel", onclick: () => act("cancel", async () => {
         const r = await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
         return r.message;
@@ -400,7 +443,7 @@ function jobView(view, id) {
         window.location.hash = "#/jobs/" + created.id;
         return "resubmitted as " + created.id;
       }) }, "Resubmit"),
-      actionMsg);
+      actionMsg]);
   }
 
   async function drawRelated(job) {
@@ -420,13 +463,13 @@ function jobView(view, id) {
         parents[i] ? [h("a", { href: "#/jobs/" + d.job }, parents[i].name), " ", badge(parents[i].status)] : h("span", { class: "mono" }, d.job),
         h("span", { class: "muted" }, ` \u00b7 needs it to ${d.on === "finished" ? "finish" : d.on === "failed" ? "fail" : "succeed"}`))))));
     }
-    if (seq === viewSeq) related.replaceChildren(...parts);
+    if (seq === viewSeq) fill(related, ...parts);
   }
 
   async function load() {
     let job;
     try { job = await api(`/v1/jobs/${encodeURIComponent(id)}`); } catch (e) {
-      if (seq === viewSeq) head.replaceChildren(errorBox(e));
+      if (seq === viewSeq) fill(head, errorBox(e));
       throw e;
     }
     const [events, attempts, costs] = await Promise.all([
@@ -434,15 +477,14 @@ function jobView(view, id) {
     if (seq !== viewSeq) return;
     drawActions(job);
     if (relatedShownFor !== job.status) { relatedShownFor = job.status; drawRelated(job).catch(() => {}); }
-    head.replaceChildren(h("h1", {}, job.name, " ", badge(job.status)),
+    fill(head, h("h1", {}, job.name, " ", badge(job.status)),
       h("p", { class: "muted", id: "status-reason" }, job.status_reason || ""));
-    facts.replaceChildren(h("h2", {}, "Job"), h("dl", { class: "facts" },
+    fill(facts, h("h2", {}, "Job"), h("dl", { class: "facts" },
       h("dt", {}, "ID"), h("dd", { class: "mono" }, job.id),
       h("dt", {}, "Kind"), h("dd", {}, job.kind),
       h("dt", {}, "Project"), h("dd", { id: "job-project" }, `${job.project} \u00b7 priority ${job.priority}`),
       h("dt", {}, "Entrypoint"), h("dd", { class: "mono" }, job.spec.entrypoint),
-      h("dt", {}, "Resources"), h("dd", {}, `${job.spec.resources.num_workers} worker(s) x ${num(job.spec.resources.cpus_per_worker)} CPU` +
-        (job.spec.resources.gpus_per_worker ? ` + ${num(job.spec.resources.gpus_per_worker)} GPU` : "")),
+      h("dt", {}, "Resources"), h("dd", { id: "job-resources" }, held(job)),
       h("dt", {}, "Attempts"), h("dd", {}, `${job.attempts} of ${job.max_attempts}` + (job.preemptions ? `, ${job.preemptions} preempted` : "")),
       job.failure_cause ? [h("dt", {}, "Cause"), h("dd", {}, job.failure_cause)] : null,
       h("dt", {}, "Created"), h("dd", {}, when(job.created_at)),
@@ -451,18 +493,18 @@ function jobView(view, id) {
       h("dt", {}, "Ray"), h("dd", {}, job.dashboard_url
         ? h("a", { href: job.dashboard_url, target: "_blank", rel: "noopener", id: "ray-link" }, "open in Ray's dashboard \u2197")
         : h("span", { class: "muted" }, "not on Ray yet")),
-      job.result ? [h("dt", {}, "Result"), h("dd", { class: "mono" }, JSON.stringify(job.result).slice(0, 400))] : null));
+      job.result ? [h("dt", {}, "Result"), h("dd", {}, resultBox(job.result))] : null));
     const p = job.placement;
-    placement.replaceChildren(h("h2", {}, "Placement"), ...(p ? [
+    fill(placement, h("h2", {}, "Placement"), ...(p ? [
       h("p", {}, h("b", {}, p.node_group), ` (${p.market}), ${p.strategy}${p.colocate ? ", co-located" : ""}, ${p.num_workers} x ${res(p.worker_resources)}`),
       h("div", { class: "muted" }, "Why:"), h("ul", { class: "reasons", id: "reasons" }, p.reasons.map(r => h("li", {}, r)))]
       : [h("p", { class: "muted" }, "Not routed yet (no cluster profile attached).")]));
-    cost.replaceChildren(h("h2", {}, "Cost"), costs ? h("div", { class: "stats" },
+    fill(cost, h("h2", {}, "Cost"), costs ? h("div", { class: "stats" },
       h("div", {}, h("span", { class: "muted" }, "cost"), h("span", { class: "big", id: "job-cost" }, money(costs.cost))),
       h("div", {}, h("span", { class: "muted" }, "on demand"), h("span", { class: "big" }, money(costs.on_demand_cost))),
       h("div", {}, h("span", { class: "muted" }, "spot savings"), h("span", { class: "big" }, money(costs.spot_savings))))
       : h("p", { class: "muted" }, "unavailable"));
-    attemptsP.replaceChildren(h("h2", {}, "Attempts"), attempts.length ? h("table", { id: "attempts" },
+    fill(attemptsP, h("h2", {}, "Attempts"), attempts.length ? h("table", { id: "attempts" },
       h("thead", {}, h("tr", {}, ["#", "Group", "Market", "Ray status", "Started", "Ended", "Cause", "Cost", "Ray"].map(c => h("th", {}, c)))),
       h("tbody", {}, attempts.map(a => {
         const c = costs && costs.attempts.find(x => x.number === a.number);
@@ -471,7 +513,7 @@ function jobView(view, id) {
           h("td", { class: "num" }, c ? money(c.cost) : "-"),
           h("td", {}, a.dashboard_url ? h("a", { href: a.dashboard_url, target: "_blank", rel: "noopener" }, "dashboard \u2197") : "-"));
       }))) : h("p", { class: "muted" }, "No attempt yet."));
-    eventsP.replaceChildren(h("h2", {}, "Events"), h("ol", { class: "timeline", id: "events" }, events.map(e => h("li", {},
+    fill(eventsP, h("h2", {}, "Events"), h("ol", { class: "timeline", id: "events" }, events.map(e => h("li", {},
       h("div", {}, e.from_status && e.from_status !== e.to_status ? [badge(e.from_status), " \u2192 "] : null, badge(e.to_status),
         e.attempt ? h("span", { class: "muted" }, ` attempt ${e.attempt}`) : null),
       h("div", {}, e.reason || ""), h("div", { class: "when" }, `${when(e.at)} \u00b7 ${e.actor}`)))));
@@ -490,7 +532,7 @@ function jobView(view, id) {
     const metric = job.spec.sweep.metric, mode = job.spec.sweep.mode;
     const inOrder = [...trials].sort((a, b) => a.trial_id < b.trial_id ? -1 : a.trial_id > b.trial_id ? 1 : 0);
     const params = [...new Set(trials.flatMap(t => Object.keys(t.config || {})))].sort();
-    trialsP.replaceChildren(
+    fill(trialsP, 
       panel(`Trials: ${metric} (${mode}) over ${trials.length} trials`, trialsChart(inOrder, metric, mode),
         h("div", { class: "legend" }, h("span", {}, h("i", { style: "background:#2f6fed" }), "trial"),
           h("span", {}, h("i", { style: "background:#1f9d55" }), `best so far (${mode})`),
@@ -523,9 +565,9 @@ function schedulesView(view) {
   }
   async function load() {
     let list;
-    try { list = await api("/v1/schedules"); } catch (e) { if (seq === viewSeq) body.replaceChildren(errorBox(e)); throw e; }
+    try { list = await api("/v1/schedules"); } catch (e) { if (seq === viewSeq) fill(body, errorBox(e)); throw e; }
     if (seq !== viewSeq) return;
-    body.replaceChildren(panel(null, list.length ? h("div", { class: "scroll" }, h("table", { id: "schedule-table" },
+    fill(body, panel(null, list.length ? h("div", { class: "scroll" }, h("table", { id: "schedule-table" },
       h("thead", {}, h("tr", {}, ["Name", "Project", "Cron", "Next run", "Policies", "", ""].map(c => h("th", {}, c)))),
       h("tbody", {}, list.map(x => h("tr", { "data-schedule": x.id },
         h("td", {}, h("b", {}, x.name)), h("td", {}, x.project), h("td", { class: "mono" }, `${x.cron} (${x.timezone})`),
@@ -557,15 +599,15 @@ function nodesView(view) {
     try { groups = await api("/v1/node-groups"); } catch (e) {
       if (seq !== viewSeq) return;
       if (e.status === 422) {
-        body.replaceChildren(panel("No Ray cluster attached", h("p", { id: "no-ray" }, e.message),
+        fill(body, panel("No Ray cluster attached", h("p", { id: "no-ray" }, e.message),
           h("p", { class: "muted" }, "Jobs are still accepted and queued; they are dispatched once a cluster is attached.")));
         return;
       }
-      body.replaceChildren(errorBox(e));
+      fill(body, errorBox(e));
       throw e;
     }
     if (seq !== viewSeq) return;
-    body.replaceChildren(panel(null, h("table", {},
+    fill(body, panel(null, h("table", {},
       h("thead", {}, h("tr", {}, ["Group", "Market", "Accelerator", "Nodes", "CPU", "GPU", "Jobs", "$/node-h"].map(c => h("th", {}, c)))),
       h("tbody", {}, groups.map(g => h("tr", {},
         h("td", {}, h("b", {}, g.name), g.role === "head" ? h("span", { class: "muted" }, " (head)") : null),
@@ -617,10 +659,10 @@ function costsView(view) {
     let costs, report;
     try {
       [costs, report] = await Promise.all([api(`/v1/costs?group_by=${costState.group_by}&${w}`), api(`/v1/report?${w}`)]);
-    } catch (e) { if (seq === viewSeq) body.replaceChildren(errorBox(e)); throw e; }
+    } catch (e) { if (seq === viewSeq) fill(body, errorBox(e)); throw e; }
     if (seq !== viewSeq) return;
     const t = costs.total;
-    body.replaceChildren(
+    fill(body, 
       panel(null, h("div", { class: "stats" },
         h("div", {}, h("span", { class: "muted" }, "cost"), h("span", { class: "big", id: "total-cost" }, money(t.cost))),
         h("div", {}, h("span", { class: "muted" }, "on demand would be"), h("span", { class: "big" }, money(t.on_demand_cost))),

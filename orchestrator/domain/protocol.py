@@ -122,16 +122,30 @@ def decode_payload(blob: str) -> dict[str, str]:
     return json.loads(base64.b64decode(blob))
 
 
-def driver_command(env: Mapping[str, str], *, inputs_key: str | None = None) -> str:
+# What of the user's entrypoint a driver's command line shows, after a shell
+# comment mark: characters of import paths and plain words only, so nothing in
+# it can end the comment (a newline) or mean anything to a shell.
+_SHOWN_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/=, -]")
+SHOWN_MAX_CHARS = 200
+
+
+def shown_entrypoint(kind: str, entrypoint: str) -> str:
+    """`` # <kind> <entrypoint>``: appended to a runner's command line so that Ray's
+    dashboard shows the user's entrypoint in its entrypoint column, not only the
+    wrapper's (a comment: the shell runs the same command)."""
+    return f"  # raylane {kind}: {_SHOWN_UNSAFE.sub('?', entrypoint)[:SHOWN_MAX_CHARS]}"
+
+
+def driver_command(env: Mapping[str, str], *, inputs_key: str | None = None, shown: str = "") -> str:
     """The entrypoint of a runner's Ray job. With ``inputs_key`` the inputs wait in
     Ray's KV store and the command line names the key and the versions (checked
     before the runner touches the cluster); without, they ride on it in base64
-    (which needs no shell quoting)."""
+    (which needs no shell quoting). ``shown``: ``shown_entrypoint``'s comment."""
     if inputs_key is None:
-        return f"{PAYLOAD_ENV}={encode_payload(env)} python -m {RUNNER_MODULE}"
+        return f"{PAYLOAD_ENV}={encode_payload(env)} python -m {RUNNER_MODULE}{shown}"
     # Names and versions are [A-Za-z0-9_./-]: nothing to quote.
     return (f"{INPUTS_KEY_ENV}={inputs_key} {Env.VERSION}={env[Env.VERSION]} {Env.PROTOCOL}={env[Env.PROTOCOL]} "
-            f"python -m {RUNNER_MODULE}")
+            f"python -m {RUNNER_MODULE}{shown}")
 
 
 def encode_inputs(env: Mapping[str, str]) -> bytes:

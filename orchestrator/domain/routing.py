@@ -94,6 +94,16 @@ def why_never_fits(spec: JobSpec, group: NodeGroup, colocate: bool) -> str | Non
     return None
 
 
+def said_once(refusals: list[tuple[NodeGroup, str]]) -> str:
+    """The groups' refusals joined, each sentence once: "a node of group spot-cpu
+    or cpu has 8", not the same sentence once per group."""
+    names: dict[str, list[str]] = {}
+    for g, why in refusals:
+        names.setdefault(why.replace(f"group {g.name}", "group {}"), []).append(g.name)
+    return "; ".join(t.replace("group {}", "group " + " or ".join(ns)) if "group {}" in t else t
+                     for t, ns in names.items())
+
+
 def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *,
           avoid_spot: bool = False, fast_lane: bool = False) -> Placement:
     """Decide where ``spec`` runs. Raises ``Unroutable`` if it can never run.
@@ -203,18 +213,18 @@ def _choose(spec: JobSpec, profile: Profile, colocate: bool, avoid_spot: bool, r
         market = "ON_DEMAND"
 
     fitting: list[NodeGroup] = []
-    refusals: list[str] = []
+    refusals: list[tuple[NodeGroup, str]] = []
     for g in candidates:
         why = why_never_fits(spec, g, colocate)
         if why:
-            refusals.append(why)
+            refusals.append((g, why))
         else:
             fitting.append(g)
     if not fitting:
         if not candidates:
             kind = "GPU" if wants_gpu else "CPU-only"
             raise Unroutable(f"the profile has no {kind} node group for this job", field="resources")
-        raise Unroutable("; ".join(refusals), field="resources")
+        raise Unroutable(said_once(refusals), field="resources")
     preferred = [g for g in fitting if g.market == market]
     others = [g for g in fitting if g.market != market and not (avoid_spot and g.is_spot)]
     if not preferred:

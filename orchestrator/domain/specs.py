@@ -390,12 +390,12 @@ class JobSpec(_Model):
     # Loading ---------------------------------------------------------------
 
     @classmethod
-    def from_yaml(cls, text: str) -> "JobSpec":
-        return cls.model_validate(load_spec_document(text))
+    def from_yaml(cls, text: str, source: str | None = None) -> "JobSpec":
+        return cls.model_validate(load_spec_document(text, source))
 
     @classmethod
     def from_file(cls, path: str | Path) -> "JobSpec":
-        return cls.from_yaml(Path(path).read_text())
+        return cls.from_yaml(Path(path).read_text(), source=str(path))
 
 
 def exec_size(spec: JobSpec, text: str | None = None) -> int:
@@ -435,8 +435,19 @@ class SpecLoadError(ValueError):
 MAX_YAML_NODES = 100_000  # a YAML bomb expands aliases far beyond this
 
 
-def load_spec_document(text: str) -> dict[str, Any]:
+def _yaml_problem(e: yaml.YAMLError, source: str | None) -> str:
+    """A YAML error in one line that names the file and line, not PyYAML's "<unicode string>"."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    what = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+    if mark is None:
+        return f"{source + ': ' if source else ''}not valid YAML or JSON: {what}"
+    return f"{source or 'the spec'}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML or JSON: {what}"
+
+
+def load_spec_document(text: str, source: str | None = None) -> dict[str, Any]:
     """Parse YAML or JSON text into a dict, refusing bombs and oversized documents.
+
+    ``source`` (a file name) is what a syntax error names, with its line.
 
     JSON is YAML, so one parser serves both. Aliases are expanded by the safe
     loader; we count the nodes of the composed tree first so a billion-laughs
@@ -447,14 +458,14 @@ def load_spec_document(text: str) -> dict[str, Any]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
-        raise SpecLoadError(f"not valid YAML or JSON: {e}") from None
+        raise SpecLoadError(_yaml_problem(e, source)) from None
     if node is None:
         raise SpecLoadError("the spec is empty")
     _count_nodes(node)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:  # pragma: no cover - compose succeeded above
-        raise SpecLoadError(f"not valid YAML or JSON: {e}") from None
+        raise SpecLoadError(_yaml_problem(e, source)) from None
     if not isinstance(data, dict):
         raise SpecLoadError("a spec must be a mapping (name: ..., kind: ..., entrypoint: ...)")
     return data

@@ -68,6 +68,9 @@ class JobStatus(str, Enum):
     FAILED = "FAILED"  # failed with no retry left (terminal)
     CANCELLED = "CANCELLED"  # stopped by a user or timeout (terminal)
 
+    def __str__(self) -> str:  # print(job.status) says PENDING, as Ray's JobStatus does
+        return self.value
+
     def is_terminal(self) -> bool:
         return self in TERMINAL
 
@@ -84,6 +87,9 @@ class AttemptStatus(str, Enum):
     FAILED = "FAILED"  # the driver failed, or Ray refused the submission (terminal)
     STOPPED = "STOPPED"  # stopped: by Raylane, by someone in Ray, or before it reached Ray (terminal)
     LOST = "LOST"  # Ray has no record of it (its head restarted without GCS FT) (terminal)
+
+    def __str__(self) -> str:
+        return self.value
 
     def is_terminal(self) -> bool:
         return self in ATTEMPT_TERMINAL

@@ -175,7 +175,9 @@ class Dispatcher(LoopService):
         sid = submission_id(c.job_id, c.attempt)
         spec, pl = c.spec, c.placement
         metadata = {"raylane_job_id": c.job_id, "raylane_project": c.project, "raylane_kind": spec.kind.value,
-                    "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name}
+                    "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name,
+                    # The user's own entrypoint, beside the runner's wrapper in Ray's dashboard.
+                    "raylane_entrypoint": spec.entrypoint[:protocol.SHOWN_MAX_CHARS]}
         parents = None
         if spec.depends_on:  # its parents' results and storage, by reference (store.dependencies)
             with db.transaction(self.sessions) as s:
@@ -301,7 +303,8 @@ class Dispatcher(LoopService):
                 self._inputs_on_command_line = True
                 log.warning("Ray's GCS address is unknown (set RAYLANE_RAY_ADDRESS): a runner's inputs, "
                             "its spec's env values included, ride on its driver's command line")
-            entrypoint = protocol.driver_command(env, inputs_key=key)
+            entrypoint = protocol.driver_command(
+                env, inputs_key=key, shown=protocol.shown_entrypoint(c.spec.kind.value, c.spec.entrypoint))
         self.backend.submit(submission_id=sid, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata,
                             entrypoint_num_cpus=drv.get("CPU", 0), entrypoint_num_gpus=drv.get("GPU", 0),
                             entrypoint_label_selector=pl.driver_label_selector)

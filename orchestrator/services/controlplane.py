@@ -100,7 +100,7 @@ class ControlPlane:
     # Lifecycle -------------------------------------------------------------
 
     def migrate(self) -> None:
-        migrate.upgrade(self.settings.resolved_database_url)
+        migrate.upgrade(self.settings.resolved_database_url, quiet=True)
 
     def ready(self) -> tuple[bool, str]:
         try:

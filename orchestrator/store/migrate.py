@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -13,6 +14,7 @@ from sqlalchemy.engine import Engine
 from raylane import migrations
 
 MIGRATIONS_DIR = Path(migrations.__file__).parent
+log = logging.getLogger(__name__)
 
 
 def alembic_config(url: str) -> Config:
@@ -22,8 +24,34 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head", *, quiet: bool = False) -> None:
+    """Migrate to ``revision``. ``quiet`` (the server's start-up): one log line
+    for the whole run instead of Alembic's line per migration (~20 on a new
+    database), which buried what a start-up has to say to a person."""
+    if not quiet:
+        command.upgrade(alembic_config(url), revision)
+        return
+    chatty = logging.getLogger("alembic.runtime.migration")
+    level = chatty.level
+    steps: list[str] = []
+
+    class _Count(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.getMessage().startswith("Running upgrade"):
+                steps.append(record.getMessage())
+            return False
+
+    counter = _Count()
+    chatty.setLevel(logging.INFO)
+    chatty.addFilter(counter)
+    try:
+        command.upgrade(alembic_config(url), revision)
+    finally:
+        chatty.removeFilter(counter)
+        chatty.setLevel(level)
+    if steps:
+        log.info("database migrated to %s (%d migration%s)", revision if revision != "head" else head_revision(),
+                 len(steps), "" if len(steps) == 1 else "s")
 
 
 def head_revision() -> str:
@@ -31,8 +59,15 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    # Asked by every /readyz: without this, each probe logs Alembic's "Context impl ..." line.
+    chatty = logging.getLogger("alembic.runtime.migration")
+    level = chatty.level
+    chatty.setLevel(logging.WARNING)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        chatty.setLevel(level)
 
 
 def is_at_head(engine: Engine) -> bool:
