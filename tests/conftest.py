@@ -257,6 +257,7 @@ def _xdist_group(item) -> str:
     return item.nodeid.split("::")[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
     helpers: dict[object, dict[str, object]] = {}
     for item in items:

@@ -97,8 +97,9 @@ def test_a_queue_for_a_group_capped_at_two_nodes_never_puts_more_than_the_bound_
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
+        # Ray jobs (not the warm lane): the bound is on Ray jobs waiting for a scale-up.
         spec = {"name": "q", "kind": "command", "entrypoint": "python -c 'import time; time.sleep(0.5)'",
-                "resources": {"cpus_per_worker": 1}, "placement": {"node_group": "burst"}}
+                "resources": {"cpus_per_worker": 1}, "placement": {"node_group": "burst"}, "lane": "isolated"}
         r = aapi.post("/v1/jobs/batch", json={"jobs": [{**spec, "name": f"q{i}"} for i in range(QUEUE_JOBS)]})
         assert r.status_code == 201, r.text
         ids = r.json()["ids"]
