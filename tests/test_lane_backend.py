@@ -57,7 +57,7 @@ class Ray:
         self.gcs = Gcs()
         self.jobs: dict[str, RayJob] = {}
 
-    def _find_gcs(self):
+    def find_gcs(self):
         return self.gcs
 
     def submit(self, *, submission_id, entrypoint, metadata, entrypoint_label_selector, **_):

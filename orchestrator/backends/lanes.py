@@ -34,7 +34,7 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
-from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJob, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.backends.base import AlreadySubmitted, GcsUnavailable, RayBackend, RayJob, RayUnavailable
 from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.lanes import LaneStatus
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL
@@ -74,7 +74,7 @@ class LaneEnvConflict(ValueError):
 
 
 class LaneBackend:
-    def __init__(self, ray: RayJobsBackend, *, idle_s: float = 60.0, slots: int = 8, max_envs: int = 4,
+    def __init__(self, ray: RayBackend, *, idle_s: float = 60.0, slots: int = 8, max_envs: int = 4,
                  to_ray_env: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         self.ray = ray
         self.idle_s = idle_s
@@ -96,16 +96,12 @@ class LaneBackend:
         self._foreign_versions: set[int] = set()  # protocol versions of statuses seen and left alone (logged once)
 
     def _gcs(self):
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # noqa: F401 (Ray's protobufs)
-
-        gcs = self.ray._find_gcs()
+        gcs = self.ray.find_gcs()
         if gcs is None:
             raise RayUnavailable("the fast lane needs Ray's GCS, and its address is unknown (set RAYLANE_RAY_ADDRESS)")
         return gcs
 
     def _kv(self, op: str, *args, **kw):
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
         try:
             return getattr(self._gcs(), op)(*args, **kw)
         except GcsUnavailable as e:

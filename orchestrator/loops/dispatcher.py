@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from raylane.orchestrator import logcontext
-from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.backends.base import AlreadySubmitted, RayBackend, RayUnavailable
 from raylane.orchestrator.backends.reachability import unreachable_reason
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.ids import submission_id
@@ -68,7 +68,7 @@ def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement
 class Dispatcher(LoopService):
     name = "dispatcher"
 
-    def __init__(self, settings: Settings, sessions, backend: RayJobsBackend, profile: Profile, *,
+    def __init__(self, settings: Settings, sessions, backend: RayBackend, profile: Profile, *,
                  wake=None, owner: str | None = None, lanes=None):
         super().__init__(settings.dispatch_interval_s, wake)
         self.settings = settings

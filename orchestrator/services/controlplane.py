@@ -360,20 +360,27 @@ class ControlPlane:
         ``ray_address`` (the GCS, host:port) adds what only the GCS knows: which
         nodes are draining (excluded from admission; their jobs are asked to
         checkpoint). Without it Raylane sees a drained node only when it dies."""
-        from raylane.orchestrator.backends.lanes import LaneBackend
         from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
-        from raylane.orchestrator.loops.dispatcher import Dispatcher
-        from raylane.orchestrator.loops.reconciler import Reconciler
-        from raylane.orchestrator.domain.routing import route
 
-        self.profile = profile
         self.dashboard_url = dashboard_url
         gcs = None
         if ray_address:
             from raylane.orchestrator.backends.ray_gcs import RayGcs  # imports Ray's protobufs: ~0.5 s, only when used
 
             gcs = RayGcs(ray_address, token)
-        self.backend = RayJobsBackend(dashboard_url, token, gcs=gcs)
+        self.attach_backend(RayJobsBackend(dashboard_url, token, gcs=gcs), profile)
+
+    def attach_backend(self, backend, profile) -> None:
+        """Wire routing, the dispatcher and the reconciler to one Ray cluster's
+        backend (``backends.base.RayBackend``: Ray's own, or
+        ``raylane.orchestrator.testing.FakeRay``)."""
+        from raylane.orchestrator.backends.lanes import LaneBackend
+        from raylane.orchestrator.loops.dispatcher import Dispatcher
+        from raylane.orchestrator.loops.reconciler import Reconciler
+        from raylane.orchestrator.domain.routing import route
+
+        self.profile = profile
+        self.backend = backend
         # Always there, so attempts already in a lane are followed even with the fast lane turned off since.
         self.lanes = LaneBackend(self.backend, idle_s=self.settings.lane_idle_s, slots=self.settings.lane_slots,
                                  max_envs=self.settings.lane_max_envs)
@@ -390,7 +397,7 @@ class ControlPlane:
 
     def cluster_view(self):
         """Ray's node groups now, cached briefly so a burst of submits makes one call."""
-        from raylane.orchestrator.backends.ray_jobs import RayUnavailable
+        from raylane.orchestrator.backends.base import RayUnavailable
 
         now = time.monotonic()
         if self._view_cache and now - self._view_cache[0] < VIEW_CACHE_S:
