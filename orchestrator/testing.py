@@ -185,6 +185,11 @@ class Submission:
     label_selector: dict[str, str] | None = None
     inputs: dict[str, str] | None = None  # the runner's inputs (from the KV store or the command line)
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment its driver would see: the runtime env's variables, then the runner's inputs."""
+        return {**((self.runtime_env or {}).get("env_vars") or {}), **(self.inputs or {})}
+
 
 @dataclass
 class Outcome:
