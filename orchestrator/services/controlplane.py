@@ -19,11 +19,13 @@ from raylane.orchestrator.services.packages import Packages
 from raylane.orchestrator.services.schedules import Schedules
 from raylane.orchestrator.services.webhooks import Webhooks
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
+from raylane.orchestrator.domain.queries import JobFilter
 from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.views import ArrayAction, Attempt, Job, JobArray, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import MAX_NAME_LEN, JobSpec
 from raylane.orchestrator.store import arrays as store_arrays, db, jobs as store_jobs, lane_logs as store_lane_logs, migrate, stats
+from raylane.orchestrator.store import policy as _policy  # noqa: F401 (a transition runs the registered effects)
 from raylane.orchestrator.store import tokens as store_tokens
 from raylane.orchestrator.store.transitions import utcnow
 from raylane.orchestrator.store.groupcommit import GroupCommit
@@ -313,7 +315,7 @@ class ControlPlane:
         with db.read_connection(self.sessions) as conn:
             return store_jobs.read_job(conn, job_id, project=project, dashboard_url=self.link)
 
-    def list(self, flt: store_jobs.JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
+    def list(self, flt: JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
         with db.read(self.sessions) as s:
             return store_jobs.list_jobs(s, flt, limit=limit, cursor=cursor, dashboard_url=self.link)
 
