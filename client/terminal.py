@@ -1,57 +1,7 @@
-"""What both command lines (``raylane`` and ``raylane-server``) say on a terminal:
-exit codes, the ``--output`` option, the console, error lines and JSON.
+"""The terminal helpers both command lines share, for ``raylane.client.cli``:
+they live in ``raylane.orchestrator.terminal`` (client dependencies
+only), where the server's CLI imports them without importing the client."""
 
-Client dependencies only (typer, rich, pydantic), so the server CLI can share it
-and the client install still runs it. Exit codes (docs/cli.md):
-"""
-
-from __future__ import annotations
-
-import json
-import sys
-from enum import Enum
-
-import typer
-
-EXIT_OK = 0  # done; with --wait: the job SUCCEEDED
-EXIT_FAILED = 1  # the job FAILED or was CANCELLED, or the server refused (not found, conflict, ...)
-EXIT_USAGE = 2  # bad options or arguments, unreadable file, spec refused by validation
-EXIT_TIMEOUT = 3  # --wait --timeout ran out; the job keeps running
-EXIT_UNREACHABLE = 4  # the server could not be reached (after the SDK's retries)
-EXIT_INTERRUPTED = 130  # Ctrl-C; a job being waited on keeps running
-
-
-class Output(str, Enum):
-    text = "text"
-    json = "json"
-
-
-OUTPUT = typer.Option(Output.text, "--output", "-o", case_sensitive=False, help="text (tables) or json.")
-
-
-def console(stderr: bool = False):
-    from rich.console import Console
-
-    # Width from COLUMNS or the terminal; highlighting off so ids and numbers stay
-    # plain. Messages on stderr are not wrapped, so they stay whole for grep.
-    return Console(stderr=stderr, highlight=False, soft_wrap=stderr)
-
-
-def fail(message: str, code: int) -> "typer.Exit":
-    from rich.markup import escape
-
-    console(stderr=True).print(f"[bold red]Error:[/] {escape(message)}")
-    return typer.Exit(code)
-
-
-def print_json(value) -> None:
-    from pydantic import BaseModel
-
-    def plain(v):
-        if isinstance(v, BaseModel):
-            return v.model_dump(mode="json")
-        if isinstance(v, list):
-            return [plain(x) for x in v]
-        return v
-
-    sys.stdout.write(json.dumps(plain(value), indent=2) + "\n")
+from raylane.orchestrator.terminal import (  # noqa: F401
+    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNREACHABLE, EXIT_USAGE, OUTPUT, Output, console, fail,
+    print_json)

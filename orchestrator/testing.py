@@ -7,7 +7,7 @@ the interface that the fast tests share, instead of a stand-in per test file.
     from raylane.orchestrator.testing import FakeRay
 
     ray = FakeRay()                         # the default profile's groups, one node per local node
-    plane.attach_backend(ray, ray.profile)  # the loops now dispatch to and reconcile against it
+    assembly.attach_backend(plane, ray, ray.profile)  # services.assembly: the loops now use it
     plane.dispatcher.run_once()
     ray.start(sid); ray.finish(sid, result={"loss": 0.1})
     plane.reconciler.run_once()

@@ -18,6 +18,7 @@ from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.protocol import Env
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus
+from raylane.orchestrator.services import assembly
 from raylane.orchestrator.testing import FakeRay, Outcome
 from tests.helpers import wait_for
 
@@ -35,7 +36,7 @@ def gate(name: str, gpus: int, priority: int = 50) -> dict:
 def ray(cp) -> FakeRay:
     """One in-memory cluster of the default profile, the control plane's loops attached to it."""
     ray = FakeRay()
-    cp.attach_backend(ray, ray.profile)
+    assembly.attach_backend(cp, ray, ray.profile)
     cp.dashboard_url = ray.dashboard_url
     return ray
 
@@ -156,7 +157,7 @@ def _plane(settings, ray: FakeRay, **kw):
     from raylane.orchestrator.services.controlplane import ControlPlane
 
     cp = ControlPlane(settings.model_copy(update={"loops_enabled": False, **kw}))
-    cp.attach_backend(ray, ray.profile)
+    assembly.attach_backend(cp, ray, ray.profile)
     return cp
 
 

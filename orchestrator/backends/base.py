@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from raylane.orchestrator.backends.reachability import Reachability
+from raylane.orchestrator.domain.errors import EngineUnavailable
 from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL
 from raylane.orchestrator.domain.routing import ClusterView, GroupState
 
 
-class RayUnavailable(Exception):
+class RayUnavailable(EngineUnavailable):
     """The dashboard / Jobs API could not be reached."""
 
 

@@ -36,9 +36,9 @@ from typing import Any, Callable
 
 from raylane.orchestrator.backends.base import AlreadySubmitted, GcsUnavailable, RayBackend, RayJob, RayUnavailable
 from raylane.orchestrator.domain import lanes, protocol
+from raylane.orchestrator.domain.errors import StoreFailed
 from raylane.orchestrator.domain.lanes import LaneStatus
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL
-from raylane.orchestrator.store.db import StoreError
 
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label on every node: pins a host to its node
 
@@ -379,7 +379,7 @@ class LaneBackend:
             self.ensure_host(group, lane_env)
         except RayUnavailable:
             raise  # the item waits: the dispatch is tried again, and adopts it
-        except StoreError as e:
+        except StoreFailed as e:
             # The database failed reading the env's package (busy, failing over): no fault
             # of the env's. The item is queued; the reconciler starts the env's host.
             log.warning("%s: queued; a host of its lane could not be started now (%s); the reconciler starts one",
@@ -424,7 +424,7 @@ class LaneBackend:
                 if env is None:
                     raise
                 hostless.add((group, env))  # its hosts fail at start: its waiting items may fail below
-            except StoreError as e:  # the database failed reading its package: its items wait, none fails
+            except StoreFailed as e:  # the database failed reading its package: its items wait, none fails
                 log.warning("lane env %s of group %s: its host could not be started now (%s); the next pass tries "
                             "again", env, group, e)
             except Exception as e:

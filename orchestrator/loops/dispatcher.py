@@ -26,6 +26,7 @@ from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.base import AlreadySubmitted, RayBackend, RayUnavailable
 from raylane.orchestrator.backends.reachability import unreachable_reason
 from raylane.orchestrator.domain import protocol
+from raylane.orchestrator.domain.errors import StoreFailed
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.lanes import env_of as lane_env_of
@@ -77,7 +78,7 @@ class Dispatcher(LoopService):
         # backends.lanes.LaneBackend: attempts whose placement names a lane go there
         self.lanes = lanes
         if lanes is not None and getattr(lanes, "to_ray_env", False) is None:
-            lanes.to_ray_env = self._packages_to_ray  # a lane env's hosts start in its packages, as a Ray job would
+            lanes.to_ray_env = self._lane_env_to_ray  # a lane env's hosts start in its packages, as a Ray job would
         self._touched: dict[str, float] = {}  # package sha -> when a lane job last marked it used (monotonic)
         self.profile = profile
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
@@ -124,6 +125,14 @@ class Dispatcher(LoopService):
         return claimed
 
     # Submit ------------------------------------------------------------------
+
+    def _lane_env_to_ray(self, runtime_env: dict[str, Any]) -> dict[str, Any]:
+        """``_packages_to_ray`` for the warm lanes, which know no store: a database
+        failure reading a package is ``StoreFailed`` (no fault of the env's)."""
+        try:
+            return self._packages_to_ray(runtime_env)
+        except db.StoreError as e:
+            raise StoreFailed(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
 
     def _packages_to_ray(self, runtime_env: dict[str, Any]) -> dict[str, Any]:
         """Uploaded packages (``raylane://packages/<sha256>``) become Ray URIs,

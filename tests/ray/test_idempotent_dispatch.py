@@ -26,10 +26,11 @@ class Crash(BaseException):
 def _plane(ray_settings: Settings, **kw):
     from raylane.orchestrator.backends.ray_jobs import read_token
     from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.services import assembly
     from raylane.orchestrator.services.controlplane import ControlPlane
 
     cp = ControlPlane(ray_settings.model_copy(update={"loops_enabled": False, **kw}))
-    cp.attach_ray(ray_settings.dashboard_url, read_token(ray_settings.ray_auth_token), default_profile())
+    assembly.attach_ray(cp, ray_settings.dashboard_url, read_token(ray_settings.ray_auth_token), default_profile())
     return cp
 
 
