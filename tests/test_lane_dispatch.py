@@ -223,7 +223,7 @@ def test_a_sweep_past_its_time_budget_stops_and_the_next_pass_goes_on(lane, sett
     from raylane.orchestrator.store.tables import attempts
     from raylane.orchestrator.store.transitions import utcnow
 
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.SWEEP_BUDGET_S", 0.0)  # one attempt a sweep
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_sweep.SWEEP_BUDGET_S", 0.0)  # one attempt a sweep
     sids = []
     for name in ("a", "b", "c"):
         jid = submit(lane, name)
