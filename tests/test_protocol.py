@@ -244,3 +244,23 @@ def test_without_an_address_the_gcs_is_the_one_the_head_node_was_started_with(mo
             ("authorization", "Bearer tok"),)
     finally:
         backend.close()
+
+
+def test_runtime_env_for_is_the_attempts_env_from_its_spec_alone(tmp_path):
+    """A command's inputs ride in its env vars with its own entrypoint; a runner's go
+    to Ray's store (entrypoint None), its workers getting only what their code reads
+    (array index, parents) beside the spec's env vars, which win over the storage's."""
+    from raylane.orchestrator.loops.dispatcher import runtime_env_for
+
+    inputs = {Env.SPEC: "{}", Env.ARRAY_INDEX: "3", Env.JOB_ID: "01job"}
+    storage = {"AWS_ACCESS_KEY_ID": "storage", "AWS_REGION": "eu"}
+    cmd = JobSpec(name="c", kind="command", entrypoint="echo hi", runtime_env={"env_vars": {"AWS_REGION": "us"},
+                                                                              "pip": ["rich"]})
+    runtime_env, entrypoint, job_env = runtime_env_for(cmd, inputs, storage_env=storage, data_dir=tmp_path / "state")
+    assert entrypoint == "echo hi" and runtime_env["pip"] == ["rich"]
+    assert runtime_env["env_vars"] == {"AWS_ACCESS_KEY_ID": "storage", "AWS_REGION": "us", **inputs}
+    assert job_env == {"AWS_ACCESS_KEY_ID": "storage", "AWS_REGION": "us"}
+    runner = JobSpec(name="t", kind="training", entrypoint="m:f", runtime_env={"working_dir": "s3://b/code.zip"})
+    runtime_env, entrypoint, job_env = runtime_env_for(runner, inputs, storage_env={}, data_dir=tmp_path / "state")
+    assert entrypoint is None and runtime_env == {"env_vars": {Env.ARRAY_INDEX: "3"}, "working_dir": "s3://b/code.zip"}
+    assert job_env == {Env.ARRAY_INDEX: "3"}
