@@ -29,9 +29,9 @@ from raylane.api.routers import (
 from raylane.api.session import Sessions
 from raylane.orchestrator.services.controlplane import ControlPlane
 from raylane.orchestrator.services.logfollow import LogFollowers, LogFollowersCollector
+from raylane.orchestrator.services import assembly
 from raylane.orchestrator.services.ratelimits import DatabaseWindows
 from raylane.orchestrator.settings import Settings, get_settings
-from raylane.orchestrator.store.epoch_reader import SQLiteEpoch
 
 log = logging.getLogger(__name__)
 UI_DIR = Path(__file__).parent / "ui"  # the web page at /ui: static files, no build step
@@ -77,24 +77,19 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         app.state.refusals = RefusalTally(plane.access)
         admin_banner = _bootstrap_access(plane, settings)
         if settings.dashboard_url:
-            from raylane.orchestrator.backends.ray_jobs import read_token
-            from raylane.orchestrator.domain.profile import Profile
-
-            ray_token = read_token(settings.ray_auth_token)
-            plane.attach_ray(settings.dashboard_url, ray_token, Profile.load(settings.profile),
-                             ray_address=settings.ray_address)
+            ray_token = assembly.attach_configured_ray(plane, settings)
             # Links to a job's page in Ray's dashboard go through Raylane (api.rayproxy).
             plane.dashboard_link = public_base(settings) + RAY_PREFIX
             app.state.ray_proxy.bind(settings.dashboard_url, ray_token)
             if settings.loops_enabled:
-                plane.start_loops()
+                assembly.start_loops(plane)
         if settings.loops_enabled:
-            plane.start_background()
+            assembly.start_background(plane)
         hooks = getattr(app.state, "startup_hooks", [])
         for hook in hooks:
             hook(plane)
         flusher = asyncio.create_task(app.state.refusals.run())
-        fast_epoch = SQLiteEpoch.of(plane.engine)  # opened last, closed first: nothing between can leak it
+        fast_epoch = assembly.fast_epoch_reader(plane)  # opened last, closed first: nothing between can leak it
         app.state.auth_epochs = EpochReads(plane.access.epoch, fast_epoch)
         if settings.gc_freeze:
             # What is alive now (modules, the app, the engine, the loops) lives as
@@ -121,7 +116,7 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             await app.state.ray_proxy.close()
             for hook in getattr(app.state, "shutdown_hooks", []):
                 hook(plane)
-            plane.stop_loops()
+            assembly.stop_loops(plane)
             if cp is None:
                 plane.close()
 

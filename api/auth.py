@@ -34,8 +34,8 @@ import anyio
 
 from raylane.api.errors import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE
 from raylane.api.session import cookie_from
+from raylane.orchestrator.domain.errors import StoreUnavailable
 from raylane.orchestrator.services.access import LOCAL_ADMIN, MAX_TOKEN_LEN, Caller, Role, hash_token
-from raylane.orchestrator.store.db import TransientStoreError, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +98,8 @@ class AuthMiddleware:
 
         try:
             await self._authorize(scope, receive, tracked)
-        except TransientStoreError as e:
-            if not is_transient(e):  # a broken statement or schema: the 500 below, with its traceback
-                raise
-            log.warning("database unavailable on %s %s: %s", scope.get("method"), scope.get("path"),
-                        str(e).splitlines()[0][:300])
+        except StoreUnavailable as e:  # (a broken statement or schema stays the 500, with its traceback)
+            log.warning("database unavailable on %s %s: %s", scope.get("method"), scope.get("path"), str(e)[:300])
             if started:  # the answer is on its way (its audit row could not follow): nothing else to say
                 return
             await _reply(send, 503, DATABASE_UNAVAILABLE, {"retry-after": str(DATABASE_RETRY_AFTER_S)})

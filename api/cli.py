@@ -21,7 +21,7 @@ from typing import Optional
 
 import typer
 
-from raylane.client.terminal import EXIT_FAILED, EXIT_USAGE, OUTPUT, Output, console, fail, print_json
+from raylane.orchestrator.terminal import EXIT_FAILED, EXIT_USAGE, OUTPUT, Output, console, fail, print_json
 
 app = typer.Typer(name="raylane-server", help="Raylane's control plane: serve, migrate, render deploy files, "
                   "run a local Ray cluster.", no_args_is_help=True, add_completion=False)
@@ -59,10 +59,10 @@ app.add_typer(db_app, name="db")
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply migrations up to REVISION (default head)."""
+    from raylane.orchestrator.services.assembly import migrate_database
     from raylane.orchestrator.settings import Settings
-    from raylane.orchestrator.store import migrate
 
-    migrate.upgrade(Settings().resolved_database_url, revision)
+    migrate_database(Settings(), revision)
     typer.echo(f"database at {revision}")
 
 

@@ -101,26 +101,19 @@ def install(app: FastAPI) -> None:
         body = {"detail": exc.message, **({"rule": rule} if rule else {})}
         return JSONResponse(body, status_code=status, headers=headers)
 
-    from raylane.orchestrator.backends.ray_jobs import RayUnavailable
-
-    @app.exception_handler(RayUnavailable)
-    async def _ray_down(request: Request, exc: RayUnavailable):
+    @app.exception_handler(errors.EngineUnavailable)
+    async def _ray_down(request: Request, exc: errors.EngineUnavailable):
         # Ray is the engine, not the source of truth: reads of our own data still
         # work; only calls that need Ray now get 503, with a hint to retry.
         return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
 
-    from raylane.orchestrator.store.db import TransientStoreError, is_transient
-
-    async def _database_down(request: Request, exc: Exception):
-        if not is_transient(exc):  # a broken statement or schema: retrying would fail again
-            return await _unexpected(request, exc)
-        log.warning("database unavailable on %s %s: %s", request.method, request.url.path,
-                    str(exc).splitlines()[0][:300])
+    @app.exception_handler(errors.StoreUnavailable)
+    async def _database_down(request: Request, exc: errors.StoreUnavailable):
+        # The store said it was the database's availability (store.db.is_transient), not
+        # a broken statement or schema (those stay a 500 with their traceback).
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, str(exc)[:300])
         return JSONResponse({"detail": DATABASE_UNAVAILABLE}, status_code=503,
                             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
-
-    for cls in TransientStoreError:
-        app.add_exception_handler(cls, _database_down)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

@@ -2,7 +2,7 @@
 held past max_parallel and never queued while held, released one by one as
 members end (also when several end at once on PostgreSQL), cancel and retry of
 the whole array, counts per status, and bad arrays refused with the field named.
-tests/ray/test_arrays.py runs one on the cluster."""
+tests/test_loops_on_fake_ray.py runs one through the loops against the in-memory Ray."""
 
 from __future__ import annotations
 

@@ -18,12 +18,12 @@ import pytest
 from fastapi.routing import iter_route_contexts
 from sqlalchemy import select
 
-from raylane.orchestrator.backends.ray_jobs import RayNode
 from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.domain.views import TokenCreate
 from raylane.orchestrator.domain.routing import GroupState, route
 from raylane.orchestrator.store import db
 from raylane.orchestrator.store.tables import api_tokens, audit_log
+from raylane.orchestrator.testing import FakeRay
 from tests.conftest import ADMIN_TOKEN
 from tests.helpers import wait_for
 
@@ -36,24 +36,6 @@ OWN, OTHER = "alpha", "beta"
 def bearer(token: str | None) -> dict[str, str]:
     # An empty Authorization header overrides the admin token the `api` client sends by default.
     return {"Authorization": f"Bearer {token}" if token else ""}
-
-
-class FakeRay:
-    """The backend's read side without Ray: one node per group of the profile."""
-
-    def __init__(self, profile):
-        self.profile = profile
-
-    def cluster_view(self):
-        return {g.name: GroupState(alive_nodes=1, total={"CPU": g.cpus, "GPU": g.gpus}) for g in self.profile.groups}
-
-    def close(self):
-        pass
-
-    def nodes(self):
-        return [RayNode(node_id=f"n-{g.name}", state="ALIVE", labels={"ray.io/node-group": g.name},
-                        resources_total={"CPU": g.cpus}, is_head=g.role == "head", death_reason=None,
-                        death_message=None, draining=False) for g in self.profile.groups]
 
 
 @dataclass
@@ -105,7 +87,7 @@ def world(api, cp) -> World:
     profile = default_profile()
     cp.profile = profile
     cp.router = lambda spec: route(spec, profile)
-    cp.backend = FakeRay(profile)
+    cp.backend = FakeRay(profile)  # Ray read, not run: one node per local node of each group
     w = World(api=api, cp=cp)
     for p in (OWN, OTHER):
         assert api.post("/v1/projects", json={"name": p}).status_code == 201

@@ -57,7 +57,7 @@ class Ray:
         self.gcs = Gcs()
         self.jobs: dict[str, RayJob] = {}
 
-    def _find_gcs(self):
+    def find_gcs(self):
         return self.gcs
 
     def submit(self, *, submission_id, entrypoint, metadata, entrypoint_label_selector, **_):
@@ -684,8 +684,9 @@ def test_what_a_long_running_control_plane_remembers_stays_bounded_as_nodes_host
 def test_a_database_error_starting_an_envs_host_fails_no_job_and_the_host_starts_later(monkeypatch):
     """Reading the env's package from the database failed (SQLite busy, PostgreSQL
     failing over): that is no fault of the env's, so no job of it is refused or
-    failed; its items wait, and the next look starts the host."""
-    from sqlalchemy.exc import OperationalError
+    failed; its items wait, and the next look starts the host. (The dispatcher's
+    ``to_ray_env`` says so with ``StoreFailed``: the lanes import no store.)"""
+    from raylane.orchestrator.domain.errors import StoreFailed
 
     monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
@@ -694,7 +695,7 @@ def test_a_database_error_starting_an_envs_host_fails_no_job_and_the_host_starts
 
     def to_ray(env):
         if not db_up["yes"]:
-            raise OperationalError("SELECT data FROM packages", {}, Exception("database is locked"))
+            raise StoreFailed("(sqlite3.OperationalError) database is locked")
         return env
 
     lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)

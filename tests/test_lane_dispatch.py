@@ -223,7 +223,7 @@ def test_a_sweep_past_its_time_budget_stops_and_the_next_pass_goes_on(lane, sett
     from raylane.orchestrator.store.tables import attempts
     from raylane.orchestrator.store.transitions import utcnow
 
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.SWEEP_BUDGET_S", 0.0)  # one attempt a sweep
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_sweep.SWEEP_BUDGET_S", 0.0)  # one attempt a sweep
     sids = []
     for name in ("a", "b", "c"):
         jid = submit(lane, name)
@@ -318,7 +318,9 @@ def test_the_lane_is_on_by_default_and_small_jobs_are_ray_jobs_while_the_gcs_is_
     nodes = httpx.MockTransport(lambda req: httpx.Response(200, json={"data": {"summary": [head]}}))
     plane = ControlPlane(settings)
     try:
-        plane.attach_ray("http://ray.invalid", None, default_profile())
+        from raylane.orchestrator.services.assembly import attach_ray
+
+        attach_ray(plane, "http://ray.invalid", None, default_profile())
         plane.backend.http = httpx.Client(base_url="http://ray.invalid", transport=nodes)
         job, _ = plane.submit(JobSpec(name="small", kind="command", entrypoint="true"), project="default", actor="t")
         assert job.placement.lane is None, job.placement

@@ -158,7 +158,7 @@ class ControlPlaneView:
     def __init__(self, store: MemoryStore):
         self.store = store
 
-    def _find_gcs(self):
+    def find_gcs(self):
         return self
 
     def kv_get(self, key):

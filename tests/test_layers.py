@@ -8,6 +8,17 @@ Rules (one direction of calls):
 - ``api/`` imports no Ray module (it talks to Ray only through the orchestrator);
 - ``jobs/`` (code that runs inside Ray) imports neither the store nor ``api/``;
 - ``orchestrator/`` never imports ``api/``;
+- ``api/`` imports no ``store/`` or ``backends/`` module (it calls the services,
+  which hold the store and Ray), and nothing of ``client/`` (the server is not
+  the SDK's user);
+- ``backends/`` imports no ``store/`` (an adapter to Ray knows no database);
+- ``loops/`` imports no ``services/`` (the services start the loops, not the other
+  way round);
+- ``store/`` imports neither the ``raylane`` package nor ``migrations/`` (Alembic
+  runs ``migrations/env.py``, which imports the store: a circle no import
+  graph shows);
+- no import cycle between Raylane's own modules, computed from the import graph
+  (every import in a module, a lazy one inside a function too);
 - the client (``client/``, ``raylane/__init__``, and every Raylane module they
   import, followed transitively) imports no server dependency;
 - only ``orchestrator/store/`` and ``migrations/`` import SQLAlchemy.
@@ -57,6 +68,8 @@ def _under(module: str, prefix: str) -> bool:
 def violations(rel: str, source: str) -> list[str]:
     """What a file at ``rel`` (a path relative to the repo root) breaks."""
     room = rel.split("/")[0]
+    parts = rel.split("/")
+    area = parts[1] if room == "orchestrator" and len(parts) > 2 else None  # orchestrator/<area>/...
     found = []
     for line, mod in imports_of(source):
         where = f"{rel}:{line} imports {mod}"
@@ -68,8 +81,93 @@ def violations(rel: str, source: str) -> list[str]:
             found.append(f"{where}: jobs/ imports neither the store nor api/")
         if room == "orchestrator" and _under(mod, "raylane.api"):
             found.append(f"{where}: orchestrator/ never imports api/")
+        if room == "api" and (_under(mod, "raylane.orchestrator.store") or _under(mod, "raylane.orchestrator.backends")):
+            found.append(f"{where}: api/ imports no store/ or backends/ module (it calls the services)")
+        if room == "api" and _under(mod, "raylane.client"):
+            found.append(f"{where}: api/ imports nothing of client/")
+        if area == "backends" and _under(mod, "raylane.orchestrator.store"):
+            found.append(f"{where}: backends/ imports no store/ module")
+        if area == "loops" and _under(mod, "raylane.orchestrator.services"):
+            found.append(f"{where}: loops/ imports no services/ module")
+        if area == "store" and (mod == "raylane" or _under(mod, "raylane.migrations")):
+            found.append(f"{where}: store/ imports neither the raylane package nor migrations/ (whose env.py "
+                         f"imports the store)")
         if _top(mod) == "sqlalchemy" and not (rel.startswith("orchestrator/store/") or room == "migrations"):
             found.append(f"{where}: only orchestrator/store/ and migrations/ import SQLAlchemy")
+    return found
+
+
+def module_of(rel: str) -> str:
+    """The ``raylane.*`` name of a source file (a package's ``__init__`` is the package)."""
+    name = "raylane." + rel[:-len(".py")].replace("/", ".")
+    return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _type_checking_lines(source: str) -> set[int]:
+    """Lines inside ``if TYPE_CHECKING:`` blocks: imports for the type checker only."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Each module of ``sources`` (relative path -> text) -> the modules of ``sources``
+    it imports, anywhere in it (a lazy import inside a function is an edge too: it
+    still ties the two modules together; one under ``if TYPE_CHECKING:`` is not,
+    it never runs)."""
+    known = {module_of(rel): rel for rel in sources}
+    graph: dict[str, set[str]] = {}
+    for rel, source in sources.items():
+        me = module_of(rel)
+        typing_only = _type_checking_lines(source)
+        graph[me] = {mod for line, mod in imports_of(source)
+                     if mod in known and mod != me and line not in typing_only}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of a graph: its strongly connected components of more than
+    one module (Tarjan's algorithm, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
     return found
 
 
@@ -114,6 +212,30 @@ def test_the_tree_keeps_the_import_rules():
     assert not broken, "\n".join(broken)
 
 
+def test_no_import_cycle_between_raylanes_modules():
+    graph = import_graph({rel: (ROOT / rel).read_text() for rel in source_files()})
+    assert len(graph) > 100  # the whole tree, not an empty walk
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_catches_a_cycle_lazy_imports_included():
+    sources = {
+        "orchestrator/store/transitions.py": "from raylane.orchestrator.store import dependencies\n",
+        "orchestrator/store/dependencies.py": "def f():\n    from raylane.orchestrator.store.transitions import t\n",
+        "orchestrator/store/jobs.py": "from raylane.orchestrator.store import transitions\n",
+        "orchestrator/domain/states.py": "import enum\n",
+    }
+    assert cycles(import_graph(sources)) == [["raylane.orchestrator.store.dependencies",
+                                             "raylane.orchestrator.store.transitions"]]
+    del sources["orchestrator/store/dependencies.py"]
+    assert cycles(import_graph(sources)) == []
+    # An import for the type checker only never runs: no edge.
+    sources["orchestrator/store/dependencies.py"] = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                     "    from raylane.orchestrator.store.transitions import t\n")
+    assert cycles(import_graph(sources)) == []
+
+
 def test_the_client_imports_no_server_dependency():
     broken = [f"{rel}:{line} imports {mod}" for rel, imps in client_closure().items() for line, mod in imps
               if _top(mod) in SERVER_DEPS]
@@ -131,6 +253,13 @@ def test_the_client_imports_no_server_dependency():
     ("orchestrator/loops/x.py", "from sqlalchemy import select\n", "only orchestrator/store/"),
     ("api/routers/x.py", "import sqlalchemy as sa\n", "only orchestrator/store/"),
     ("client/x.py", "from orchestrator.domain.specs import JobSpec\n", "raylane namespace"),
+    ("api/app.py", "from raylane.orchestrator.store.epoch_reader import SQLiteEpoch\n", "api/ imports no store/"),
+    ("api/routers/jobs.py", "from raylane.orchestrator.store import jobs\n", "api/ imports no store/"),
+    ("api/errors.py", "from raylane.orchestrator.backends.ray_jobs import RayUnavailable\n", "api/ imports no store/ or backends/"),
+    ("api/cli.py", "from raylane.client.terminal import console\n", "api/ imports nothing of client/"),
+    ("orchestrator/backends/lanes.py", "from raylane.orchestrator.store.db import StoreError\n", "backends/ imports no store/"),
+    ("orchestrator/loops/notifier.py", "from raylane.orchestrator.services.webhooks import resolve\n", "loops/ imports no services/"),
+    ("orchestrator/store/migrate.py", "from raylane import migrations\n", "store/ imports neither the raylane package"),
 ])
 def test_each_rule_catches_a_break(rel, source, rule):
     assert any(rule in v for v in violations(rel, source)), violations(rel, source)
@@ -140,6 +269,9 @@ def test_allowed_imports_pass():
     assert violations("orchestrator/store/x.py", "from sqlalchemy import select\n") == []
     assert violations("migrations/versions/x.py", "import sqlalchemy as sa\n") == []
     assert violations("jobs/x.py", "import ray\nfrom raylane.orchestrator.domain.specs import JobSpec\n") == []
+    assert violations("api/routers/x.py", "from raylane.orchestrator.services.controlplane import ControlPlane\n") == []
+    assert violations("orchestrator/services/x.py", "from raylane.orchestrator.store import db\n") == []
+    assert violations("orchestrator/loops/x.py", "from raylane.orchestrator.backends.base import RayBackend\n") == []
 
 
 def test_the_distribution_installs_only_the_raylane_namespace(tmp_path):
@@ -175,4 +307,4 @@ def test_the_server_and_a_driver_do_not_load_the_client_sdk():
     assert out.stdout.strip() == "[]", out.stdout
     out = subprocess.run([sys.executable, "-c", "from raylane import Client, JobStatus; print(Client.__module__)"],
                          capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "raylane.client.sdk"
+    assert out.stdout.strip().startswith("raylane.client.sdk.")  # the package client/sdk/ (sync.py)

@@ -170,7 +170,9 @@ def test_jobs_claimed_as_ray_went_away_say_so_and_are_submitted_once_when_it_ans
 
     cp = ControlPlane(settings)
     try:
-        cp.attach_ray("http://ray.invalid", None, default_profile())
+        from raylane.orchestrator.services.assembly import attach_ray
+
+        attach_ray(cp, "http://ray.invalid", None, default_profile())
         cp.backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(dashboard))
         ids = [cp.submit(JobSpec(name=f"j{i}", kind="command", entrypoint="true"), project="default",
                          actor="t")[0].id for i in range(3)]

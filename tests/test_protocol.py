@@ -17,7 +17,6 @@ import pytest
 import raylane
 from raylane.jobs import base, run
 from raylane.orchestrator.backends import ray_jobs
-from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
 from raylane.orchestrator.backends.ray_jobs import RayJobsBackend, ResultUnavailable
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.protocol import Env
@@ -26,6 +25,7 @@ from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.loops.dispatcher import Claimed, Dispatcher, runner_env
 from raylane.orchestrator.settings import Settings
+from raylane.orchestrator.testing import MemoryGcs
 
 SPEC = JobSpec.model_validate({"name": "t", "kind": "training", "entrypoint": "m:f"})
 PLACEMENT = Placement(node_group="gpu", market="ON_DEMAND", strategy="STRICT_PACK", colocate=True, num_workers=1,
@@ -99,22 +99,8 @@ class KvBackend(RayJobsBackend):
     def submit(self, **kw):
         self.submitted.append(kw)
 
-    def _find_gcs(self):
+    def find_gcs(self):
         return self.gcs
-
-
-class KvGcs:
-    def __init__(self):
-        self.kv = {}
-
-    def put_inputs(self, sid, env):
-        self.kv[protocol.inputs_key(sid)] = protocol.encode_inputs(env)
-
-    def forget_inputs(self, sid):
-        self.kv.pop(protocol.inputs_key(sid), None)
-
-    def close(self):
-        pass
 
 
 def _dispatch_one(tmp_path, backend):
@@ -136,7 +122,7 @@ def _stop(claimed):
 
 
 def test_the_dispatcher_leaves_a_runners_inputs_in_rays_store(tmp_path):
-    gcs = KvGcs()
+    gcs = MemoryGcs()
     _, sent = _dispatch_one(tmp_path, KvBackend(gcs))
     key = protocol.inputs_key("raylane-01job-1")
     assert sent["entrypoint"].startswith(f"{protocol.INPUTS_KEY_ENV}={key} ")
@@ -199,32 +185,8 @@ def test_the_runner_leaves_its_result_under_the_attempts_key(monkeypatch):
         base.report_result("raylane-01job-1", {})
 
 
-class FakeGcs:
-    """The result half of ``RayGcs``, in memory; ``down`` makes it unreachable."""
-
-    def __init__(self):
-        self.kv: dict[str, bytes] = {}
-        self.down = False
-        self.reads = 0
-
-    def result(self, sid):
-        self.reads += 1
-        if self.down:
-            raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE: connection refused")
-        value = self.kv.get(protocol.result_key(sid))
-        return protocol.decode_result(value) if value else None
-
-    def forget_result(self, sid):
-        if self.down:
-            raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE: connection refused")
-        self.kv.pop(protocol.result_key(sid), None)
-
-    def close(self):
-        pass
-
-
 def test_the_control_plane_reads_a_result_and_deletes_it_once_stored():
-    gcs = FakeGcs()
+    gcs = MemoryGcs()
     backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
     assert backend.result("raylane-01job-1") is None  # none reported
     gcs.kv[protocol.result_key("raylane-01job-1")] = protocol.encode_result({"loss": 0.5})
@@ -239,18 +201,18 @@ def test_the_control_plane_reads_a_result_and_deletes_it_once_stored():
 def test_an_unreachable_gcs_delays_a_result_then_gives_it_up_without_holding_the_job(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(ray_jobs.time, "monotonic", lambda: now[0])
-    gcs = FakeGcs()
+    gcs = MemoryGcs()
     gcs.down = True
     backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
     with pytest.raises(ResultUnavailable):
         backend.result("raylane-01job-1")
     with pytest.raises(ResultUnavailable):  # within RESULT_RETRY_S: the GCS is not asked again
         backend.result("raylane-01job-1")
-    assert gcs.reads == 1
+    assert gcs.calls["result"] == 1
     now[0] += ray_jobs.RESULT_RETRY_S
     with pytest.raises(ResultUnavailable):
         backend.result("raylane-01job-1")
-    assert gcs.reads == 2
+    assert gcs.calls["result"] == 2
     now[0] += backend.result_patience_s
     assert backend.result("raylane-01job-1") is None  # given up: the attempt ends without it
     backend.forget_result("raylane-01job-1")  # a copy that cannot be deleted is left, with a warning
@@ -281,7 +243,7 @@ def test_without_an_address_the_gcs_is_the_one_the_head_node_was_started_with(mo
     assert backend.gcs_address_from_nodes() == "192.168.1.5:6380"
     backend._gcs_search_after = 0.0  # the search backoff is over
     backend._result_failing.clear()
-    gcs = backend._find_gcs()
+    gcs = backend.find_gcs()
     try:
         assert gcs is backend.gcs and gcs.address == "192.168.1.5:6380" and gcs._metadata == (
             ("authorization", "Bearer tok"),)
@@ -302,3 +264,23 @@ def test_the_driver_command_shows_the_users_entrypoint_as_a_comment(tmp_path):
     odd = protocol.shown_entrypoint("command", "a\nrm -rf /; $(x) `y` 'z'")
     assert "\n" not in odd and not set("$;`'()\"") & set(odd)
     assert len(protocol.shown_entrypoint("sweep", "m:" + "f" * 1000)) < 240
+
+
+def test_runtime_env_for_is_the_attempts_env_from_its_spec_alone(tmp_path):
+    """A command's inputs ride in its env vars with its own entrypoint; a runner's go
+    to Ray's store (entrypoint None), its workers getting only what their code reads
+    (array index, parents) beside the spec's env vars, which win over the storage's."""
+    from raylane.orchestrator.loops.dispatcher import runtime_env_for
+
+    inputs = {Env.SPEC: "{}", Env.ARRAY_INDEX: "3", Env.JOB_ID: "01job"}
+    storage = {"AWS_ACCESS_KEY_ID": "storage", "AWS_REGION": "eu"}
+    cmd = JobSpec(name="c", kind="command", entrypoint="echo hi", runtime_env={"env_vars": {"AWS_REGION": "us"},
+                                                                              "pip": ["rich"]})
+    runtime_env, entrypoint, job_env = runtime_env_for(cmd, inputs, storage_env=storage, data_dir=tmp_path / "state")
+    assert entrypoint == "echo hi" and runtime_env["pip"] == ["rich"]
+    assert runtime_env["env_vars"] == {"AWS_ACCESS_KEY_ID": "storage", "AWS_REGION": "us", **inputs}
+    assert job_env == {"AWS_ACCESS_KEY_ID": "storage", "AWS_REGION": "us"}
+    runner = JobSpec(name="t", kind="training", entrypoint="m:f", runtime_env={"working_dir": "s3://b/code.zip"})
+    runtime_env, entrypoint, job_env = runtime_env_for(runner, inputs, storage_env={}, data_dir=tmp_path / "state")
+    assert entrypoint is None and runtime_env == {"env_vars": {Env.ARRAY_INDEX: "3"}, "working_dir": "s3://b/code.zip"}
+    assert job_env == {Env.ARRAY_INDEX: "3"}

@@ -10,32 +10,16 @@ import httpx
 
 from raylane.orchestrator.backends import ray_jobs
 from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
+from raylane.orchestrator.testing import MemoryGcs
 
 
 def _node(nid, state="ALIVE", labels=None):
     return {"raylet": {"nodeId": nid, "state": state, "labels": labels or {}, "resourcesTotal": {"CPU": 1}}}
 
 
-class FakeGcs:
-    def __init__(self):
-        self.draining = set()
-        self.calls = 0
-
-    def draining_nodes(self):
-        self.calls += 1
-        if self.draining is None:
-            from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
-            raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE: connection refused")
-        return {n: None for n in self.draining}
-
-    def close(self):
-        pass
-
-
 def test_drained_and_labels_outlive_a_node_until_ray_forgets_it():
     listed = []
-    gcs = FakeGcs()
+    gcs = MemoryGcs()
     backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
     backend.draining_ttl_s = 0  # every listing asks the GCS afresh here
     backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
@@ -59,31 +43,31 @@ def test_drained_and_labels_outlive_a_node_until_ray_forgets_it():
     assert "a" not in backend._drained and "a" not in backend._labels
 
     # A caller that just asked the GCS passes what it got: no second call.
-    calls = gcs.calls
+    calls = gcs.calls["draining_nodes"]
     gcs.draining = {"b"}
     (b,) = backend.nodes(draining=backend.draining())
-    assert b.draining and gcs.calls == calls + 1
+    assert b.draining and gcs.calls["draining_nodes"] == calls + 1
 
 
 def test_one_gcs_answer_serves_every_caller_for_a_second_and_an_unreachable_gcs_is_left_alone(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(ray_jobs.time, "monotonic", lambda: now[0])
-    gcs = FakeGcs()
+    gcs = MemoryGcs()
     backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
     gcs.draining = {"a"}
-    assert backend.draining() == {"a"} and backend.draining() == {"a"} and gcs.calls == 1
+    assert backend.draining() == {"a"} and backend.draining() == {"a"} and gcs.calls["draining_nodes"] == 1
     now[0] += ray_jobs.DRAINING_TTL_S
     gcs.draining = set()
-    assert backend.draining() == set() and gcs.calls == 2
+    assert backend.draining() == set() and gcs.calls["draining_nodes"] == 2
 
-    gcs.draining = None  # the GCS cannot be reached: no drain known, and no call until the backoff ends
+    gcs.down = True  # the GCS cannot be reached: no drain known, and no call until the backoff ends
     now[0] += ray_jobs.DRAINING_TTL_S
-    assert backend.draining() == set() and gcs.calls == 3
+    assert backend.draining() == set() and gcs.calls["draining_nodes"] == 3
     now[0] += ray_jobs.GCS_BACKOFF_S - 0.1
-    assert backend.draining() == set() and gcs.calls == 3
+    assert backend.draining() == set() and gcs.calls["draining_nodes"] == 3
     now[0] += 0.1
-    gcs.draining = {"b"}
-    assert backend.draining() == {"b"} and gcs.calls == 4
+    gcs.down, gcs.draining = False, {"b"}
+    assert backend.draining() == {"b"} and gcs.calls["draining_nodes"] == 4
 
 
 def test_ray_job_ids_are_asked_of_the_jobs_api_once_each_and_kept_bounded(monkeypatch):
@@ -115,7 +99,7 @@ def test_ray_job_ids_are_asked_of_the_jobs_api_once_each_and_kept_bounded(monkey
 
 
 def test_a_pass_read_through_the_gcs_carries_the_ray_job_ids_already_known():
-    class JobsGcs(FakeGcs):
+    class JobsGcs(MemoryGcs):
         def job_records(self, sids):
             return {sid: b'{"status": "RUNNING"}' for sid in sids}
 
@@ -136,7 +120,7 @@ def test_a_pass_decodes_only_the_job_records_that_changed_since_the_last(monkeyp
 
     records = {"a": b'{"status": "RUNNING"}', "b": b'{"status": "PENDING"}'}
 
-    class JobsGcs(FakeGcs):
+    class JobsGcs(MemoryGcs):
         def job_records(self, sids):
             return {sid: records[sid] for sid in sids if sid in records}
 
@@ -161,39 +145,25 @@ def test_nodes_come_from_the_gcs_while_ray_is_reachable_and_from_the_dashboard_o
     """One GCS call a listing, drains in it; the dashboard without an answer from
     the GCS, and during an outage (a GCS that answers must not end an outage of the
     dashboard that submits go to, on every pass)."""
-    from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
-    class ListingGcs(FakeGcs):
-        def __init__(self):
-            super().__init__()
-            self.listed, self.down, self.listings = [], False, 0
-
-        def all_nodes(self):
-            self.listings += 1
-            if self.down:
-                raise GcsUnavailable("Ray GCS at 127.0.0.1:1: UNAVAILABLE")
-            return [n["raylet"] for n in self.listed], {n["raylet"]["nodeId"] for n in self.listed
-                                                         if n["raylet"].get("draining")}
-
     http_calls = []
-    gcs = ListingGcs()
+    gcs = MemoryGcs()
     backend = RayJobsBackend("http://ray.invalid", gcs=gcs)
     backend.draining_ttl_s = 3600  # no expiry between the calls below
     backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
         lambda req: http_calls.append(req.url.path) or httpx.Response(
             200, json={"data": {"summary": [_node("d")]}} if "nodes" in req.url.path else {})))
-    gcs.listed = [_node("g", labels={"ray.io/node-group": "spot-cpu"}), _node("h")]
-    gcs.listed[0]["raylet"]["draining"] = True
+    gcs.node_table = [_node("g", labels={"ray.io/node-group": "spot-cpu"})["raylet"], _node("h")["raylet"]]
+    gcs.draining = {"g"}
 
     assert [n.node_id for n in backend.nodes()] == ["d"]  # not known reachable yet: the dashboard
-    assert http_calls == ["/nodes"] and gcs.calls == 1  # and the GCS for its drains
+    assert http_calls == ["/nodes"] and gcs.calls["draining_nodes"] == 1  # and the GCS for its drains
     backend.cluster_view()  # a listing that worked: Ray is reachable
     http_calls.clear()
     g, h = backend.nodes()
     assert (g.node_id, g.draining, g.drained, g.group, h.draining) == ("g", True, True, "spot-cpu", False)
     # One GCS call: no dashboard, no call of its own for the drains, which it also caches.
-    assert http_calls == [] and gcs.listings == 1 and gcs.calls == 1
-    assert backend.draining() == {"g"} and gcs.calls == 1
+    assert http_calls == [] and gcs.calls["all_nodes"] == 1 and gcs.calls["draining_nodes"] == 1
+    assert backend.draining() == {"g"} and gcs.calls["draining_nodes"] == 1
     assert backend.cluster_view()["spot-cpu"].draining_nodes == 1 and http_calls == []
 
     gcs.down = True  # the GCS does not answer: the dashboard does
@@ -215,7 +185,7 @@ def test_a_failing_gcs_listing_backs_off_and_a_dashboard_not_seen_lately_is_aske
     monkeypatch.setattr(ray_jobs.time, "monotonic", lambda: now[0])
     monkeypatch.setattr("raylane.orchestrator.backends.reachability.time.monotonic", lambda: now[0])
 
-    class BrokenGcs(FakeGcs):
+    class BrokenGcs(MemoryGcs):
         listings = 0
         fail = True
 
@@ -231,10 +201,10 @@ def test_a_failing_gcs_listing_backs_off_and_a_dashboard_not_seen_lately_is_aske
     backend.http = httpx.Client(base_url="http://ray.invalid", transport=httpx.MockTransport(
         lambda req: http.append(1) or httpx.Response(200, json={"data": {"summary": [_node("d")]}})))
     backend.cluster_view()  # the dashboard answered (and the GCS its drains)
-    drain_calls = gcs.calls
+    drain_calls = gcs.calls["draining_nodes"]
     with caplog.at_level(logging.WARNING, logger="raylane"):
         # The dashboard's list instead, and the GCS is not asked for the drains either.
-        assert [n.node_id for n in backend.nodes()] == ["d"] and gcs.listings == 1 and gcs.calls == drain_calls
+        assert [n.node_id for n in backend.nodes()] == ["d"] and gcs.listings == 1 and gcs.calls["draining_nodes"] == drain_calls
         now[0] += 1
         backend.nodes()
         assert gcs.listings == 1  # backing off: not asked again

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from raylane.orchestrator.backends.ray_jobs import RayJob
-from raylane.orchestrator.domain import lanes
+from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.errors import InvalidTransition
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.specs import JobSpec, RetryPolicy
@@ -25,6 +25,7 @@ from raylane.orchestrator.loops.reconciler import Reconciler
 from raylane.orchestrator.store import db, jobs as store, lifecycle, tallies
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
+from raylane.orchestrator.testing import FakeRay
 
 SPEC = JobSpec(name="t", kind="command", entrypoint="true")
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
@@ -240,38 +241,16 @@ def test_a_cancel_after_the_attempt_reached_ray_waits_for_ray(cp):
 # The reconciler's path, with Ray's answers stood in -------------------------------------
 
 
-class FakeRay:
-    """Ray's Jobs API as the reconciler reads it: one answer per submission id
-    (None: Ray has no record of it)."""
-
-    gcs = None  # no GCS address: no drain checks
-
-    def __init__(self, answers: dict[str, RayJob | None]):
-        self.answers = answers
-        self.stopped: list[str] = []
-
-    def get(self, sid):
-        return self.answers.get(sid)
-
-    def get_many(self, sids):
-        return {sid: self.answers.get(sid) for sid in sids}
-
-    def list(self):
-        return [j for j in self.answers.values() if j is not None]
-
-    def nodes(self, **_):
-        return []
-
-    def stop(self, sid):
-        self.stopped.append(sid)
-        return True
-
-    def logs(self, sid):
-        return ""
+def fake_ray(answers: dict[str, RayJob | None], cls=FakeRay) -> FakeRay:
+    """Ray with one record per submission id (None: Ray has no record of it), and no
+    GCS address known (no drain checks)."""
+    ray = cls(gcs=False)
+    ray.record(*(j for j in answers.values() if j is not None))
+    return ray
 
 
 def _reconcile(cp, settings, answers) -> FakeRay:
-    ray = FakeRay(answers)
+    ray = fake_ray(answers)
     Reconciler(settings, cp.sessions, ray).run_once()
     return ray
 
@@ -335,12 +314,12 @@ def test_an_outcome_another_replica_wrote_first_is_no_error_and_each_line_names_
 
     class Raced(FakeRay):
         def get_many(self, sids):
-            Reconciler(settings, cp.sessions, FakeRay(answers)).run_once()  # the other replica, first
+            Reconciler(settings, cp.sessions, fake_ray(answers)).run_once()  # the other replica, first
             return super().get_many(sids)
 
     caplog.handler.addFilter(logcontext.ContextFilter())
     with caplog.at_level(logging.DEBUG, logger="raylane"):
-        Reconciler(settings, cp.sessions, Raced(answers)).run_once()
+        Reconciler(settings, cp.sessions, fake_ray(answers, Raced)).run_once()
     assert all(_row(cp, jobs, j)["status"] == "SUCCEEDED" for j in ids)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     refused = [r for r in caplog.records if "moved since this pass read it" in r.getMessage()]
@@ -355,7 +334,7 @@ def test_an_outcome_refused_again_and_again_is_warned_once(settings, caplog):
 
     from raylane.orchestrator.loops.reconciler import CONFLICTS_WARN
 
-    rec = Reconciler(settings, None, FakeRay({}))
+    rec = Reconciler(settings, None, fake_ray({}))
     with caplog.at_level(logging.DEBUG, logger="raylane"):
         for _ in range(3 * CONFLICTS_WARN):
             rec._conflict("j1", 1, InvalidTransition("job j1 is SUCCEEDED; it cannot become SUCCEEDED"))
@@ -418,26 +397,6 @@ def test_a_scale_up_that_never_comes_ends_the_job_with_the_reason(cp, settings):
     assert _row(cp, jobs, other)["status"] == "DISPATCHING"
 
 
-class FakeRayWithResults(FakeRay):
-    """... and Ray's store of results, as a runner job's end reads it."""
-
-    def __init__(self, answers):
-        super().__init__(answers)
-        self.forgotten: list[str] = []
-
-    def result(self, sid):
-        return {"loss": 0.1}
-
-    def forget_result(self, sid):
-        self.forgotten.append(sid)
-
-    def forget_inputs(self, sid):
-        pass
-
-    def forget_trials(self, sid):
-        pass
-
-
 def test_a_burst_of_completions_is_one_commit_and_one_bad_write_undoes_no_other(cp, settings, monkeypatch):
     """30 attempts ended in Ray since the last pass: one transaction writes them all
     (each in a savepoint); the one whose write fails stays as it was, its result
@@ -462,7 +421,14 @@ def test_a_burst_of_completions_is_one_commit_and_one_bad_write_undoes_no_other(
         commits.append(1)
 
     sids = {j: submission_id(j, 1) for j in ids}
-    ray = FakeRayWithResults({sid: RayJob(sid, "SUCCEEDED", None, None, 1, 2, "n1", 0, {}) for sid in sids.values()})
+    ray = FakeRay()  # ... with Ray's store of results, as a runner job's end reads it
+    ray.record(*(RayJob(sid, "SUCCEEDED", None, None, 1, 2, "n1", 0, {}) for sid in sids.values()))
+    for sid in sids.values():
+        ray.gcs.put_result(sid, {"loss": 0.1})
+
+    def forgotten() -> list[str]:
+        return [sid for sid in sids.values() if protocol.result_key(sid) not in ray.gcs.kv]
+
     event.listen(cp.engine, "commit", count)
     try:
         Reconciler(settings, cp.sessions, ray).run_once()
@@ -471,14 +437,14 @@ def test_a_burst_of_completions_is_one_commit_and_one_bad_write_undoes_no_other(
     assert len(commits) <= 2, len(commits)  # the pass's read of live attempts, and one write of 30 outcomes
     assert {j: _row(cp, jobs, j)["status"] for j in ids} == {j: "DISPATCHING" if j == bad else "SUCCEEDED"
                                                              for j in ids}
-    assert sorted(ray.forgotten) == sorted(sid for j, sid in sids.items() if j != bad)
+    assert sorted(forgotten()) == sorted(sid for j, sid in sids.items() if j != bad)
     assert _row(cp, attempts, bad)["status"] == "RUNNING"
     with db.transaction(cp.sessions) as s:
         kept, counted = tallies.read(s), tallies.recount(s)
     assert {k: v for k, v in kept.items() if k[0] == "jobs"} == {k: v for k, v in counted.items() if k[0] == "jobs"}
     monkeypatch.setattr(lifecycle, "attempt_succeeded", real)
     Reconciler(settings, cp.sessions, ray).run_once()  # the next pass writes it
-    assert _row(cp, jobs, bad)["status"] == "SUCCEEDED" and sids[bad] in ray.forgotten
+    assert _row(cp, jobs, bad)["status"] == "SUCCEEDED" and sids[bad] in forgotten()
 
 
 def test_a_status_change_naming_no_column_is_refused_not_dropped(cp):
@@ -498,7 +464,7 @@ def test_live_attempts_are_polled_at_a_rate_not_a_pause_after_each_pass(settings
     the loop waits the full interval."""
     from raylane.orchestrator.loops.reconciler import FAST_POLL_S
 
-    rec = Reconciler(settings, None, FakeRay({}))
+    rec = Reconciler(settings, None, fake_ray({}))
     assert rec.next_wait() == settings.reconcile_interval_s
     rec._live = 1
     for took, period in ((0.0, FAST_POLL_S), (0.3 * FAST_POLL_S, FAST_POLL_S), (0.75 * FAST_POLL_S, 1.5 * FAST_POLL_S),
@@ -516,7 +482,7 @@ def test_fast_polling_takes_at_most_its_share_of_a_core(settings):
     of its own thread."""
     from raylane.orchestrator.loops import reconciler as rmod
 
-    rec = Reconciler(settings.model_copy(update={"reconcile_interval_s": 1.0}), None, FakeRay({}))
+    rec = Reconciler(settings.model_copy(update={"reconcile_interval_s": 1.0}), None, fake_ray({}))
     rec._live = 1
 
     def period(*cpus: float) -> float:  # the period after passes of these CPU-seconds
@@ -543,7 +509,7 @@ def test_fast_polling_takes_at_most_its_share_of_a_core(settings):
             if self.passes >= 2:
                 self._stop.set()
 
-    spin = Spin(settings, None, FakeRay({}))
+    spin = Spin(settings, None, fake_ray({}))
     spin.start()
     try:
         spin._thread.join(10)
@@ -563,7 +529,7 @@ def test_a_quiet_live_attempt_is_polled_less_often_until_something_changes(cp, s
     with db.transaction(cp.sessions) as s:
         transition(s, jid, JobStatus.RUNNING, reason="started", actor="test", attempt=1)
     sid = submission_id(jid, 1)
-    ray = FakeRay({sid: RayJob(sid, "RUNNING", None, None, 1, None, "n1", None, {})})
+    ray = fake_ray({sid: RayJob(sid, "RUNNING", None, None, 1, None, "n1", None, {})})
     rec = Reconciler(settings, cp.sessions, ray)
 
     def period() -> float:
@@ -581,13 +547,13 @@ def test_a_quiet_live_attempt_is_polled_less_often_until_something_changes(cp, s
     assert quiet_for(5) == pytest.approx(5 * rmod.QUIET_POLL_SHARE, rel=0.05)
     assert quiet_for(3600) == pytest.approx(rmod.QUIET_POLL_MAX_S, abs=1e-3)
     # Ray says it ended: the pass writes the outcome and polls fast again.
-    ray.answers[sid] = RayJob(sid, "SUCCEEDED", None, None, 1, 2, "n1", 0, {})
+    ray.record(RayJob(sid, "SUCCEEDED", None, None, 1, 2, "n1", 0, {}))
     rec.run_once()
     assert period() == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
     # A cancel (the API wakes the loop) is a change too.
     other = _dispatched(cp, attempt=AttemptStatus.RUNNING)
     osid = submission_id(other, 1)
-    ray.answers[osid] = RayJob(osid, "RUNNING", None, None, 1, None, "n1", None, {})
+    ray.record(RayJob(osid, "RUNNING", None, None, 1, None, "n1", None, {}))
     rec.run_once()  # writes it RUNNING: the next pass sees that change
     rec.run_once()
     assert period() == pytest.approx(rmod.FAST_POLL_S, abs=1e-3)
@@ -693,7 +659,7 @@ def test_a_reconciler_pass_reads_without_the_write_lock(tmp_path):
         jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
         sid = submission_id(jid, 1)
         running = {sid: RayJob(sid, "RUNNING", None, None, 1, None, "n1", None, {})}
-        rec = Reconciler(settings, plane.sessions, FakeRay(running))
+        rec = Reconciler(settings, plane.sessions, fake_ray(running))
         rec.run_once()  # its first sight of the attempt running: written
         got = _while_write_locked(tmp_path / "raylane.db", {"pass": rec.run_once})
         assert not isinstance(got["pass"], Exception), got  # "database is locked" at once fails it too

@@ -3,14 +3,13 @@ groups were, and where a job could have run cheaper (``raylane.orchestrator.doma
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel
 
 from raylane.api.deps import CP, CallerDep
 from raylane.api.params import Text, When
+from raylane.orchestrator.domain.views import CostBreakdown, JobCost
 from raylane.orchestrator.services import accounting
 
 router = APIRouter(prefix="/v1", tags=["costs"])
@@ -18,57 +17,6 @@ router = APIRouter(prefix="/v1", tags=["costs"])
 Start = Annotated[When | None, Query(description="Window start (with a timezone); default end - 7 days")]
 End = Annotated[When | None, Query(description="Window end (with a timezone); default now")]
 ProjectQ = Annotated[Text | None, Query(max_length=64, description="Admins: one project (default all)")]
-
-
-class CostRow(BaseModel):
-    key: str
-    cost: float
-    on_demand_cost: float
-    spot_savings: float
-    attempts: int
-    jobs: int
-    hours: float
-    cpu_hours: float
-    gpu_hours: float
-
-
-class CostTotal(BaseModel):
-    cost: float
-    on_demand_cost: float
-    spot_savings: float
-    attempts: int
-    jobs: int
-
-
-class CostBreakdown(BaseModel):
-    start: datetime
-    end: datetime
-    project: str | None
-    group_by: str
-    rows: list[CostRow]
-    total: CostTotal
-    unpriced_attempts: int
-
-
-class AttemptCostView(BaseModel):
-    number: int
-    node_group: str | None
-    market: str | None
-    resources: dict[str, float]
-    hours: float
-    node_share: float
-    cost: float
-    on_demand_cost: float
-    cause: str | None
-    running: bool
-
-
-class JobCost(BaseModel):
-    job_id: str
-    cost: float
-    on_demand_cost: float
-    spot_savings: float
-    attempts: list[AttemptCostView]
 
 
 def _scope(caller, project: str | None) -> str | None:

@@ -27,7 +27,7 @@ from raylane.orchestrator.domain.specs import (
 )
 from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.values import require_timezone
-from raylane.orchestrator.store.jobs import DEFAULT_PROJECT, JobFilter
+from raylane.orchestrator.domain.queries import DEFAULT_PROJECT, JobFilter
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

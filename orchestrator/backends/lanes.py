@@ -34,11 +34,12 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
-from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJob, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.backends.base import AlreadySubmitted, GcsUnavailable, RayBackend, RayJob, RayUnavailable
+from raylane.orchestrator.backends.lane_sweep import LaneSweep
 from raylane.orchestrator.domain import lanes, protocol
+from raylane.orchestrator.domain.errors import StoreFailed
 from raylane.orchestrator.domain.lanes import LaneStatus
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL
-from raylane.orchestrator.store.db import StoreError
 
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label on every node: pins a host to its node
 
@@ -61,7 +62,6 @@ REFUSED = b"refused: no host of its lane could be started"  # the claim of an at
 # not an entry for every host, node and env it ever saw (hosts come and go with
 # every idle period, spot nodes with every reclaim, envs with every new package).
 PRUNE_EVERY_S = 60.0
-SWEEP_BUDGET_S = 0.05  # the most one sweep deletes for (``sweep``): the reconciler's pass waits on it
 MEMO_MAX = 1024  # host sids whose failed start is counted, envs read: at most this many kept
 
 
@@ -74,7 +74,7 @@ class LaneEnvConflict(ValueError):
 
 
 class LaneBackend:
-    def __init__(self, ray: RayJobsBackend, *, idle_s: float = 60.0, slots: int = 8, max_envs: int = 4,
+    def __init__(self, ray: RayBackend, *, idle_s: float = 60.0, slots: int = 8, max_envs: int = 4,
                  to_ray_env: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         self.ray = ray
         self.idle_s = idle_s
@@ -94,25 +94,22 @@ class LaneBackend:
         self._counted_failures: dict[str, None] = {}  # host sids whose failed start is counted (oldest first)
         self._pruned_at = time.monotonic()
         self._foreign_versions: set[int] = set()  # protocol versions of statuses seen and left alone (logged once)
+        self.sweeper = LaneSweep(self._kv)  # what ended attempts left in Ray's store (backends.lane_sweep)
 
     def usable(self) -> bool:
         """Whether a lane can take jobs: Ray's GCS, where the lane's records live,
         is known (configured, or found in the head's command line). Not known (a
         deployment that hides it): small jobs are routed as Ray jobs each, as with
         the fast lane off, rather than wait for a store they cannot reach."""
-        return self.ray._find_gcs() is not None
+        return self.ray.find_gcs() is not None
 
     def _gcs(self):
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # noqa: F401 (Ray's protobufs)
-
-        gcs = self.ray._find_gcs()
+        gcs = self.ray.find_gcs()
         if gcs is None:
             raise RayUnavailable("the fast lane needs Ray's GCS, and its address is unknown (set RAYLANE_RAY_ADDRESS)")
         return gcs
 
     def _kv(self, op: str, *args, **kw):
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
         try:
             return getattr(self._gcs(), op)(*args, **kw)
         except GcsUnavailable as e:
@@ -390,7 +387,7 @@ class LaneBackend:
             self.ensure_host(group, lane_env)
         except RayUnavailable:
             raise  # the item waits: the dispatch is tried again, and adopts it
-        except StoreError as e:
+        except StoreFailed as e:
             # The database failed reading the env's package (busy, failing over): no fault
             # of the env's. The item is queued; the reconciler starts the env's host.
             log.warning("%s: queued; a host of its lane could not be started now (%s); the reconciler starts one",
@@ -435,7 +432,7 @@ class LaneBackend:
                 if env is None:
                     raise
                 hostless.add((group, env))  # its hosts fail at start: its waiting items may fail below
-            except StoreError as e:  # the database failed reading its package: its items wait, none fails
+            except StoreFailed as e:  # the database failed reading its package: its items wait, none fails
                 log.warning("lane env %s of group %s: its host could not be started now (%s); the next pass tries "
                             "again", env, group, e)
             except Exception as e:
@@ -608,7 +605,7 @@ class LaneBackend:
                  f"its host {holder} asked to stop it" if host_busy else "its lane keys deleted")
 
 
-    # Tombstones ------------------------------------------------------------------
+    # Tombstones (backends.lane_sweep) ----------------------------------------------
 
     def store_known(self) -> bool:
         """Whether Ray's store is known (configured, or found for other work): the
@@ -617,102 +614,13 @@ class LaneBackend:
         return getattr(self.ray, "gcs", None) is not None
 
     def sweep_mark(self, key: str = lanes.SWEEP_MARK_KEY) -> tuple[datetime, int] | None:
-        """How far the sweep got (``lanes.SWEEP_MARK_KEY``; the records sweep's:
-        ``lanes.RECORDS_MARK_KEY``), by any control plane."""
-        value = self._kv("kv_get", key)
-        if not value:
-            return None
-        try:
-            at, row = value.decode().split("|")
-            return datetime.fromisoformat(at), int(row)
-        except ValueError:
-            log.warning("lane sweep mark %s=%r is unreadable: sweeping from the first ended attempt", key, value[:80])
-            return None
+        return self.sweeper.sweep_mark(key)
 
     def sweep(self, ended: list[dict[str, Any]]) -> int:
-        """Delete what is left in Ray's store of attempts that ended long ago (rows
-        of ``lifecycle.ended_attempts``, oldest first): the claim, a tombstone no
-        late redispatch can need any more, and any status, log tail, stop request
-        or re-put todo item a failed or raced forget left, and a record in Ray's
-        dashboard a host wrote after ``sweep_records`` passed (a Ray job's own
-        record stays). The group is the one
-        the attempt ran in and the env its spec's, not its job's placement now (a
-        retry may have gone elsewhere). One read finds what is left: an attempt
-        of a Ray job has nothing, one of a lane its claim, usually alone. Its todo
-        item goes before its claim (an item left without its claim would be run
-        by the next host that lists it). Stops after ``SWEEP_BUDGET_S`` (the reconciler
-        waits on it) and moves the mark past the last row it swept. Returns the
-        rows swept, from the first."""
-        if not ended:
-            return 0
-        t0 = time.monotonic()
-        keys: list[list[str]] = []  # per row: the keys to delete, claim last
-        for r in ended:
-            sid, group = r["submission_id"], r["node_group"]
-            todos = []
-            if group:
-                todos.append(lanes.todo_key(group, sid))
-                try:
-                    env = lanes.env_key_of_stored(r["spec"])
-                except ValueError:  # a spec stored under older rules: its default lane's item only
-                    env = None
-                if env:
-                    todos.append(lanes.todo_key(group, sid, env))
-            keys.append([*todos, lanes.stop_key(sid), lanes.status_key(sid), lanes.logs_key(sid),
-                         lanes.claim_key(sid)])
-        left = self._kv("kv_multi_get", [k for row in keys for k in row])
-        records = self._lane_records(ended)  # written late, after the records sweep passed
-        done = 0
-        for r, row in zip(ended, keys):
-            if done and time.monotonic() - t0 > SWEEP_BUDGET_S:
-                break
-            sid = r["submission_id"]
-            for key in row[:-3]:
-                if key in left:
-                    self._kv("kv_del", key)
-            if lanes.status_key(sid) in left or lanes.logs_key(sid) in left:
-                self._kv("kv_del", lanes.attempt_prefix(sid), prefix=True)
-            if sid in records:
-                self._kv("delete_job_record", sid)
-            if lanes.claim_key(sid) in left:
-                self._kv("kv_del", lanes.claim_key(sid))
-            done += 1
-        last = ended[done - 1]
-        self._kv("kv_put", lanes.SWEEP_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
-        return done
-
-
-    def _lane_records(self, ended: list[dict[str, Any]]) -> set[str]:
-        """Which of these attempts have a lane host's record in Ray's job store, in
-        one read: never a Ray job's own record, which stays Ray's."""
-        return {sid for sid, v in self._kv("job_records", [r["submission_id"] for r in ended]).items()
-                if lanes.is_lane_record(v)}
+        return self.sweeper.sweep(ended)
 
     def sweep_records(self, ended: list[dict[str, Any]]) -> int:
-        """Delete the records in Ray's dashboard (``lanes.dashboard_record``) of
-        attempts past the dashboard's tail (rows of ``lifecycle.ended_attempts``,
-        oldest first, the reconciler's ``_sweep_records`` says which): Ray's job
-        list keeps live lane attempts and the newest ended ones, not every one.
-        One read of their records; a Ray job's own record is never deleted (it is
-        Ray's, and Raylane's history links to it). A host that writes a record
-        after this (one Ray counted lost that ran on) leaves it to the tombstone
-        sweep (``sweep``, a day later). Stops
-        after ``SWEEP_BUDGET_S`` and moves ``lanes.RECORDS_MARK_KEY`` past the last
-        row it swept. Returns the rows swept, from the first."""
-        if not ended:
-            return 0
-        t0 = time.monotonic()
-        records = self._lane_records(ended)
-        done = 0
-        for r in ended:
-            if done and time.monotonic() - t0 > SWEEP_BUDGET_S:
-                break
-            if r["submission_id"] in records:
-                self._kv("delete_job_record", r["submission_id"])
-            done += 1
-        last = ended[done - 1]
-        self._kv("kv_put", lanes.RECORDS_MARK_KEY, f"{last['ended_at'].isoformat()}|{last['id']}".encode())
-        return done
+        return self.sweeper.sweep_records(ended)
 
 
 def _left_alone(submission_id: str, st: LaneStatus) -> RayJob:

@@ -29,7 +29,10 @@ from dataclasses import dataclass
 import grpc
 from ray.core.generated import gcs_pb2, gcs_service_pb2, gcs_service_pb2_grpc
 
+from raylane.orchestrator.backends.base import GcsUnavailable
 from raylane.orchestrator.domain import protocol
+
+__all__ = ["DrainingNode", "GcsUnavailable", "RayGcs", "checkpoint_key", "inputs_key", "result_key"]
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +56,6 @@ def result_key(submission_id: str) -> bytes:
 
 def inputs_key(submission_id: str) -> bytes:
     return protocol.inputs_key(submission_id).encode()
-
-
-class GcsUnavailable(Exception):
-    """The GCS could not be reached (or refused the call)."""
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,22 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from raylane.orchestrator.backends.base import (AlreadySubmitted, GcsUnavailable, PackageMissing, RayJob, RayNode,
+                                                RayUnavailable, ResultUnavailable, view_of)
 from raylane.orchestrator.backends.reachability import REACHABLE, Reachability
 from raylane.orchestrator.domain import protocol
 from raylane.orchestrator.domain.packages import ray_package_name
 from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL
-from raylane.orchestrator.domain.routing import ClusterView, GroupState
+from raylane.orchestrator.domain.routing import ClusterView
+
+# The shapes and errors live in backends.base (the Protocol's module); named here too, where callers import them.
+__all__ = ["AlreadySubmitted", "GcsUnavailable", "PackageMissing", "RayJob", "RayJobsBackend", "RayNode",
+           "RayUnavailable", "ResultUnavailable", "read_token"]
 
 log = logging.getLogger(__name__)
 
@@ -48,68 +53,6 @@ RESULT_RETRY_S = 1.0  # between reads of one result while the GCS fails (the rec
 # Ray's own job id of a submission never changes once its driver started: kept for this
 # many submissions, the least recently asked forgotten first (more than run at once).
 RAY_JOB_IDS_KEPT = 4096
-
-
-class RayUnavailable(Exception):
-    """The dashboard / Jobs API could not be reached."""
-
-
-class PackageMissing(Exception):
-    """An uploaded package a job names is stored neither here nor in Ray."""
-
-
-class AlreadySubmitted(Exception):
-    """Ray already has a job with this submission id (a retried dispatch)."""
-
-
-class ResultUnavailable(Exception):
-    """An attempt's result cannot be read now (the GCS is unreachable); ask again."""
-
-
-@dataclass
-class RayJob:
-    submission_id: str
-    status: str  # PENDING RUNNING STOPPED SUCCEEDED FAILED
-    message: str | None
-    error_type: str | None
-    start_time: int | None
-    end_time: int | None
-    driver_node_id: str | None
-    driver_exit_code: int | None
-    metadata: dict[str, str]
-    ray_job_id: str | None = None  # Ray's own job id (hex), once the driver started
-    log_tail: str | None = None  # a warm lane's ended attempt: its output's tail (``backends.lanes``)
-    # ... and, SUCCEEDED, the result its host left, read with the tail: (found, the result or None)
-    result: tuple[bool, dict[str, Any] | None] | None = None
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "RayJob":
-        return cls(submission_id=d.get("submission_id") or d.get("job_id"), status=d["status"],
-                   message=d.get("message"), error_type=d.get("error_type"), start_time=d.get("start_time"),
-                   end_time=d.get("end_time"), driver_node_id=d.get("driver_node_id"),
-                   driver_exit_code=d.get("driver_exit_code"), metadata=d.get("metadata") or {},
-                   ray_job_id=d.get("job_id"))
-
-
-@dataclass
-class RayNode:
-    node_id: str
-    state: str  # ALIVE / DEAD
-    labels: dict[str, str]
-    resources_total: dict[str, float]
-    is_head: bool
-    death_reason: str | None
-    death_message: str | None
-    draining: bool
-    drained: bool = False  # seen draining while alive: its death is the preemption it was warned of
-
-    @property
-    def group(self) -> str | None:
-        return self.labels.get(NODE_GROUP_LABEL)
-
-    @property
-    def market(self) -> str | None:
-        return self.labels.get(MARKET_LABEL)
 
 
 def read_token(explicit: str | None = None) -> str | None:
@@ -287,9 +230,7 @@ class RayJobsBackend:
         """Each job as ``get`` sees it but for ``ray_job_id`` (only if already known
         here: ask ``ray_job_id`` for it), read in one call to Ray's GCS; through the
         Jobs API without one."""
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
-        gcs = self._find_gcs()
+        gcs = self.find_gcs()
         if gcs is None:
             if len(submission_ids) > 16:  # one list beats many gets
                 by_id = {j.submission_id: j for j in self.list()}
@@ -350,15 +291,13 @@ class RayJobsBackend:
         ``result_patience_s`` after the first failed read of this attempt's
         result; after that, None, with an error logged: the attempt is recorded
         without its result rather than held."""
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
         now = time.monotonic()
         with self._lock:
             since, tried = self._result_failing.get(submission_id, (now, None))
         if tried is not None and now - tried < RESULT_RETRY_S:
             raise ResultUnavailable(f"result of {submission_id}: the GCS is asked again shortly")
         try:
-            gcs = self._find_gcs()
+            gcs = self.find_gcs()
             if gcs is None:
                 raise GcsUnavailable("no GCS address: RAYLANE_RAY_ADDRESS is unset and Ray's node list "
                                      "does not show the head node's")
@@ -384,9 +323,7 @@ class RayJobsBackend:
         """Leave an attempt's inputs in Ray's KV store; the key, or None where no
         GCS address is known (the inputs then ride on the driver's command line).
         ``RayUnavailable`` if the GCS is known but does not answer."""
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
-        gcs = self._find_gcs()
+        gcs = self.find_gcs()
         if gcs is None:
             return None
         try:
@@ -404,9 +341,7 @@ class RayJobsBackend:
 
     def live_trials(self, submission_id: str) -> list[dict] | None:
         """A running sweep's finished trials so far; None if none, or while the GCS cannot be asked."""
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
-        gcs = self._find_gcs()
+        gcs = self.find_gcs()
         if gcs is None:
             return None
         try:
@@ -424,14 +359,12 @@ class RayJobsBackend:
     def _forget(self, submission_id: str, what: str) -> None:
         if self.gcs is None:
             return
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
         try:
             getattr(self.gcs, f"forget_{what}")(submission_id)
         except GcsUnavailable as e:
             log.warning("could not delete the %s of %s from Ray's store: %s", what, submission_id, e)
 
-    def _find_gcs(self):
+    def find_gcs(self):
         """The GCS client; without a configured address, one to the address in the
         head node's command line, looked for when first needed (and again at most
         every ``GCS_BACKOFF_S`` while Ray's node list does not show it)."""
@@ -480,8 +413,6 @@ class RayJobsBackend:
         a 5 s stall on every node listing."""
         if self.gcs is None:
             return set()
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable
-
         now = time.monotonic()
         with self._lock:
             until, cached = self._draining_cache
@@ -584,25 +515,9 @@ class RayJobsBackend:
         nodes, via_gcs = self._nodes()
         if not via_gcs:  # the dashboard answered: the dispatcher lists every pass, how an outage is seen to end
             self.reachability.up()
-        view: ClusterView = {}
-        live: dict[str, list[tuple[str, float]]] = {}
-        draining: dict[str, list[str]] = {}
-        for n in nodes:
-            if n.group is None or n.state != "ALIVE":
-                continue
-            st = view.setdefault(n.group, GroupState())
-            if n.draining:
-                st.draining_nodes += 1
-                draining.setdefault(n.group, []).append(n.node_id)
-                continue
-            st.alive_nodes += 1
-            if not n.is_head:
-                live.setdefault(n.group, []).append((n.node_id, float(n.resources_total.get("CPU", 0))))
-            for k, v in n.resources_total.items():
-                if k in ("CPU", "GPU", "memory"):
-                    st.total[k] = st.total.get(k, 0) + v
+        view, live, draining = view_of(nodes)
         with self._lock:
-            self._group_nodes = {g: sorted(ns) for g, ns in live.items()}
+            self._group_nodes = live
             self._group_draining = draining
         return view
 

@@ -43,3 +43,30 @@ class RateLimited(RaylaneError):
     def __init__(self, message: str, *, retry_after_s: int):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+# What crosses the layers from below: the store's and Ray's failures, as the API
+# maps them (503: the same request may work when sent again) without importing
+# the store or Ray's adapters.
+
+
+class Unavailable(Exception):
+    """A service the control plane depends on did not answer (the database, a Ray
+    cluster); the same request may succeed when sent again."""
+
+
+class StoreFailed(Exception):
+    """The database failed a call (busy, gone, failing over, or a statement it
+    refused): raised where a layer above the store must tell it from its own errors
+    (a lane host's env whose package could not be read)."""
+
+
+class StoreUnavailable(Unavailable, StoreFailed):
+    """The database's availability (down, restarting, a connection cut, the pool's
+    wait run out, SQLite locked), not the statement's: the same work may succeed
+    when tried again. ``store.db`` raises it for the SQLAlchemy error it wraps
+    (``__cause__``) when a unit of work ends with one."""
+
+
+class EngineUnavailable(Unavailable):
+    """A Ray cluster (its dashboard, Jobs API or GCS) could not be reached."""

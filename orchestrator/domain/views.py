@@ -147,6 +147,67 @@ class NodeGroupStatus(BaseModel):
 
 # Access (raylane.orchestrator.services.access): identities, projects, quotas, the audit trail -------
 
+# Costs (``GET /v1/costs``, ``GET /v1/jobs/{id}/cost``): one definition, the API's
+# response models and the SDK's answers (the SDK's subclasses keep fields a newer
+# server adds, ``raylane.client.sdk.models``). Defaults where an older server sent
+# less, so an SDK reads its answers too.
+
+
+class CostRow(BaseModel):
+    key: str
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: int
+    jobs: int
+    hours: float
+    cpu_hours: float
+    gpu_hours: float
+
+
+class CostTotal(BaseModel):
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: int
+    jobs: int
+
+
+class CostBreakdown(BaseModel):
+    """``GET /v1/costs``: what attempts in a window cost, per project, node group or kind."""
+
+    start: datetime
+    end: datetime
+    project: str | None = None
+    group_by: str
+    rows: list[CostRow]
+    total: CostTotal
+    unpriced_attempts: int = 0
+
+
+class AttemptCost(BaseModel):
+    number: int
+    node_group: str | None = None
+    market: str | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+    hours: float
+    node_share: float
+    cost: float
+    on_demand_cost: float
+    cause: str | None = None
+    running: bool = False
+
+
+class JobCost(BaseModel):
+    """``GET /v1/jobs/{id}/cost``: each attempt's cost (a running one: so far)."""
+
+    job_id: str
+    cost: float
+    on_demand_cost: float
+    spot_savings: float
+    attempts: list[AttemptCost]
+
+
 Role = Literal["admin", "member", "viewer"]
 PROJECT_NAME = r"^[a-z0-9][a-z0-9-]*$"  # the same rule as JobSpec.project
 

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from raylane.orchestrator import logcontext
-from raylane.orchestrator.backends.ray_jobs import AlreadySubmitted, RayJobsBackend, RayUnavailable
+from raylane.orchestrator.backends.base import AlreadySubmitted, RayBackend, RayUnavailable
 from raylane.orchestrator.backends.reachability import unreachable_reason
 from raylane.orchestrator.domain import protocol
+from raylane.orchestrator.domain.errors import StoreFailed
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.lanes import env_of as lane_env_of
@@ -65,10 +66,48 @@ def runner_env(job_id: str, attempt: int, project: str, spec: JobSpec, placement
                                if ARRAY_LABEL in spec.labels else None, parents_json=parents_json)
 
 
+def runtime_env_for(spec: JobSpec, env: dict[str, str], *, storage_env: dict[str, str],
+                    data_dir: Path) -> tuple[dict[str, Any], str | None, dict[str, str]]:
+    """An attempt's Ray runtime env, its entrypoint, and the environment every
+    process of the job gets (a warm lane's item carries it with ``env``): pure,
+    from the spec, the runner's inputs ``env`` (``runner_env``) and the settings.
+
+    The entrypoint is the spec's own for a kind without a runner (its inputs in
+    its env vars), else None: the runner's driver command, built once its inputs
+    are in Ray's store (``Dispatcher._submit_ray_job``)."""
+    # Storage credentials reach every process of the job (a trial or a training
+    # worker writes its own checkpoints); the job's own env_vars win over them.
+    job_env = {**storage_env, **spec.runtime_env.env_vars}
+    if traits(spec.kind).runner is None:
+        runtime_env: dict[str, Any] = {"env_vars": {**job_env, **env}}
+        entrypoint: str | None = spec.entrypoint
+    else:
+        # The runner's inputs go to the driver alone, not into runtime_env (see
+        # protocol's docstring: workers keep one runtime env), through Ray's KV
+        # store, written once Ray is known to be reachable.
+        # ... but for the few its user code reads in every process (its trials, its
+        # actors): parents and array index (protocol.WORKER_ENV), only for jobs that
+        # have them. Those stay in Ray's job info (its dashboard shows them) while
+        # Ray keeps the job, as the spec's own env_vars do.
+        job_env = {**job_env, **protocol.worker_env(env)}
+        runtime_env = {"env_vars": job_env} if job_env else {}
+        entrypoint = None
+    if spec.runtime_env.working_dir:
+        runtime_env["working_dir"] = spec.runtime_env.working_dir
+    if spec.runtime_env.pip:
+        runtime_env["pip"] = spec.runtime_env.pip
+    if spec.runtime_env.py_modules:
+        runtime_env["py_modules"] = spec.runtime_env.py_modules
+    excludes = state_excludes(spec, data_dir)
+    if excludes:
+        runtime_env["excludes"] = excludes  # never ship the control plane's own state
+    return runtime_env, entrypoint, job_env
+
+
 class Dispatcher(LoopService):
     name = "dispatcher"
 
-    def __init__(self, settings: Settings, sessions, backend: RayJobsBackend, profile: Profile, *,
+    def __init__(self, settings: Settings, sessions, backend: RayBackend, profile: Profile, *,
                  wake=None, owner: str | None = None, lanes=None):
         super().__init__(settings.dispatch_interval_s, wake)
         self.settings = settings
@@ -77,7 +116,7 @@ class Dispatcher(LoopService):
         # backends.lanes.LaneBackend: attempts whose placement names a lane go there
         self.lanes = lanes
         if lanes is not None and getattr(lanes, "to_ray_env", False) is None:
-            lanes.to_ray_env = self._packages_to_ray  # a lane env's hosts start in its packages, as a Ray job would
+            lanes.to_ray_env = self._lane_env_to_ray  # a lane env's hosts start in its packages, as a Ray job would
         self._touched: dict[str, float] = {}  # package sha -> when a lane job last marked it used (monotonic)
         self.profile = profile
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
@@ -125,6 +164,14 @@ class Dispatcher(LoopService):
         return claimed
 
     # Submit ------------------------------------------------------------------
+
+    def _lane_env_to_ray(self, runtime_env: dict[str, Any]) -> dict[str, Any]:
+        """``_packages_to_ray`` for the warm lanes, which know no store: a database
+        failure reading a package is ``StoreFailed`` (no fault of the env's)."""
+        try:
+            return self._packages_to_ray(runtime_env)
+        except db.StoreError as e:
+            raise StoreFailed(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
 
     def _packages_to_ray(self, runtime_env: dict[str, Any]) -> dict[str, Any]:
         """Uploaded packages (``raylane://packages/<sha256>``) become Ray URIs,
@@ -187,32 +234,8 @@ class Dispatcher(LoopService):
                          storage_endpoint=self.settings.storage_endpoint_url,
                          serve_json=self.profile.serve.model_dump_json() if spec.kind.value == "service" else None,
                          parents_json=parents)
-        # Storage credentials reach every process of the job (a trial or a training
-        # worker writes its own checkpoints); the job's own env_vars win over them.
-        job_env = {**self.settings.storage_env, **spec.runtime_env.env_vars}
-        if traits(spec.kind).runner is None:
-            runtime_env: dict[str, Any] = {"env_vars": {**job_env, **env}}
-            entrypoint = spec.entrypoint
-        else:
-            # The runner's inputs go to the driver alone, not into runtime_env (see
-            # protocol's docstring: workers keep one runtime env), through Ray's KV
-            # store, written below once Ray is known to be reachable.
-            # ... but for the few its user code reads in every process (its trials, its
-            # actors): parents and array index (protocol.WORKER_ENV), only for jobs that
-            # have them. Those stay in Ray's job info (its dashboard shows them) while
-            # Ray keeps the job, as the spec's own env_vars do.
-            job_env = {**job_env, **protocol.worker_env(env)}
-            runtime_env = {"env_vars": job_env} if job_env else {}
-            entrypoint = None
-        if spec.runtime_env.working_dir:
-            runtime_env["working_dir"] = spec.runtime_env.working_dir
-        if spec.runtime_env.pip:
-            runtime_env["pip"] = spec.runtime_env.pip
-        if spec.runtime_env.py_modules:
-            runtime_env["py_modules"] = spec.runtime_env.py_modules
-        excludes = state_excludes(spec, self.settings.data_dir)
-        if excludes:
-            runtime_env["excludes"] = excludes  # never ship the control plane's own state
+        runtime_env, entrypoint, job_env = runtime_env_for(spec, env, storage_env=self.settings.storage_env,
+                                                           data_dir=self.settings.data_dir)
         try:
             if pl.lane and self.lanes is not None:
                 # A warm lane's host runs it: no Ray job, the same inputs (domain.lanes).

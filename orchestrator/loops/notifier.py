@@ -124,7 +124,7 @@ class Notifier(LoopService):
             return None
         from urllib.parse import urlsplit
 
-        from raylane.orchestrator.services.webhooks import resolve
+        from raylane.orchestrator.netaddr import resolve
 
         parts = urlsplit(url)
         try:

@@ -34,7 +34,8 @@ import time
 from datetime import timedelta
 
 from raylane.orchestrator import logcontext
-from raylane.orchestrator.backends.ray_jobs import RayJob, RayJobsBackend, RayNode, RayUnavailable, ResultUnavailable
+from raylane.orchestrator.backends.base import (GcsUnavailable, RayBackend, RayJob, RayNode, RayUnavailable,
+                                                ResultUnavailable)
 from raylane.orchestrator.domain import lanes as lanes_domain
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.errors import InvalidTransition
@@ -104,7 +105,7 @@ def _keep_log(s, r, rj: RayJob | None) -> None:
 class Reconciler(LoopService):
     name = "reconciler"
 
-    def __init__(self, settings: Settings, sessions, backend: RayJobsBackend, *, wake=None, lanes=None):
+    def __init__(self, settings: Settings, sessions, backend: RayBackend, *, wake=None, lanes=None):
         super().__init__(settings.reconcile_interval_s, wake)
         self.settings = settings
         self.sessions = sessions
@@ -323,8 +324,6 @@ class Reconciler(LoopService):
         if gcs is None or time.monotonic() - self._drain_checked_at < DRAIN_CHECK_S:
             return
         self._drain_checked_at = time.monotonic()
-        from raylane.orchestrator.backends.ray_gcs import GcsUnavailable  # loaded only with a GCS address
-
         live_sids = {r["submission_id"] for r in live}
         for sid in {sid for sid, _ in self._asked} - live_sids:
             try:

@@ -19,11 +19,13 @@ from raylane.orchestrator.services.packages import Packages
 from raylane.orchestrator.services.schedules import Schedules
 from raylane.orchestrator.services.webhooks import Webhooks
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
+from raylane.orchestrator.domain.queries import JobFilter
 from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.views import ArrayAction, Attempt, Job, JobArray, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import MAX_NAME_LEN, JobSpec
 from raylane.orchestrator.store import arrays as store_arrays, db, jobs as store_jobs, lane_logs as store_lane_logs, migrate, stats
+from raylane.orchestrator.store import policy as _policy  # noqa: F401 (a transition runs the registered effects)
 from raylane.orchestrator.store import tokens as store_tokens
 from raylane.orchestrator.store.transitions import utcnow
 from raylane.orchestrator.store.groupcommit import GroupCommit
@@ -48,7 +50,8 @@ PG_WRITERS = 2
 
 class ControlPlane:
     """One per process: settings, the database, the router's inputs, and a
-    "new work" signal the dispatcher waits on."""
+    "new work" signal the dispatcher waits on. The facade the routers call;
+    ``services.assembly`` wires its Ray cluster and loops."""
 
     def __init__(self, settings: Settings, *, engine: Engine | None = None):
         self.settings = settings
@@ -313,7 +316,7 @@ class ControlPlane:
         with db.read_connection(self.sessions) as conn:
             return store_jobs.read_job(conn, job_id, project=project, dashboard_url=self.link)
 
-    def list(self, flt: store_jobs.JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
+    def list(self, flt: JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
         with db.read(self.sessions) as s:
             return store_jobs.list_jobs(s, flt, limit=limit, cursor=cursor, dashboard_url=self.link)
 
@@ -354,44 +357,9 @@ class ControlPlane:
         """The dashboard URL users are given (``dashboard_link``, else Ray's own)."""
         return self.dashboard_link or self.dashboard_url
 
-    def attach_ray(self, dashboard_url: str, token: str | None, profile, *, ray_address: str | None = None) -> None:
-        """Wire routing, the dispatcher and the reconciler to a Ray cluster.
-
-        ``ray_address`` (the GCS, host:port) adds what only the GCS knows: which
-        nodes are draining (excluded from admission; their jobs are asked to
-        checkpoint). Without it Raylane sees a drained node only when it dies."""
-        from raylane.orchestrator.backends.lanes import LaneBackend
-        from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
-        from raylane.orchestrator.loops.dispatcher import Dispatcher
-        from raylane.orchestrator.loops.reconciler import Reconciler
-        from raylane.orchestrator.domain.routing import route
-
-        self.profile = profile
-        self.dashboard_url = dashboard_url
-        gcs = None
-        if ray_address:
-            from raylane.orchestrator.backends.ray_gcs import RayGcs  # imports Ray's protobufs: ~0.5 s, only when used
-
-            gcs = RayGcs(ray_address, token)
-        self.backend = RayJobsBackend(dashboard_url, token, gcs=gcs)
-        # Always there, so attempts already in a lane are followed even with the fast lane turned off since.
-        self.lanes = LaneBackend(self.backend, idle_s=self.settings.lane_idle_s, slots=self.settings.lane_slots,
-                                 max_envs=self.settings.lane_max_envs)
-        lanes = self.lanes
-        fast_lane = self.settings.fast_lane
-        self.router = lambda spec: route(spec, profile, self.cluster_view(), fast_lane=fast_lane and lanes.usable())
-        self.dispatcher = Dispatcher(self.settings, self.sessions, self.backend, profile, wake=self.new_work,
-                                     lanes=self.lanes)
-        self.reconciler = Reconciler(self.settings, self.sessions, self.backend, lanes=self.lanes)
-        # A submitted attempt wakes the reconciler, which then polls Ray quickly.
-        self.dispatcher.on_submitted = self.reconciler.wake.set
-        # ... and an ended attempt wakes the dispatcher: a queue of short jobs does not wait a poll per batch.
-        self.reconciler.on_ended = self.new_work.set
-        self._view_cache: tuple[float, Any] | None = None
-
     def cluster_view(self):
         """Ray's node groups now, cached briefly so a burst of submits makes one call."""
-        from raylane.orchestrator.backends.ray_jobs import RayUnavailable
+        from raylane.orchestrator.backends.base import RayUnavailable
 
         now = time.monotonic()
         if self._view_cache and now - self._view_cache[0] < VIEW_CACHE_S:
@@ -479,31 +447,6 @@ class ControlPlane:
             with db.read(self.sessions) as s:
                 placement = store_jobs.get_job(s, job_id, project=None, dashboard_url=None).placement
         return self._attempt_logs(job_id, attempt, placement) or ""
-
-    def start_loops(self) -> None:
-        # Re-attach to every attempt Ray may be running before dispatching anything new.
-        try:
-            self.reconciler.run_once()
-        except Exception:
-            log.exception("first reconcile pass failed; the loop will retry")
-        self.dispatcher.start()
-        self.reconciler.start()
-
-    def start_background(self) -> None:
-        """The loops that need no Ray: webhook deliveries and schedules."""
-        from raylane.orchestrator.loops.notifier import Notifier
-        from raylane.orchestrator.loops.scheduler import Scheduler
-
-        self.notifier = Notifier(self.settings, self.sessions)
-        self.notifier.start()
-        self.scheduler = Scheduler(self.schedules, self.settings.schedule_interval_s)
-        self.scheduler.start()
-
-    def stop_loops(self) -> None:
-        for loop in (getattr(self, "dispatcher", None), getattr(self, "reconciler", None), self.notifier,
-                     self.scheduler):
-            if loop is not None:
-                loop.stop()
 
 
 def _refusable(spec: JobSpec, idempotency_key: str | None) -> bool:

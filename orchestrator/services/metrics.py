@@ -8,7 +8,7 @@ scrape costs the same at 1,000,000 stored jobs as at 1,000. What active and
 queued jobs hold or how long they waited is read from those jobs only
 (``store.stats``). Counters count immutable facts (a job submitted, an attempt
 dispatched), so they only go up. This module names the families and fills in
-the zeros.
+the zeros: one function per family, listed in ``FAMILIES``.
 
 Metrics (labels in braces):
 
@@ -33,6 +33,8 @@ Jobs not yet routed have ``node_group="none"``.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -62,17 +64,24 @@ def _histogram(name: str, doc: str, rows: dict[str, tuple[int, float, list[int]]
     return fam
 
 
-def collect_from(session: Session, profile: Profile | None) -> Iterator:
-    now = utcnow()
-    kept = tallies.read(session)
+@dataclass
+class _Scrape:
+    """What every family of one scrape reads: the database's tallies, once."""
 
-    def tally(name: str) -> dict[tuple[str, str], int]:
-        return {(a, b): int(v) for (n, a, b), v in kept.items() if n == name}
+    session: Session
+    profile: Profile | None
+    now: datetime
+    kept: dict
+    workers: list
 
-    by_status = tally("jobs")
+    def tally(self, name: str) -> dict[tuple[str, str], int]:
+        return {(a, b): int(v) for (n, a, b), v in self.kept.items() if n == name}
+
+
+def _jobs(x: _Scrape) -> Iterator:
     fam = GaugeMetricFamily("raylane_jobs", "Jobs now in each status, by node group.", labels=["status", "node_group"])
     seen = set()
-    for (status, group), n in sorted(by_status.items()):
+    for (status, group), n in sorted(x.tally("jobs").items()):
         fam.add_metric([status, group], n)
         seen.add((status, group))
     for s in JobStatus:  # every status present, so a panel shows 0, not "no data"
@@ -80,41 +89,49 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
             fam.add_metric([s.value, NONE], 0)
     yield fam
 
+
+def _queue(x: _Scrape) -> Iterator:
     depth = GaugeMetricFamily("raylane_queue_depth", "Jobs waiting for admission (PENDING or RETRYING).",
                               labels=["node_group"])
     age = GaugeMetricFamily("raylane_queue_oldest_age_seconds",
                             "Seconds the oldest waiting job has waited (PENDING: since submit; "
                             "RETRYING: since its last failure).", labels=["node_group"])
-    queue = stats.queue_oldest(session, by_status)
+    queue = stats.queue_oldest(x.session, x.tally("jobs"))
     for group in sorted(queue):
         n, oldest = queue[group]
         depth.add_metric([group], n)
-        age.add_metric([group], max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0)
+        age.add_metric([group], max(0.0, (x.now - oldest).total_seconds()) if oldest is not None else 0.0)
     if not queue:
         depth.add_metric([NONE], 0)
         age.add_metric([NONE], 0)
     yield depth
     yield age
 
+
+def _created(x: _Scrape) -> Iterator:
     fam = CounterMetricFamily("raylane_jobs_created", "Jobs ever submitted, by kind.", labels=["kind"])
-    for (kind, _), n in sorted(tally("jobs_created").items()):
+    for (kind, _), n in sorted(x.tally("jobs_created").items()):
         fam.add_metric([kind], n)
     yield fam
 
-    # Counters start at 0 for every worker group (and cause), so rate() and
-    # increase() see the first attempt instead of a series appearing from nothing.
-    workers = profile.workers if profile else []
-    rows = tally("attempts")
-    for w in workers:
+
+# Counters start at 0 for every worker group (and cause), so rate() and
+# increase() see the first attempt instead of a series appearing from nothing.
+
+
+def _attempts(x: _Scrape) -> Iterator:
+    rows = x.tally("attempts")
+    for w in x.workers:
         rows.setdefault((w.name, w.market), 0)
     fam = CounterMetricFamily("raylane_attempts", "Attempts dispatched to Ray.", labels=["node_group", "market"])
     for key in sorted(rows):
         fam.add_metric(list(key), rows[key])
     yield fam
 
-    failures = tally("failures")
-    rows = dict(failures)
-    for w in workers:
+
+def _failures(x: _Scrape) -> Iterator:
+    rows = x.tally("failures")
+    for w in x.workers:
         for cause in FailureCause:
             rows.setdefault((w.name, cause.value), 0)
     fam = CounterMetricFamily("raylane_attempt_failures", "Attempts that ended badly, by failure cause.",
@@ -123,26 +140,34 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
         fam.add_metric(list(key), rows[key])
     yield fam
 
-    retries = {g: n for (g, _), n in tally("retries").items()}
-    preemptions = {g: n for (g, cause), n in failures.items() if cause == FailureCause.PREEMPTED.value}
+
+def _retries_and_preemptions(x: _Scrape) -> Iterator:
+    retries = {g: n for (g, _), n in x.tally("retries").items()}
+    preemptions = {g: n for (g, cause), n in x.tally("failures").items() if cause == FailureCause.PREEMPTED.value}
     for name, doc, read in (
         ("raylane_retries", "Attempts after a job's first: each one is a retry.", retries),
         ("raylane_preemptions", "Attempts lost to a spot reclaim or drain.", preemptions),
     ):
-        counts = {w.name: 0 for w in workers}
+        counts = {w.name: 0 for w in x.workers}
         counts.update(read)
         fam = CounterMetricFamily(name, doc, labels=["node_group"])
         for grp in sorted(counts):
             fam.add_metric([grp], counts[grp])
         yield fam
 
+
+def _histograms(x: _Scrape) -> Iterator:
+    groups = [w.name for w in x.workers]
     yield _histogram("raylane_admission_wait_seconds",
                      "Seconds from submit to the first dispatch (admission), by the node group admitted to.",
-                     tallies.histogram(kept, "admission_wait"), ADMISSION_BUCKETS, [w.name for w in workers])
+                     tallies.histogram(x.kept, "admission_wait"), ADMISSION_BUCKETS, groups)
     yield _histogram("raylane_dispatch_latency_seconds",
                      "Seconds from dispatch to the attempt running on Ray, per attempt.",
-                     tallies.histogram(kept, "dispatch_latency"), DISPATCH_BUCKETS, [w.name for w in workers])
+                     tallies.histogram(x.kept, "dispatch_latency"), DISPATCH_BUCKETS, groups)
 
+
+def _held_and_cost(x: _Scrape) -> Iterator:
+    profile = x.profile
     held = GaugeMetricFamily("raylane_resources_held", "CPUs and GPUs held by active jobs (dispatching, running, "
                              "cancelling), by node group.", labels=["node_group", "resource"])
     rate = GaugeMetricFamily("raylane_cost_rate_dollars_per_hour",
@@ -150,7 +175,7 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
                              labels=["node_group"])
     totals: dict[str, dict[str, float]] = {}
     dollars: dict[str, float] = {}
-    for group, res in stats.active_attempt_resources(session):
+    for group, res in stats.active_attempt_resources(x.session):
         res = {k: float(v) for k, v in res.items() if isinstance(v, (int, float))}
         t = totals.setdefault(group or NONE, {"CPU": 0.0, "GPU": 0.0})
         t["CPU"] += res.get("CPU", 0.0)
@@ -158,13 +183,25 @@ def collect_from(session: Session, profile: Profile | None) -> Iterator:
         ng = profile.group(group) if profile and group else None
         if ng is not None:
             dollars[group] = dollars.get(group, 0.0) + node_share(res, ng) * ng.price_per_hour
-    groups = [x.name for x in profile.workers] if profile else []
+    groups = [w.name for w in profile.workers] if profile else []
     for group in sorted(set(groups) | set(totals)):
         for r in ("CPU", "GPU"):
             held.add_metric([group, r], totals.get(group, {}).get(r, 0.0))
         rate.add_metric([group], dollars.get(group, 0.0))
     yield held
     yield rate
+
+
+# The families, in the order a scrape lists them; a new one is a function here.
+FAMILIES: tuple[Callable[[_Scrape], Iterator], ...] = (
+    _jobs, _queue, _created, _attempts, _failures, _retries_and_preemptions, _histograms, _held_and_cost,
+)
+
+
+def collect_from(session: Session, profile: Profile | None) -> Iterator:
+    scrape = _Scrape(session, profile, utcnow(), tallies.read(session), profile.workers if profile else [])
+    for family in FAMILIES:
+        yield from family(scrape)
 
 
 class DatabaseCollector(Collector):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raylane.orchestrator.domain import schedules as rules
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound, RaylaneError
@@ -26,7 +26,7 @@ from raylane.orchestrator.store import db, schedules as store
 from raylane.orchestrator.store.transitions import utcnow
 
 if TYPE_CHECKING:  # pragma: no cover
-    from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,22 @@ def idempotency_key(schedule_id: str, tick: datetime) -> str:
     return f"schedule:{schedule_id}:{tick.isoformat()}"
 
 
+class JobDoor(Protocol):
+    """What a schedule needs of the control plane: its settings and sessions, submit
+    and cancel (``services.controlplane.ControlPlane`` is one; this module does not
+    import it, which imports this one)."""
+
+    settings: "Settings"
+    sessions: Any
+
+    def submit(self, spec: JobSpec, *, project: str, actor: str, idempotency_key: str | None = None,
+               audit: Any = None) -> tuple[Any, bool]: ...
+
+    def cancel(self, job_id: str, *, project: str | None, actor: str) -> Any: ...
+
+
 class Schedules:
-    def __init__(self, cp: "ControlPlane"):
+    def __init__(self, cp: JobDoor):
         self.cp = cp
         self.sessions = cp.sessions
 

@@ -14,24 +14,17 @@ a URL's scheme and host, not its path (often a credential).
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
 import secrets
-import socket
 from urllib.parse import urlsplit
 
 from raylane.orchestrator.domain.errors import Invalid, NotFound
+from raylane.orchestrator.netaddr import resolve
 from raylane.orchestrator.domain.views import NewWebhook, Webhook, WebhookCreate, WebhookDelivery
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.store import db, webhooks as store
 from raylane.orchestrator.store.transitions import utcnow
 
 DELIVERY_LOG_LIMIT = 200
-
-
-def resolve(host: str, port: int | None) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    """Every address ``host`` resolves to (OSError when it does not)."""
-    return {ipaddress.ip_address(info[4][0].split("%", 1)[0])
-            for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
 
 
 def redacted(url: str) -> str:

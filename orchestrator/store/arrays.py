@@ -24,6 +24,7 @@ from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL as INDEX_LABEL, 
 from raylane.orchestrator.domain.states import TERMINAL, JobStatus
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.store import tallies
+from raylane.orchestrator.store import effects
 from raylane.orchestrator.store.tables import arrays, events, job_labels, jobs
 
 _DONE = [s.value for s in TERMINAL]
@@ -146,3 +147,11 @@ def retry(session: Session, array: dict[str, Any], *, statuses: set[str], actor:
     if array["max_parallel"]:
         release(session, array["id"], now=now)
     return ids
+
+
+def _member_ended(m: effects.Moved) -> None:
+    if m.array_id is not None:
+        release(m.session, m.array_id, now=m.now)  # the next held member may start
+
+
+effects.register(effects.Effect("arrays", 30, _member_ended, to=frozenset(TERMINAL)))

@@ -22,6 +22,8 @@ from sqlalchemy import create_engine, event, exc, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker  # Engine and Session: the type hints of the layers above
 
+from raylane.orchestrator.domain.errors import StoreUnavailable
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # longer than any write transaction we make
 PING_IDLE_S = 1.0  # PostgreSQL: a pooled connection idle longer is pinged before use
 _IDLE_SINCE = "raylane.idle_since"  # a pool record's info key: when it was checked in
@@ -44,6 +46,8 @@ _SQLITE_TRANSIENT = ("locked", "busy", "disk i/o error", "unable to open", "data
 def is_transient(e: BaseException) -> bool:
     """Whether a store error is the database's availability (``TransientStoreError``
     and, for SQLite, one of its availability errors), not the statement's."""
+    if isinstance(e, StoreUnavailable):  # already said so, by a unit of work below
+        return True
     if not isinstance(e, TransientStoreError):
         return False
     orig = getattr(e, "orig", None)
@@ -164,9 +168,24 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextmanager
+def unavailable_as_domain_error() -> Iterator[None]:
+    """The database's availability failing a unit of work (``is_transient``) leaves
+    the store as ``domain.errors.StoreUnavailable`` (the SQLAlchemy error its
+    ``__cause__``), which the API maps to 503 without importing the store; any
+    other error leaves as it was raised."""
+    try:
+        yield
+    except TransientStoreError as e:
+        if not is_transient(e):
+            raise
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise StoreUnavailable(first) from e
+
+
+@contextmanager
 def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any error."""
-    with factory() as session:
+    with unavailable_as_domain_error(), factory() as session:
         with session.begin():
             yield session
 
@@ -174,7 +193,7 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
 @contextmanager
 def read(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A unit of work that only reads (SQLite: no write lock; a write in it fails)."""
-    with factory() as session:
+    with unavailable_as_domain_error(), factory() as session:
         with session.begin():
             session.connection(execution_options={READ_ONLY: True})
             yield session
@@ -186,13 +205,14 @@ def read_connection(factory: sessionmaker[Session]):
     work would cost more than the query: a Core connection (PostgreSQL: autocommit,
     no BEGIN and COMMIT round trips around the one SELECT)."""
     engine = factory.kw["bind"]
-    if engine.dialect.name == "postgresql":
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            yield conn
-        return
-    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
-        with conn.begin():
-            yield conn
+    with unavailable_as_domain_error():
+        if engine.dialect.name == "postgresql":
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn
+            return
+        with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+            with conn.begin():
+                yield conn
 
 
 def ping(engine: Engine) -> None:

@@ -26,7 +26,9 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import FailureCause, JobStatus
+from raylane.orchestrator.store import effects
 from raylane.orchestrator.store.tables import events, job_dependencies, jobs, results
+from raylane.orchestrator.store.transitions import transition
 
 WAITING, MET, BROKEN = "waiting", "met", "broken"
 WORDS = {"succeeded": "succeed", "failed": "fail", "finished": "finish"}
@@ -139,8 +141,6 @@ def parent_ended(session: Session, parent_id: str, status: JobStatus, *, now: da
     held array members first, then by id, so cancelling a whole array never has
     its ``arrays.release`` unhold members about to be cancelled (linear, not
     quadratic, in the array's size)."""
-    from raylane.orchestrator.store.transitions import transition  # it calls this module
-
     work = deque([(parent_id, status)])
     while work:
         pid, st = work.popleft()
@@ -195,3 +195,11 @@ def parents_json(session: Session, child_id: str, *, storage: Any) -> str | None
             entry["result_omitted"] = f"{size} bytes; read it with GET /v1/jobs/{pid}"
         out[pid] = entry
     return json.dumps(out)
+
+
+def _parent_ended(m: effects.Moved) -> None:
+    if m.cascade:  # its children count it, or are cancelled (parent_ended walks the chain itself)
+        parent_ended(m.session, m.job_id, m.to, now=m.now)
+
+
+effects.register(effects.Effect("dependencies", 40, _parent_ended, to=frozenset(s for s in JobStatus if s.is_terminal())))

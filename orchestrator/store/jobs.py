@@ -7,7 +7,6 @@ import base64
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
@@ -18,15 +17,16 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain import lanes
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
 from raylane.orchestrator.domain.ids import new_job_id, new_job_ids, submission_id
+from raylane.orchestrator.domain.queries import DEFAULT_PROJECT, JobFilter  # noqa: F401 (named here too)
 from raylane.orchestrator.domain.views import Attempt, Job, JobEvent, Placement, Trial
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import JobStatus, FailureCause
 from raylane.orchestrator.store import arrays as store_arrays, dependencies, tallies
+from raylane.orchestrator.store import policy  # noqa: F401 (a transition runs the registered effects)
 from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import attempts, events, job_labels, jobs, results, trials
 from raylane.orchestrator.store.transitions import transition, utcnow
 
-DEFAULT_PROJECT = "default"
 MAX_PAGE = 500  # a page of jobs; more is a second request
 WAITING_REASON = "waiting for admission"
 
@@ -301,20 +301,6 @@ def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text:
 
 
 # Reading ---------------------------------------------------------------------
-
-
-@dataclass
-class JobFilter:
-    project: str | None = DEFAULT_PROJECT  # None: every project (admins)
-    status: list[JobStatus] = field(default_factory=list)
-    kind: list[str] = field(default_factory=list)
-    node_group: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    name_prefix: str | None = None
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    id_prefix: str | None = None  # a job id's first characters (the CLI's short ids)
-    submitted_by: str | None = None  # the actor of the job's first event: who submitted it
 
 
 def encode_cursor(job_id: str) -> str:

@@ -37,6 +37,7 @@ from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.store import tallies, usage_rows
+from raylane.orchestrator.store import policy  # noqa: F401 (a transition runs the registered effects)
 from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import attempts, events, jobs
 from raylane.orchestrator.store.transitions import transition, transition_many

@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import FailureCause
 from raylane.orchestrator.store import prepared
+from raylane.orchestrator.store import effects
 from raylane.orchestrator.store.tables import attempts, jobs, tallies
 
 NONE = "none"  # the node group of a job or attempt not yet routed
@@ -294,3 +295,11 @@ def rebuild(session: Session) -> None:
 
 
 assert "PREEMPTED" in FailureCause.__members__, "metrics read preemptions as failures with this cause"
+
+
+def _job_counted(m: effects.Moved) -> None:
+    job_moved(m.session, src=m.src.value, src_group=m.src_group, to=m.to.value, to_group=m.to_group)
+
+
+# A job's change moves it between two (status, group) counts (store.effects).
+effects.register(effects.Effect("tallies", 10, _job_counted))

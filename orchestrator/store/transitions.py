@@ -10,10 +10,11 @@ an event row in the same transaction.
 by job id and attempt number; an attempt's change has no event of its own (the
 job's transition written with it names the attempt).
 
-Both keep ``store.tallies`` in step (a job's (status, node group), an attempt's
-failure cause and start) in the same transaction, and ``set_attempt`` the
-attempt's held span (``store.usage_rows``); so does ``set_attempt_cause``, the
-only other writer of an attempt's cause.
+A job's change then runs the registered after-effects (``store.effects``, listed
+in ``store.policy``: tallies, the webhook outbox, arrays, dependents), in the same
+transaction. ``set_attempt`` keeps ``store.tallies`` in step (an attempt's
+failure cause and start) and the attempt's held span (``store.usage_rows``); so
+does ``set_attempt_cause``, the only other writer of an attempt's cause.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from sqlalchemy.sql import ClauseElement
 
 from raylane.orchestrator.domain.errors import InvalidTransition, NotFound
 from raylane.orchestrator.domain.states import ALLOWED, ATTEMPT_ALLOWED, AttemptStatus, JobStatus
-from raylane.orchestrator.store import arrays, dependencies, tallies, usage_rows, webhooks
+from raylane.orchestrator.store import effects, tallies, usage_rows
+from raylane.orchestrator.store.effects import Moved
 from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import attempts, events, jobs
 
@@ -112,17 +114,12 @@ def transition(
         else:
             res = session.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status == src.value).values(**vals))
         if res.rowcount == 1:
-            tallies.job_moved(session, src=src.value, src_group=seen.node_group, to=to.value,
-                              to_group=vals.get("node_group", seen.node_group))
             ev = session.execute(_EVENT, {"job_id": job_id, "at": now, "from_status": src.value, "to_status": to.value,
                                           "reason": reason, "actor": actor, "attempt": attempt})
-            # In this transaction: a committed status change always has its deliveries.
-            webhooks.enqueue(session, job_id=job_id, event_id=ev.inserted_primary_key[0], to_status=to.value, now=now)
-            if to.is_terminal():
-                if array_id is not None:
-                    arrays.release(session, array_id, now=now)  # the next held member may start
-                if cascade:  # its children count it, or are cancelled (parent_ended walks the chain itself)
-                    dependencies.parent_ended(session, job_id, to, now=now)
+            moved = Moved(session, job_id, src, to, seen.node_group, vals.get("node_group", seen.node_group),
+                          array_id, ev.inserted_primary_key[0], now, cascade)
+            for rule in effects.rules(to):  # store.policy: tallies, the webhook outbox, arrays, dependents
+                rule.run(moved)
             return src
     raise InvalidTransition(f"job {job_id}: lost {MAX_CAS_RETRIES} races moving to {to.value}")
 
@@ -151,7 +148,9 @@ def transition_many(session: Session, moves: list[dict[str, Any]], to: JobStatus
         allowed &= set(expected)
     stale = [m for m in moves if m["job_id"] not in seen or seen[m["job_id"]].status != m["src"].value
              or m["src"] not in allowed]
-    hooked = webhooks.any_wanted(session, {r.project for r in seen.values()}, to.value)
+    rules = effects.rules(to)
+    projects = {r.project for r in seen.values()}
+    hooked = any(r.wants_events(session, projects, to) for r in rules if r.wants_events is not None)
     if stale or hooked or len({frozenset(m["values"]) for m in moves}) > 1 \
             or not session.bind.dialect.supports_sane_multi_rowcount:
         for m in moves:
@@ -167,9 +166,12 @@ def transition_many(session: Session, moves: list[dict[str, Any]], to: JobStatus
     res = session.execute(_JOB_MOVE, params)
     if res.rowcount != len(moves):  # the rows are the transaction's: nothing else moved them
         raise InvalidTransition(f"moved {res.rowcount} of {len(moves)} jobs to {to.value}")
+    batched = [r for r in rules if r.wants_events is None]  # a rule that wants each event made the batch go singly
     for m, p in zip(moves, params):
-        tallies.job_moved(session, src=m["src"].value, src_group=seen[m["job_id"]].node_group, to=to.value,
-                          to_group=p.get("node_group", seen[m["job_id"]].node_group))
+        moved = Moved(session, m["job_id"], m["src"], to, seen[m["job_id"]].node_group,
+                      p.get("node_group", seen[m["job_id"]].node_group), None, None, now, True)
+        for rule in batched:
+            rule.run(moved)
     _EVENTS_LATER.defer(session, [{"job_id": m["job_id"], "at": now, "from_status": m["src"].value,
                                    "to_status": to.value, "reason": m["reason"], "actor": actor,
                                    "attempt": m["attempt"]} for m in moves])

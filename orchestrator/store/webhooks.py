@@ -27,6 +27,7 @@ from sqlalchemy import and_, bindparam, delete, func, insert, literal, or_, sele
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.store.tables import events, jobs, schedule_runs, schedules, webhook_deliveries, webhooks
+from raylane.orchestrator.store import effects
 
 PENDING, DELIVERED, FAILED = "PENDING", "DELIVERED", "FAILED"
 # A schedule's handled tick, by its outcome: the event a hook may ask for.
@@ -180,3 +181,13 @@ def deliveries(session: Session, hook_id: str, *, limit: int) -> list[dict[str, 
 def pending_count(session: Session) -> int:
     return session.execute(select(func.count()).select_from(webhook_deliveries)
                            .where(webhook_deliveries.c.status == PENDING)).scalar_one()
+
+
+def _outbox(m: effects.Moved) -> None:
+    # In the change's transaction: a committed status change always has its deliveries.
+    enqueue(m.session, job_id=m.job_id, event_id=m.event_id, to_status=m.to.value, now=m.now)
+
+
+# Every change may be wanted by a hook; a batch of changes goes singly when one is (store.effects).
+effects.register(effects.Effect("outbox", 20, _outbox,
+                                wants_events=lambda session, projects, to: any_wanted(session, projects, to.value)))

@@ -1,27 +1,21 @@
-"""Jobs really run on the local multi-node cluster, on the right node group."""
+"""Jobs really run on the local multi-node cluster, on the right node group.
+Admission, priorities, cancel and the node-group views are Raylane's decisions
+and run against the in-memory Ray: tests/test_loops_on_fake_ray.py."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from raylane.jobs.sweep import snapshot_period_s
-from tests.helpers import wait_for
 from tests.ray.conftest import wait_status
 
 pytestmark = pytest.mark.ray
 FUNCS = str(Path(__file__).parent / "funcs")
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-
-
-def gate(path: Path, gpus: int, name: str, priority: int = 50) -> dict:
-    """A command job holding `gpus` GPUs until `path` exists."""
-    return {"name": name, "kind": "command", "entrypoint": f"{sys.executable} {FUNCS}/gate.py {path}",
-            "resources": {"gpus_per_worker": gpus, "cpus_per_worker": 0.5}, "priority": priority}
 
 
 def test_command_runs_on_cpu_group_with_logs_and_ray_metadata(rapi, ray_cluster):
@@ -138,59 +132,3 @@ def test_a_sweep_of_short_trials_runs_them_one_at_a_time_once_it_knows_their_len
     assert done["result"]["num_trials"] == 24 and done["result"]["best"]["config"] == {"x": 23}
     logs = rapi.get(f"/v1/jobs/{job['id']}/logs").text
     assert "raylane: sweep concurrency 4 -> 1 of 4" in logs, logs[-3000:]
-
-
-def test_never_fits_is_refused_at_submit_with_reason(rapi):
-    spec = {"name": "huge", "kind": "training", "entrypoint": "m:f",
-            "resources": {"num_workers": 4, "gpus_per_worker": 1}}
-    r = rapi.post("/v1/jobs", json=spec)
-    assert r.status_code == 422
-    assert "4 GPUs co-located; group gpu has 2 on one node" in r.json()["detail"][0]["msg"]
-    r = rapi.post("/v1/jobs", json={**spec, "resources": {"gpus_per_worker": 1}, "placement": {"node_group": "cpu"}})
-    assert r.status_code == 422 and "has no GPUs" in r.text
-    assert rapi.get("/v1/jobs", params={"name_prefix": "huge"}).json()["items"] == []
-    plan = rapi.post("/v1/plan", json={**spec, "resources": {"num_workers": 2, "gpus_per_worker": 1}}).json()
-    assert plan["node_group"] == "gpu" and any("co-locate" in r for r in plan["reasons"])
-
-
-def test_waits_with_reason_then_priority_order_when_capacity_frees(rapi, tmp_path):
-    release_a = tmp_path / "release-a"
-    a = rapi.post("/v1/jobs", json=gate(release_a, 2, "gate-a")).json()
-    wait_status(rapi, a["id"], {"RUNNING"})
-    # The GPU group is full: a low-priority job, then a high-priority one.
-    low = rapi.post("/v1/jobs", json=gate(tmp_path / "never", 1, "low", priority=10)).json()
-    high = rapi.post("/v1/jobs", json=gate(tmp_path / "release-h", 2, "high", priority=90)).json()
-    # Its first reason is the submit's own ("waiting for admission"); an admission
-    # pass replaces it with what the group lacks.
-    j = wait_for(lambda: (lambda j: j if j["status_reason"] != "waiting for admission" else None)(
-        rapi.get(f"/v1/jobs/{low['id']}").json()), timeout=30, what="admission's reason")
-    assert j["status"] == "PENDING"
-    assert j["status_reason"] == "waiting for 1 GPUs in group gpu: 0 free"
-    release_a.touch()
-    wait_status(rapi, a["id"], {"SUCCEEDED"})
-    wait_status(rapi, high["id"], {"DISPATCHING", "RUNNING"})
-    # The high-priority job took the whole group; the low one still waits.
-    assert rapi.get(f"/v1/jobs/{low['id']}").json()["status"] == "PENDING"
-    rapi.post(f"/v1/jobs/{low['id']}/cancel")
-    rapi.post(f"/v1/jobs/{high['id']}/cancel")
-    wait_status(rapi, high["id"], {"CANCELLED"})
-
-
-def test_node_groups_and_cluster(rapi):
-    groups = {g["name"]: g for g in rapi.get("/v1/node-groups").json()}
-    assert set(groups) == {"head", "gpu", "spot-cpu", "cpu"}
-    assert groups["gpu"]["capacity"]["GPU"] == 2 and groups["spot-cpu"]["alive_nodes"] >= 1
-    assert groups["spot-cpu"]["market"] == "SPOT"
-    nodes = rapi.get("/v1/cluster").json()["nodes"]
-    assert {n["node_group"] for n in nodes if n["state"] == "ALIVE"} >= {"head", "gpu", "spot-cpu", "cpu"}
-
-
-def test_cancel_running_job_stops_ray_job(rapi, tmp_path, ray_cluster):
-    j = rapi.post("/v1/jobs", json=gate(tmp_path / "never", 0, "to-cancel")).json()
-    wait_status(rapi, j["id"], {"RUNNING"})
-    r = rapi.post(f"/v1/jobs/{j['id']}/cancel").json()
-    assert r["job"]["status"] == "CANCELLING"
-    wait_status(rapi, j["id"], {"CANCELLED"})
-    rj = httpx.get(ray_cluster.state.dashboard_url + f"/api/jobs/raylane-{j['id']}-1",
-                   headers=ray_cluster.auth_headers()).json()
-    assert rj["status"] == "STOPPED"

@@ -233,11 +233,12 @@ class Crash(BaseException):
 def _plane(settings, **kw):
     from raylane.orchestrator.backends.ray_jobs import read_token
     from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.services import assembly
     from raylane.orchestrator.services.controlplane import ControlPlane
 
     cp = ControlPlane(settings.model_copy(update={"loops_enabled": False, **kw}))
-    cp.attach_ray(settings.dashboard_url, read_token(settings.ray_auth_token), default_profile(),
-                  ray_address=settings.ray_address)
+    assembly.attach_ray(cp, settings.dashboard_url, read_token(settings.ray_auth_token), default_profile(),
+                        ray_address=settings.ray_address)
     return cp
 
 

@@ -1,5 +1,8 @@
 """Dispatch is idempotent: a control plane killed between Ray accepting an attempt
-and the database recording it leaves one Ray job, not two."""
+and the database recording it leaves one Ray job, not two: here Ray's own Jobs API
+refuses the second submit of a submission id. The same path against the
+in-memory Ray, and an attempt Ray forgot (LOST, retried), are in
+tests/test_loops_on_fake_ray.py."""
 
 from __future__ import annotations
 
@@ -23,10 +26,11 @@ class Crash(BaseException):
 def _plane(ray_settings: Settings, **kw):
     from raylane.orchestrator.backends.ray_jobs import read_token
     from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.services import assembly
     from raylane.orchestrator.services.controlplane import ControlPlane
 
     cp = ControlPlane(ray_settings.model_copy(update={"loops_enabled": False, **kw}))
-    cp.attach_ray(ray_settings.dashboard_url, read_token(ray_settings.ray_auth_token), default_profile())
+    assembly.attach_ray(cp, ray_settings.dashboard_url, read_token(ray_settings.ray_auth_token), default_profile())
     return cp
 
 
@@ -64,37 +68,3 @@ def test_crash_between_ray_submit_and_db_write_runs_once(ray_settings, ray_clust
     assert cp2.get(job.id, project=None).attempts == 1
     cp1.close()
     cp2.close()
-
-
-def test_attempt_ray_never_heard_of_is_lost_and_retried(ray_settings):
-    """The head restarted without GCS fault tolerance: Ray forgot the attempt."""
-    from sqlalchemy import update
-
-    from raylane.orchestrator.store import db
-    from raylane.orchestrator.store.tables import jobs
-    from raylane.orchestrator.store.transitions import transition, utcnow
-
-    cp = _plane(ray_settings)
-    job, _ = cp.submit(JobSpec(name="lost", kind="command", entrypoint="python -c 'print(1)'"),
-                       project="default", actor="t")
-    with db.transaction(cp.sessions) as s:  # as if attempt 1 had been running on the old head
-        transition(s, job.id, JobStatus.DISPATCHING, reason="t", actor="t", values={"attempts": 1})
-        transition(s, job.id, JobStatus.RUNNING, reason="t", actor="t")
-        s.execute(attempts.insert().values(job_id=job.id, number=1, submission_id=f"raylane-{job.id}-1",
-                                           status="RUNNING", created_at=utcnow(), node_group="cpu"))
-        s.execute(update(jobs).where(jobs.c.id == job.id).values(placement=cp.plan(job.spec).model_dump(mode="json"),
-                                                                 node_group="cpu"))
-    cp.reconciler.run_once()
-    j = cp.get(job.id, project=None)
-    assert j.status is JobStatus.RETRYING and j.failure_cause.value == "LOST"
-    assert "no record of this attempt" in j.status_reason
-
-    def done():
-        cp.dispatcher.run_once()
-        cp.reconciler.run_once()
-        return cp.get(job.id, project=None).status is JobStatus.SUCCEEDED
-
-    wait_for(done, timeout=90, what="retried attempt succeeded")
-    atts = cp.attempts(job.id, project=None)
-    assert [(a.number, a.cause.value if a.cause else None) for a in atts] == [(1, "LOST"), (2, None)]
-    cp.close()
