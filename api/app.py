@@ -77,10 +77,13 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         if settings.dashboard_url:
             from raylane.orchestrator.backends.ray_jobs import read_token
             from raylane.orchestrator.domain.profile import Profile
+            from raylane.orchestrator.services import fleetplan
 
             ray_token = read_token(settings.ray_auth_token)
             plane.attach_ray(settings.dashboard_url, ray_token, Profile.load(settings.profile),
                              ray_address=settings.ray_address)
+            # A fleet's pins (placement.cluster, placement.tier) are checked before routing.
+            plane.router = fleetplan.guard(plane, plane.router)
             # Links to a job's page in Ray's dashboard go through Raylane (api.rayproxy).
             plane.dashboard_link = public_base(settings) + RAY_PREFIX
             app.state.ray_proxy.bind(settings.dashboard_url, ray_token)

@@ -36,6 +36,9 @@ class Placement(BaseModel):
                              "null: a Ray job of its own")
     lane_env: str | None = Field(None, description="Its lane's runtime env (a hash of its working_dir, py_modules "
                                  "and pip): jobs of the same env share hosts; null: the node's own environment")
+    cluster: str | None = Field(None, description="The fleet's cluster it is placed on (docs/fleet.md); null: "
+                                "the one cluster, not placed across a fleet")
+    tier: Literal["owned", "rented"] | None = Field(None, description="That cluster's tier")
 
 
 class Attempt(BaseModel):
