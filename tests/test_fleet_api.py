@@ -111,3 +111,15 @@ def test_a_job_pinned_to_a_cluster_jobs_are_not_dispatched_to_yet_is_refused_wit
         assert "dispatched to cluster onprem only" in r.text and r.json()["detail"][0]["loc"][-1] == "placement.cluster"
         assert api.post("/v1/jobs", json={**HELLO, "placement": {"cluster": "onprem"}}).status_code == 201
     cp.close()
+
+
+def test_report_has_a_fleet_section_judging_owned_groups_and_pricing_the_alternatives(hybrid):
+    _, api = hybrid
+    rep = api.get("/v1/report", params={"start": "2026-12-01T00:00:00+00:00",
+                                         "end": "2026-12-01T10:00:00+00:00"}).json()
+    f = rep["fleet"]
+    assert f["target_utilisation"] == 0.7 and f["window_hours"] == 10
+    assert [(g["cluster"], g["node_group"], g["verdict"]) for g in f["owned_groups"]] == \
+        [("onprem", "gpu", "shrink"), ("onprem", "cpu", "shrink")]  # idle: below the target
+    assert f["cost"]["owned_fixed"] == 120.0 and f["as_all_owned"]["cost"] == 120.0
+    assert f["rented_spend"] == [] and any("do not record their cluster" in n for n in f["notes"])

@@ -119,3 +119,20 @@ def guard(cp: "ControlPlane", route_one):
         return route_one(spec)
 
     return routed
+
+
+def economics(cp: "ControlPlane", rows: list, *, start, end) -> dict:
+    """``/v1/report``'s ``fleet`` section from a window's usage sums (``store.usage.sums``).
+    Attempts do not record their cluster yet: every one is counted on the attached
+    cluster, which is where the dispatcher sent it."""
+    from raylane.orchestrator.domain import costs, fleetcosts
+
+    f = fleet(cp)
+    here = f.cluster(attached(cp))
+    items = [costs.key_cost(r.usage, r.seconds, here.profile, r.attempts) for r in rows]
+    out = fleetcosts.report({here.name: items}, f, hours=(end - start).total_seconds() / 3600,
+                            target=cp.settings.break_even_utilisation)
+    if len(f.members) > 1:
+        out["notes"].append(f"attempts do not record their cluster yet: all are counted on {here.name}, the "
+                            "cluster jobs are dispatched to")
+    return out
