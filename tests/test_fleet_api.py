@@ -109,7 +109,11 @@ def test_a_job_pinned_to_a_cluster_jobs_are_not_dispatched_to_yet_is_refused_wit
         r = api.post("/v1/jobs", json={**HELLO, "placement": {"cluster": "cloud"}})
         assert r.status_code == 422, r.text
         assert "dispatched to cluster onprem only" in r.text and r.json()["detail"][0]["loc"][-1] == "placement.cluster"
-        assert api.post("/v1/jobs", json={**HELLO, "placement": {"cluster": "onprem"}}).status_code == 201
+        r = api.post("/v1/jobs", json={**HELLO, "placement": {"cluster": "onprem"}})
+        assert r.status_code == 201, r.text
+        # The stored placement names the cluster the dispatcher sends it to: its attempts record it.
+        placement = api.get(f"/v1/jobs/{r.json()['id']}").json()["placement"]
+        assert (placement["cluster"], placement["tier"]) == ("onprem", "owned")
     cp.close()
 
 

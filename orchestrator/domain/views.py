@@ -55,6 +55,7 @@ class Attempt(BaseModel):
     message: str | None = None
     exit_code: int | None = None
     ray_job: str | None = Field(None, description="The Ray job it ran in, when not its own: a warm lane's host")
+    cluster: str | None = Field(None, description="The fleet's cluster it was placed on; null: the one cluster")
     dashboard_url: str | None = None
 
 

@@ -113,10 +113,19 @@ def check_pins(cp: "ControlPlane", spec: JobSpec, project: str | None = None) ->
 
 
 def guard(cp: "ControlPlane", route_one):
-    """``route_one`` (the control plane's router) with the fleet's pins checked first."""
+    """``route_one`` (the control plane's router) with the fleet's pins checked first;
+    on a fleet of several clusters, the placement names the attached cluster (where
+    the dispatcher sends it), so its attempts record their cluster."""
+    f = fleet(cp)
+    here = f.cluster(attached(cp))
+    several = len(f.members) > 1
+
     def routed(spec: JobSpec) -> Placement:
         check_pins(cp, spec)
-        return route_one(spec)
+        p = route_one(spec)
+        if several and p is not None:
+            p = p.model_copy(update={"cluster": here.name, "tier": here.tier})
+        return p
 
     return routed
 
