@@ -2,19 +2,24 @@
 be placed across it (``POST /v1/plan`` on a fleet of several clusters), and the
 pins a submitted job may carry (``placement.cluster``, ``placement.tier``).
 
-What is live and what is not yet: the control plane holds one Ray backend, the
-*attached* cluster (RAYLANE_DASHBOARD_URL; with ``serve --local-cluster`` and a
-fleet, its first cluster, owned first). Its groups are seen live (Ray's node
-list, Raylane's active jobs); the other clusters are placed by the fleet file
-alone ("no live view of it now"). Jobs are dispatched to the attached cluster
+What is live and what is not yet: the control plane dispatches through one Ray
+backend, the *attached* cluster (RAYLANE_DASHBOARD_URL; with ``serve
+--local-cluster`` and a fleet, its first cluster, owned first). Its groups are
+seen live (Ray's node list, Raylane's active jobs); the other clusters' node
+lists are read through a backend each (``backends.fleet``) when the fleet file
+gives their reach, else they are placed by the fleet file alone ("no live view
+of it now"). Jobs are dispatched to the attached cluster
 only, so a job pinned elsewhere is refused at submit with the reason, rather
 than accepted and run where it was told not to be (docs/fleet.md).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING
 
+from raylane.orchestrator.backends.fleet import FleetBackends
 from raylane.orchestrator.domain import placement as fleet_placement
 from raylane.orchestrator.domain.costs import node_share
 from raylane.orchestrator.domain.errors import Invalid
@@ -27,6 +32,9 @@ from raylane.orchestrator.store import db, stats
 
 if TYPE_CHECKING:
     from raylane.orchestrator.services.controlplane import ControlPlane
+
+log = logging.getLogger(__name__)
+VIEW_CACHE_S = 2.0  # as the control plane's own view: a burst of plans makes one call per cluster
 
 
 def fleet(cp: "ControlPlane") -> Fleet:
@@ -58,9 +66,44 @@ def rent_policy(cp: "ControlPlane", project: str | None, spend_per_hour: float =
                       spend_per_hour=spend_per_hour)
 
 
+def _backends(cp: "ControlPlane") -> FleetBackends | None:
+    """A backend for each cluster of a fleet of several with its reach in the fleet
+    file (None: one cluster, or a cluster Raylane cannot reach: the plan then sees
+    the attached cluster alone). Built once; it only reads node lists here."""
+    if hasattr(cp, "_fleet_backends"):
+        return cp._fleet_backends
+    f = fleet(cp)
+    built = None
+    if len(f.members) > 1:
+        try:
+            built = FleetBackends.build(f, attached(cp))
+        except Invalid as e:
+            log.warning("the fleet plan sees cluster %s alone: %s (%s)", attached(cp), e.message, e.field)
+    cp._fleet_backends = built
+    return built
+
+
+def _other_view(cp: "ControlPlane", name: str):
+    """Another cluster's node groups now (cached ``VIEW_CACHE_S``), None when unreachable."""
+    from raylane.orchestrator.backends.ray_jobs import RayUnavailable
+
+    cache = cp.__dict__.setdefault("_fleet_views", {})
+    hit = cache.get(name)
+    if hit is not None and time.monotonic() - hit[0] < VIEW_CACHE_S:
+        return hit[1]
+    try:
+        view = _backends(cp).of(name).cluster_view()
+    except RayUnavailable:
+        view = None
+    cache[name] = (time.monotonic(), view)
+    return view
+
+
 def _now(cp: "ControlPlane", f: Fleet) -> tuple[fleet_placement.FleetNow | None, float]:
-    """The attached cluster's groups now, and what Raylane's active jobs on it cost an
-    hour when it is rented (the spend a cap is judged against)."""
+    """Each cluster's groups now (the attached one's with what Raylane's active jobs
+    hold; the others' by their node lists, nothing of Raylane's runs there yet), and
+    what the active jobs on the attached cluster cost an hour when it is rented (the
+    spend a cap is judged against)."""
     if cp.backend is None:
         return None, 0.0
     name = attached(cp)
@@ -70,11 +113,20 @@ def _now(cp: "ControlPlane", f: Fleet) -> tuple[fleet_placement.FleetNow | None,
         used, _ = stats.used_by_active(s)
     groups = {g.name: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total), held=used.get(g.name, {}))
               for g in cluster.profile.workers if (st := view.get(g.name)) is not None}
+    now: fleet_placement.FleetNow = {name: groups}
+    if _backends(cp) is not None:
+        for other in f.members:
+            if other.name == name:
+                continue
+            v = _other_view(cp, other.name)
+            if v is not None:
+                now[other.name] = {g: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total))
+                                   for g, st in v.items()}
     spend = 0.0
     if not cluster.owned:
         for g in cluster.profile.workers:
             spend += node_share(used.get(g.name, {}), g) * g.price_per_hour
-    return {name: groups}, spend
+    return now, spend
 
 
 def place(cp: "ControlPlane", spec: JobSpec, project: str | None) -> FleetPlacement:

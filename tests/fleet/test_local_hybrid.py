@@ -78,7 +78,42 @@ def owner(tmp_path):
     wait_for(lambda: not leftovers(started["reach"]), timeout=120, what="the fleet's processes to end")
 
 
-def test_local_hybrid_fleet_two_clusters_own_ports_and_tokens_scale_from_zero_and_die_with_their_owner(owner):
+def plan_on_the_fleet(reach_file: str, onprem: dict, tmp_path: Path) -> None:
+    import yaml
+    from fastapi.testclient import TestClient
+
+    from raylane.api.app import create_app
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.store import migrate
+    from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN
+
+    fleet = Fleet.load(reach_file)
+    profile = tmp_path / "onprem-profile.yaml"
+    profile.write_text(yaml.safe_dump(fleet.cluster("onprem").profile.model_dump()))
+    url = f"sqlite:///{tmp_path / 'raylane.db'}"
+    migrate.upgrade(url)
+    settings = Settings(database_url=url, data_dir=tmp_path / "cp", auto_migrate=False, loops_enabled=False,
+                        admin_token=ADMIN_TOKEN, gc_freeze=False, fleet=reach_file, profile=profile,
+                        dashboard_url=onprem["dashboard_url"], ray_address=onprem["gcs_address"],
+                        ray_auth_token=Path(onprem["token_path"]).read_text().strip())
+    train = {"name": "finetune", "kind": "training", "entrypoint": "examples.train:main",
+             "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1}}
+    sweep = {"name": "lr", "kind": "sweep", "entrypoint": "examples.sweep:objective",
+             "resources": {"cpus_per_worker": 1}, "placement": {"tier": "rented"},
+             "sweep": {"metric": "loss", "mode": "min", "num_samples": 4, "max_concurrent_trials": 2,
+                       "search_space": {"lr": {"uniform": [0.1, 1.0]}}}}
+    with TestClient(create_app(settings), headers=ADMIN_HEADERS) as api:
+        p = api.post("/v1/plan", json=train).json()
+        assert (p["cluster"], p["node_group"]) == ("onprem", "gpu"), p
+        assert "onprem gpu: room now (2 of 2 GPUs free, 4 of 4 CPUs free)" in p["reasons"], p["reasons"]
+        assert "cloud gpu-spot: scale-up from 0 nodes, $2.10/h spot" in p["reasons"], p["reasons"]
+        p = api.post("/v1/plan", json=sweep).json()
+        assert (p["cluster"], p["node_group"], p["market"]) == ("cloud", "spot-cpu", "SPOT"), p
+        spot = next(r for r in p["reasons"] if r.startswith("cloud spot-cpu: "))
+        assert "no live view" not in spot, p["reasons"]  # cloud's node list, read with cloud's own token
+
+
+def test_local_hybrid_fleet_two_clusters_own_ports_and_tokens_scale_from_zero_and_die_with_their_owner(owner, tmp_path):
     proc, started = owner
     reach = started["reach"]
     onprem, cloud = reach["onprem"], reach["cloud"]
@@ -115,6 +150,9 @@ def test_local_hybrid_fleet_two_clusters_own_ports_and_tokens_scale_from_zero_an
     spot = wait_for(lambda: labelled(cloud).get("spot-cpu"), timeout=180, what="a spot-cpu node on cloud")
     assert spot["labels"][MARKET] == "SPOT"
     assert "spot-cpu" not in labelled(onprem)  # the other cluster saw nothing of it
+
+    # A control plane on the fleet (as serve --local-cluster wires it) plans with both clusters live.
+    plan_on_the_fleet(started["reach_file"], onprem, tmp_path)
 
     # The owner dies without a word (SIGKILL): both clusters go, autoscaled node included.
     proc.send_signal(signal.SIGKILL)
