@@ -85,3 +85,47 @@ def test_an_attempt_records_the_cluster_its_placement_names(cp):
     with db.read(cp.sessions) as s:
         (attempt,) = list_attempts(s, job.id, project=None)
     assert attempt.cluster == "onprem"
+
+
+class Submits:
+    """What the dispatcher asks of a Ray backend to submit a job, recorded (no Ray)."""
+
+    def __init__(self):
+        from raylane.orchestrator.backends.reachability import Reachability
+
+        self.submitted: dict[str, dict] = {}
+        self.reachability = Reachability("ray")
+
+    def cluster_view(self):
+        from tests.test_scheduler import view
+
+        return view()
+
+    def put_inputs(self, sid, env):
+        return f"inputs/{sid}"
+
+    def forget_inputs(self, sid):
+        pass
+
+    def submit(self, *, submission_id, metadata, **_):
+        self.submitted[submission_id] = metadata
+
+
+def test_ray_job_metadata_names_the_cluster_of_a_fleet_placement(settings):
+    from raylane.orchestrator.domain.routing import route
+    from raylane.orchestrator.domain.specs import JobSpec
+    from raylane.orchestrator.loops.dispatcher import Dispatcher
+    from raylane.orchestrator.services.controlplane import ControlPlane
+
+    plane = ControlPlane(settings)
+    try:
+        profile = default_profile()
+        plane.router = lambda spec: route(spec, profile).model_copy(update={"cluster": "onprem", "tier": "owned"})
+        ray = Submits()
+        plane.dispatcher = Dispatcher(settings, plane.sessions, ray, profile)
+        job, _ = plane.submit(JobSpec(name="c", kind="command", entrypoint="true"), project="default", actor="t")
+        plane.dispatcher.run_once()
+        meta = ray.submitted[submission_id(job.id, 1)]
+        assert meta["raylane_cluster"] == "onprem" and meta["raylane_job_id"] == job.id
+    finally:
+        plane.close()

@@ -175,6 +175,8 @@ class Dispatcher(LoopService):
         spec, pl = c.spec, c.placement
         metadata = {"raylane_job_id": c.job_id, "raylane_project": c.project, "raylane_kind": spec.kind.value,
                     "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name}
+        if pl.cluster:  # a fleet's cluster (docs/fleet.md): Ray's dashboard says where the job was placed
+            metadata["raylane_cluster"] = pl.cluster
         parents = None
         if spec.depends_on:  # its parents' results and storage, by reference (store.dependencies)
             with db.transaction(self.sessions) as s:
