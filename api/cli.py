@@ -81,13 +81,20 @@ def profile_render(
     target: DeployTarget = typer.Option(..., "--target", help="Which deploy file: compose, kuberay or aws."),
     check: Optional[Path] = typer.Option(None, "--check", help="Compare FILE (a KubeRay base directory too) with the profile instead of printing; exit 1 on drift.", metavar="FILE"),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Cluster profile YAML (default: RAYLANE_PROFILE, else the shipped one)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="A cluster of the fleet (--fleet, else "
+                                          "RAYLANE_FLEET): render that cluster's node groups (docs/fleet.md)."),
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="Fleet file (or local-hybrid) --cluster is read from."),
 ) -> None:
-    """Print the node-group parts of a deploy file from the cluster profile, or check a file for drift."""
+    """Print the node-group parts of a deploy file from the cluster profile (or one
+    cluster of a fleet), or check a file for drift."""
     from raylane.orchestrator.tooling import deploy_render
     from raylane.orchestrator.domain.profile import Profile
     from raylane.orchestrator.settings import Settings
 
-    prof = Profile.load(profile or Settings().profile)
+    if cluster is not None:
+        prof = _fleet_cluster_profile(fleet or Settings().fleet, cluster)
+    else:
+        prof = Profile.load(profile or Settings().profile)
     if check is None:
         typer.echo(deploy_render.render(target.value, prof), nl=False)
         return
@@ -97,6 +104,24 @@ def profile_render(
     if drift:
         raise typer.Exit(1)
     typer.echo(f"{check}: node groups match profile '{prof.name}'")
+
+
+def _fleet_cluster_profile(fleet: str | None, cluster: str):
+    """The node groups of one cluster of a fleet, as a profile; a usage error naming what is wrong."""
+    from raylane.orchestrator.domain.errors import Invalid
+    from raylane.orchestrator.domain.fleet import Fleet
+
+    if not fleet:
+        raise fail("--cluster names a cluster of a fleet: give --fleet (or set RAYLANE_FLEET)", EXIT_USAGE)
+    try:
+        f = Fleet.load(fleet)
+    except Invalid as e:
+        raise fail(f"{e.field}: {e.message}" if e.field else e.message, EXIT_USAGE) from None
+    member = f.cluster(cluster)
+    if member is None:
+        raise fail(f"--cluster: no cluster {cluster!r} in fleet {f.name}; its clusters: {', '.join(f.names)}",
+                   EXIT_USAGE)
+    return member.profile
 
 
 cluster_app = typer.Typer(help="The local multi-node Ray cluster of the profile (RAYLANE_PROFILE): simulated GPU, "

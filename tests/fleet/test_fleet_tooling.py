@@ -49,3 +49,20 @@ def test_cluster_up_with_a_bad_fleet_says_which_field(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["cluster", "up", "--fleet", str(bad)])
     assert r.exit_code != 0
     assert "clusters.c.token" in r.output and "token_file" in r.output
+
+
+def test_profile_render_renders_one_cluster_of_a_fleet():
+    import yaml
+
+    from raylane.api.cli import app
+
+    r = CliRunner().invoke(app, ["profile", "render", "--target", "kuberay", "--fleet", "local-hybrid",
+                                 "--cluster", "cloud"])
+    assert r.exit_code == 0, r.output
+    assert "rendered from cluster profile 'cloud'" in r.output
+    body = yaml.safe_load(r.output)
+    text = yaml.safe_dump(body)
+    assert "gpu-spot" in text and "spot-cpu" in text
+    r = CliRunner().invoke(app, ["profile", "render", "--target", "kuberay", "--fleet", "local-hybrid",
+                                 "--cluster", "mars"])
+    assert r.exit_code == 2 and "no cluster 'mars'" in r.output and "onprem, cloud" in r.output
