@@ -141,6 +141,33 @@ def test_today_s_single_cluster_settings_are_a_fleet_of_one():
     assert Settings().fleet is None  # nothing to set for one cluster
 
 
+def test_a_profile_that_worked_before_fleets_works_unpriced():
+    """A rented group of a fleet file names its price; a profile of today's one cluster
+    need not (price_per_hour defaults to 0), and keeps working."""
+    doc = yaml.safe_load(DEFAULT_PROFILE.read_text())
+    for g in doc["groups"]:
+        g.pop("price_per_hour", None)
+    from raylane.orchestrator.domain.profile import Profile
+
+    f = configured(None, Profile.model_validate(doc))
+    assert f.names == ["default"] and f.members[0].profile.group("gpu").price_per_hour == 0
+
+
+def test_a_relative_profile_is_found_from_the_local_fleet_s_reach_file(tmp_path):
+    from raylane.orchestrator.tooling.localfleet import LocalFleet
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "cloud.yaml").write_text(DEFAULT_PROFILE.read_text())
+    d = doc(clusters__1__groups=..., clusters__1__profile="cloud.yaml")
+    (tmp_path / "src" / "fleet.yaml").write_text(yaml.safe_dump(d))
+    local = LocalFleet(Fleet.load(tmp_path / "src" / "fleet.yaml"), tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "reach.yaml").write_text(yaml.safe_dump(local.with_reach().model_dump(
+        exclude={"base_dir"}, exclude_none=True)))
+    again = Fleet.load(tmp_path / "run" / "reach.yaml")
+    assert [g.name for g in again.cluster("cloud").profile.workers] == ["gpu", "spot-cpu", "cpu"]
+
+
 def test_the_shipped_local_hybrid_fleet_is_what_issue_45_describes():
     f = configured("local-hybrid", default_profile())
     onprem, cloud = f.cluster("onprem"), f.cluster("cloud")

@@ -265,9 +265,13 @@ class Fleet(BaseModel):
     def single(cls, profile: Profile, *, dashboard_url: str | None = None, gcs_address: str | None = None) -> "Fleet":
         """Today's one cluster as a fleet: rented (its groups' prices are per node-hour,
         as profiles always priced them), named ``default``."""
-        spec = ClusterSpec(name=SINGLE_CLUSTER, tier="rented", dashboard_url=dashboard_url, gcs_address=gcs_address,
-                           cost=NodeHourCost(model="per_node_hour"), groups=list(profile.groups), serve=profile.serve)
-        fleet = cls(name=profile.name, clusters=[spec])
+        # Built, not validated: a fleet file's rules (a rented group names its price) must
+        # not refuse a profile that worked before fleets, whose prices may be left at 0.
+        spec = ClusterSpec.model_construct(
+            name=SINGLE_CLUSTER, tier="rented", dashboard_url=dashboard_url, gcs_address=gcs_address, token_file=None,
+            token_env=None, token=None, cost=NodeHourCost(model="per_node_hour"), profile=None,
+            groups=list(profile.groups), serve=profile.serve, local="static")
+        fleet = cls.model_construct(name=profile.name, clusters=[spec], base_dir=None)
         fleet._members = [Cluster(spec=spec, profile=profile)]  # the very profile, not a copy
         return fleet
 

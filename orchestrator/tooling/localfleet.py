@@ -110,6 +110,9 @@ class LocalFleet:
         reach = self.reach()
         doc = self.fleet.model_dump(exclude={"base_dir"}, exclude_none=True)
         for c in doc["clusters"]:
+            if c.get("profile") and not Path(c["profile"]).is_absolute():
+                # The reach file is written elsewhere (<dir>): a relative profile must still be found.
+                c["profile"] = str(Path(self.fleet.base_dir or ".", c["profile"]).resolve())
             r = reach[c["name"]]
             c.update({"dashboard_url": r["dashboard_url"], "gcs_address": r["gcs_address"],
                       "token_file": r["token_path"]})
