@@ -129,3 +129,28 @@ def test_ray_job_metadata_names_the_cluster_of_a_fleet_placement(settings):
         assert meta["raylane_cluster"] == "onprem" and meta["raylane_job_id"] == job.id
     finally:
         plane.close()
+
+
+def test_timeout_ends_is_the_soonest_running_job_timeout_per_group(cp):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from raylane.orchestrator.domain.specs import JobSpec
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store import fleet as store_fleet
+    from raylane.orchestrator.store.tables import jobs
+    from raylane.orchestrator.store.transitions import utcnow
+
+    now = utcnow()
+    made = []
+    for name, timeout, started_ago in (("a", 600, 120), ("b", 900, 0), ("c", None, 0)):
+        doc = {"name": name, "kind": "command", "entrypoint": "true", **({"timeout_s": timeout} if timeout else {})}
+        job, _ = cp.submit(JobSpec.model_validate(doc), project="default", actor="t")
+        made.append(job.id)
+        with db.transaction(cp.sessions) as s:  # as the reconciler leaves a running job
+            s.execute(update(jobs).where(jobs.c.id == job.id).values(
+                status="RUNNING", node_group="cpu", started_at=now - timedelta(seconds=started_ago)))
+    with db.read(cp.sessions) as s:
+        ends = store_fleet.timeout_ends(s, now=now)
+    assert ends == {"cpu": pytest.approx(480)}

@@ -156,3 +156,11 @@ def test_a_single_cluster_fleet_places_as_the_router_does():
     single = Fleet.single(default_profile())
     fp = place(spec(TRAIN), single)
     assert fp.nominee.group == route(spec(TRAIN), default_profile()).node_group
+
+
+def test_a_running_job_s_timeout_bounds_the_wait_and_says_so():
+    n = now(gpus_held=2, next_free_s=300)
+    n["onprem"]["gpu"].next_free_bound = True
+    fp = place(spec(TRAIN), FLEET, n)
+    assert fp.nominee.cluster == "onprem"
+    assert "onprem gpu: 2 of 2 GPUs held, next frees within ~5 min (a running job's timeout)" in fp.reasons

@@ -71,6 +71,7 @@ class GroupNow:
     total: dict[str, float] = field(default_factory=dict)  # over alive, non-draining nodes
     held: dict[str, float] = field(default_factory=dict)  # by Raylane's running attempts
     next_free_s: float | None = None  # when held resources are expected to start freeing; None: unknown
+    next_free_bound: bool = False  # next_free_s is an upper bound (a running job's timeout), not an estimate
 
     def free(self, resource: str) -> float:
         return max(0.0, self.total.get(resource, 0.0) - self.held.get(resource, 0.0))
@@ -218,10 +219,12 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
                              f"{name}: no live node now")
         held = _held_text(p.total, g_now)
+        frees = "next frees within" if g_now.next_free_bound else "next frees in"
+        by = " (a running job's timeout)" if g_now.next_free_bound else ""
         if g_now.next_free_s is not None and g_now.next_free_s <= owned_soon_s:
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_SOON, 0.0, p,
-                             f"{name}: {held}, next frees in {_minutes(g_now.next_free_s)}")
-        when = (f"next frees in {_minutes(g_now.next_free_s)}" if g_now.next_free_s is not None
+                             f"{name}: {held}, {frees} {_minutes(g_now.next_free_s)}{by}")
+        when = (f"{frees} {_minutes(g_now.next_free_s)}{by}" if g_now.next_free_s is not None
                 else "no end expected")
         return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
                          f"{name}: {held}, {when}: after rented capacity")

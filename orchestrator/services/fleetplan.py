@@ -29,6 +29,8 @@ from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.store import db, stats
+from raylane.orchestrator.store import fleet as store_fleet
+from raylane.orchestrator.store.transitions import utcnow
 
 if TYPE_CHECKING:
     from raylane.orchestrator.services.controlplane import ControlPlane
@@ -111,7 +113,9 @@ def _now(cp: "ControlPlane", f: Fleet) -> tuple[fleet_placement.FleetNow | None,
     view = cp.cluster_view() or {}
     with db.read(cp.sessions) as s:
         used, _ = stats.used_by_active(s)
-    groups = {g.name: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total), held=used.get(g.name, {}))
+        ends = store_fleet.timeout_ends(s, now=utcnow())
+    groups = {g.name: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total), held=used.get(g.name, {}),
+                               next_free_s=ends.get(g.name), next_free_bound=g.name in ends)
               for g in cluster.profile.workers if (st := view.get(g.name)) is not None}
     now: fleet_placement.FleetNow = {name: groups}
     if _backends(cp) is not None:
