@@ -78,6 +78,10 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         admin_banner = _bootstrap_access(plane, settings)
         if settings.dashboard_url:
             ray_token = assembly.attach_configured_ray(plane, settings)
+            # A fleet's pins (placement.cluster, placement.tier) are checked before routing.
+            from raylane.orchestrator.services import fleetplan
+
+            plane.router = fleetplan.guard(plane, plane.router)
             # Links to a job's page in Ray's dashboard go through Raylane (api.rayproxy).
             plane.dashboard_link = public_base(settings) + RAY_PREFIX
             app.state.ray_proxy.bind(settings.dashboard_url, ray_token)

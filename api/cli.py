@@ -81,13 +81,20 @@ def profile_render(
     target: DeployTarget = typer.Option(..., "--target", help="Which deploy file: compose, kuberay or aws."),
     check: Optional[Path] = typer.Option(None, "--check", help="Compare FILE (a KubeRay base directory too) with the profile instead of printing; exit 1 on drift.", metavar="FILE"),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Cluster profile YAML (default: RAYLANE_PROFILE, else the shipped one)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="A cluster of the fleet (--fleet, else "
+                                          "RAYLANE_FLEET): render that cluster's node groups (docs/fleet.md)."),
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="Fleet file (or local-hybrid) --cluster is read from."),
 ) -> None:
-    """Print the node-group parts of a deploy file from the cluster profile, or check a file for drift."""
+    """Print the node-group parts of a deploy file from the cluster profile (or one
+    cluster of a fleet), or check a file for drift."""
     from raylane.orchestrator.tooling import deploy_render
     from raylane.orchestrator.domain.profile import Profile
     from raylane.orchestrator.settings import Settings
 
-    prof = Profile.load(profile or Settings().profile)
+    if cluster is not None:
+        prof = _fleet_cluster_profile(fleet or Settings().fleet, cluster)
+    else:
+        prof = Profile.load(profile or Settings().profile)
     if check is None:
         typer.echo(deploy_render.render(target.value, prof), nl=False)
         return
@@ -99,13 +106,57 @@ def profile_render(
     typer.echo(f"{check}: node groups match profile '{prof.name}'")
 
 
+def _fleet_cluster_profile(fleet: str | None, cluster: str):
+    """The node groups of one cluster of a fleet, as a profile; a usage error naming what is wrong."""
+    from raylane.orchestrator.domain.errors import Invalid
+    from raylane.orchestrator.domain.fleet import Fleet
+
+    if not fleet:
+        raise fail("--cluster names a cluster of a fleet: give --fleet (or set RAYLANE_FLEET)", EXIT_USAGE)
+    try:
+        f = Fleet.load(fleet)
+    except Invalid as e:
+        raise fail(f"{e.field}: {e.message}" if e.field else e.message, EXIT_USAGE) from None
+    member = f.cluster(cluster)
+    if member is None:
+        raise fail(f"--cluster: no cluster {cluster!r} in fleet {f.name}; its clusters: {', '.join(f.names)}",
+                   EXIT_USAGE)
+    return member.profile
+
+
 cluster_app = typer.Typer(help="The local multi-node Ray cluster of the profile (RAYLANE_PROFILE): simulated GPU, "
                                "spot and on-demand node groups on this machine. Needs the server install.",
                           no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
 
-def _local_cluster(autoscale: bool = False):
+FLEET_DIR = "fleet"  # under data_dir: a local fleet's clusters, one directory each
+
+
+def _local_fleet(fleet: str | None = None, *, recorded_only: bool = False):
+    """The local fleet recorded as up in data_dir (when ``fleet`` names none), else
+    the one ``fleet`` (or RAYLANE_FLEET) names, else None (a single local cluster).
+    ``recorded_only``: the fleet up here, or None."""
+    from raylane.orchestrator.domain.errors import Invalid
+    from raylane.orchestrator.domain.fleet import Fleet
+    from raylane.orchestrator.settings import Settings
+    from raylane.orchestrator.tooling.localfleet import LocalFleet
+
+    settings = Settings()
+    where = settings.data_dir / FLEET_DIR
+    try:
+        recorded = LocalFleet.recorded(where)
+        if (fleet is None and recorded is not None) or recorded_only:
+            return recorded
+        name = fleet or settings.fleet
+        if name is None:
+            return None
+        return LocalFleet(Fleet.load(name), where, source=str(Path(name).resolve()) if Path(name).exists() else name)
+    except Invalid as e:
+        raise fail(f"{e.field}: {e.message}" if e.field else e.message, EXIT_USAGE) from None
+
+
+def _local_cluster(autoscale: bool = False, cluster: str | None = None):
     # Imported here, as in every command: `raylane-server --help` need not load Ray.
     from raylane.orchestrator.domain.profile import Profile
     from raylane.orchestrator.settings import Settings
@@ -115,6 +166,15 @@ def _local_cluster(autoscale: bool = False):
     settings = Settings()
     if not Path(sys.executable).with_name("ray").exists():
         raise fail(f"no `ray` next to {sys.executable}; install 'raylane[server]'", EXIT_USAGE)
+    fleet = _local_fleet(recorded_only=True) if not autoscale else None
+    if fleet is not None:
+        names = ", ".join(fleet.clusters)
+        if cluster is None:
+            raise fail(f"a fleet runs here: name one of its clusters with --cluster ({names})", EXIT_USAGE)
+        if cluster not in fleet.clusters:
+            raise fail(f"--cluster: no cluster {cluster!r} in fleet {fleet.fleet.name}; its clusters: {names}",
+                       EXIT_USAGE)
+        return fleet.clusters[cluster]
     if autoscale or (settings.data_dir / "cluster" / AUTOSCALING_CONFIG).exists():  # down/status of one
         # The server must read the same profile (RAYLANE_PROFILE): it is what admission counts.
         return AutoscalingCluster(Profile.load(settings.profile or AUTOSCALE_PROFILE), settings.data_dir / "cluster")
@@ -188,8 +248,15 @@ def cluster_up(output: Output = OUTPUT,
                                               "provider) starts and stops the worker nodes between each group's "
                                               "min_nodes and max_nodes; without RAYLANE_PROFILE, the "
                                               "local-autoscale profile (gpu and spot-cpu from zero). Serve with "
-                                              "the same RAYLANE_PROFILE and RAYLANE_AUTOSCALE_AHEAD_JOBS > 0 (docs/deploy.md).")) -> None:
-    """Start the local cluster (one node after another); a no-op if it is up."""
+                                              "the same RAYLANE_PROFILE and RAYLANE_AUTOSCALE_AHEAD_JOBS > 0 (docs/deploy.md)."),
+               fleet: Optional[str] = typer.Option(None, "--fleet", help="Start every cluster of a fleet file (or a "
+                                                   "shipped fleet: local-hybrid) on this machine, each with its own "
+                                                   "head, ports and token (docs/fleet.md). Default: RAYLANE_FLEET.")) -> None:
+    """Start the local cluster (one node after another), or a local fleet; a no-op if it is up."""
+    local_fleet = None if autoscale else _local_fleet(fleet)
+    if local_fleet is not None:
+        _fleet_up(local_fleet, output)
+        return
     cluster = _local_cluster(autoscale)
     if not cluster.is_up():
         groups = ", ".join(f"{g.name} {g.min_nodes}..{g.max_nodes}" if autoscale else f"{g.name} x{g.local_nodes}"
@@ -207,9 +274,44 @@ def cluster_up(output: Output = OUTPUT,
     console().print("Run the API on it with `raylane-server serve --local-cluster` (it attaches to this cluster).")
 
 
+def _fleet_view(local_fleet) -> dict:
+    return {"fleet": local_fleet.fleet.name, "dir": str(local_fleet.dir),
+            "reach_file": str(local_fleet.reach_file) if local_fleet.reach_file.exists() else None,
+            "clusters": [{"name": name, "tier": local_fleet.fleet.cluster(name).tier, **_cluster_view(c)}
+                         for name, c in local_fleet.clusters.items()]}
+
+
+def _print_fleet(view: dict) -> None:
+    for c in view["clusters"]:
+        console().print(f"[bold]{c['name']}[/] ({c['tier']})")
+        _print_cluster(c)
+    if view["reach_file"]:
+        console().print(f"Fleet file with each cluster's reach: {view['reach_file']} (RAYLANE_FLEET for a server)")
+
+
+def _fleet_up(local_fleet, output: Output) -> None:
+    if not local_fleet.is_up():
+        names = ", ".join(f"{m.name} ({m.tier}, {m.spec.local})" for m in local_fleet.fleet.members)
+        console(stderr=True).print(f"Starting the local fleet {local_fleet.fleet.name}: {names}...")
+        try:
+            local_fleet.up()
+        except (RuntimeError, TimeoutError) as e:
+            raise fail(str(e), EXIT_FAILED) from None
+    view = _fleet_view(local_fleet)
+    if output is Output.json:
+        print_json(view)
+        return
+    _print_fleet(view)
+
+
 @cluster_app.command("down")
 def cluster_down() -> None:
-    """Stop every node of the local cluster."""
+    """Stop every node of the local cluster (or every cluster of the local fleet)."""
+    local_fleet = _local_fleet(recorded_only=True)
+    if local_fleet is not None:
+        local_fleet.down()
+        console().print(f"Local fleet {local_fleet.fleet.name} stopped.")
+        return
     cluster = _local_cluster()
     if cluster.state is None:
         console().print("No local cluster is running.")
@@ -220,7 +322,17 @@ def cluster_down() -> None:
 
 @cluster_app.command("status")
 def cluster_status(output: Output = OUTPUT) -> None:
-    """Show the local cluster's nodes; exit 1 when it is not running."""
+    """Show the local cluster's nodes (each cluster's, for a fleet); exit 1 when it is not running."""
+    local_fleet = _local_fleet(recorded_only=True)
+    if local_fleet is not None:
+        view = _fleet_view(local_fleet)
+        if output is Output.json:
+            print_json(view)
+        else:
+            _print_fleet(view)
+        if not all(c["up"] for c in view["clusters"]):
+            raise typer.Exit(EXIT_FAILED)
+        return
     cluster = _local_cluster()
     view = _cluster_view(cluster)
     if output is Output.json:
@@ -231,8 +343,11 @@ def cluster_status(output: Output = OUTPUT) -> None:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _running_cluster():
-    cluster = _local_cluster()
+ClusterOpt = typer.Option(None, "--cluster", help="Which cluster of the local fleet (when a fleet runs here).")
+
+
+def _running_cluster(name: str | None = None):
+    cluster = _local_cluster(cluster=name)
     if not cluster.is_up():
         raise fail("no local cluster is running (`raylane-server cluster up`)", EXIT_FAILED)
     return cluster
@@ -252,11 +367,12 @@ def cluster_drain(
     node: str = typer.Argument(..., help="Node name from `raylane-server cluster status`, e.g. spot-cpu-0."),
     deadline_s: int = typer.Option(120, "--deadline-s", min=1, help="Seconds until the node is gone."),
     message: str = typer.Option("spot termination notice", "--message", help="Ray's drain reason message."),
+    cluster_name: Optional[str] = ClusterOpt,
 ) -> None:
     """Send a node Ray's preemption notice (`ray drain-node`), as a spot-termination
     watcher would: Ray and Raylane stop placing work there and Raylane asks the
     jobs on it to checkpoint. The node leaves when idle (or `kill` it)."""
-    cluster = _running_cluster()
+    cluster = _running_cluster(cluster_name)
     name = _node_name(cluster, node)
     try:
         cluster.drain_node(name, message=message, deadline_s=deadline_s)
@@ -266,18 +382,20 @@ def cluster_drain(
 
 
 @cluster_app.command("kill")
-def cluster_kill(node: str = typer.Argument(..., help="Node name from `raylane-server cluster status`.")) -> None:
+def cluster_kill(node: str = typer.Argument(..., help="Node name from `raylane-server cluster status`."),
+                 cluster_name: Optional[str] = ClusterOpt) -> None:
     """SIGKILL one worker node's processes: a spot reclaim without notice."""
-    cluster = _running_cluster()
+    cluster = _running_cluster(cluster_name)
     name = _node_name(cluster, node)
     cluster.kill_node(name)
     console().print(f"Node {name} killed; `raylane-server cluster add {name.rsplit('-', 1)[0]}` replaces it.")
 
 
 @cluster_app.command("add")
-def cluster_add(group: str = typer.Argument(..., help="Node group of the profile, e.g. spot-cpu.")) -> None:
+def cluster_add(group: str = typer.Argument(..., help="Node group of the profile, e.g. spot-cpu."),
+                cluster_name: Optional[str] = ClusterOpt) -> None:
     """Start one more node of a group (e.g. to replace a killed spot node)."""
-    cluster = _running_cluster()
+    cluster = _running_cluster(cluster_name)
     try:
         node = cluster.add_node(group)
     except ValueError as e:
@@ -288,11 +406,11 @@ def cluster_add(group: str = typer.Argument(..., help="Node group of the profile
 
 
 @cluster_app.command("restart-head")
-def cluster_restart_head() -> None:
+def cluster_restart_head(cluster_name: Optional[str] = ClusterOpt) -> None:
     """Kill the head and start it again on the same ports. Without GCS fault
     tolerance Ray forgets everything: the worker nodes are replaced and running
     attempts come back as LOST, retried by Raylane."""
-    cluster = _running_cluster()
+    cluster = _running_cluster(cluster_name)
     try:
         cluster.restart_head()
     except (RuntimeError, TimeoutError) as e:

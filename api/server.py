@@ -28,7 +28,9 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
     app = create_app(settings)
     base = settings.public_url or f"http://{settings.host}:{settings.port}"
     cluster = None
-    if local_cluster and not settings.dashboard_url:
+    if local_cluster and not settings.dashboard_url and settings.fleet:
+        cluster = _start_fleet(settings)
+    elif local_cluster and not settings.dashboard_url:
         from raylane.orchestrator.tooling.localcluster import LocalCluster
         from raylane.orchestrator.domain.profile import Profile
 
@@ -52,8 +54,38 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
         if cluster is not None:
             # A clean stop (Ctrl-C, SIGTERM) takes the local cluster down here; on a
             # crash or SIGKILL the cluster's watchdog does (localcluster.py).
-            print("Stopping the local Ray cluster...", flush=True)
+            print("Stopping the local Ray cluster(s)...", flush=True)
             cluster.down()
+
+
+def _start_fleet(settings: Settings):
+    """Start the local fleet RAYLANE_FLEET names, owned (it dies with this process),
+    and point the settings at it: RAYLANE_FLEET at the fleet with each cluster's
+    reach, the Ray settings at its first cluster (owned first). Jobs run on that
+    cluster alone until dispatch across clusters lands (docs/fleet.md); the other
+    clusters are up, and the fleet report and plan see them."""
+    import yaml
+
+    from raylane.orchestrator.domain.fleet import Fleet
+    from raylane.orchestrator.tooling.localfleet import LocalFleet
+
+    local = LocalFleet(Fleet.load(settings.fleet), settings.data_dir / "fleet", source=settings.fleet)
+    names = ", ".join(f"{m.name} ({m.tier})" for m in local.fleet.members)
+    print(f"Starting the local fleet {local.fleet.name}: {names}...", flush=True)
+    fleet = local.up(owned=True)
+    first = next(iter(local.clusters))
+    state = local.clusters[first].state
+    settings.fleet = str(local.reach_file)
+    settings.dashboard_url = state.dashboard_url
+    settings.ray_address = state.gcs_address
+    settings.ray_auth_token = state.token
+    # The server routes and admits by the attached cluster's groups (RAYLANE_PROFILE).
+    profile_path = local.clusters[first].dir / "profile.yaml"
+    profile_path.write_text(yaml.safe_dump(fleet.cluster(first).profile.model_dump(), sort_keys=False))
+    settings.profile = profile_path
+    print(f"Jobs run on cluster {first} ({fleet.cluster(first).tier}) until dispatch across clusters lands.", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    return local
 
 
 def _serve_workers(settings: Settings, base: str) -> None:
@@ -72,7 +104,8 @@ def _serve_workers(settings: Settings, base: str) -> None:
         finally:
             plane.close()
     settled = {"RAYLANE_AUTO_MIGRATE": "false", "RAYLANE_DASHBOARD_URL": settings.dashboard_url,
-               "RAYLANE_RAY_ADDRESS": settings.ray_address}
+               "RAYLANE_RAY_ADDRESS": settings.ray_address, "RAYLANE_PROFILE": settings.profile,
+               "RAYLANE_FLEET": settings.fleet}
     if settings.session_secret is None:
         # A browser's session cookie must verify on whichever worker its next request
         # reaches: one secret for all of them (each would otherwise draw its own).

@@ -756,6 +756,7 @@ def report(
         out.print("No GPU group in the profile.")
     for g in rep["gpu_groups"]:
         out.print(f"  - {escape(g['advice'])}", soft_wrap=True)
+    _print_fleet_economics(out, rep.get("fleet"))
     cheaper = rep["cheaper_placements"]
     if not cheaper:
         out.print("No job's placement looks like it could have been cheaper.")
@@ -768,6 +769,37 @@ def report(
 
 
 nouns.register(app)  # arrays, schedules, costs
+
+
+def _print_fleet_economics(out, fleet: dict | None) -> None:
+    """The report's fleet section, when there is a fleet to speak of (an owned cluster, or several)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not fleet or (len(fleet["clusters"]) < 2 and not fleet["owned_groups"]):
+        return
+    money = lambda x: "n/a" if x is None else f"${x:.2f}"  # noqa: E731
+    c = fleet["cost"]
+    out.print(f"[bold]Fleet[/] owned fixed {money(c['owned_fixed'])} + rented {money(c['rented'])} = "
+              f"{money(c['total'])}   as all-rented {money(fleet['as_all_rented']['cost'])}   "
+              f"as all-owned {money(fleet['as_all_owned']['cost'])}")
+    t = Table(box=None, pad_edge=False, header_style="bold", title="Owned groups against the target",
+              title_justify="left")
+    for col in ("CLUSTER", "GROUP", "USED", "UTILISATION", "TARGET", "VERDICT", "FIXED COST"):
+        t.add_column(col, no_wrap=True, justify="right" if col in ("USED", "UTILISATION", "TARGET", "FIXED COST")
+                     else "left")
+    colour = {"grow": "bold cyan", "keep": "bold green", "shrink": "bold yellow"}
+    for g in fleet["owned_groups"]:
+        t.add_row(g["cluster"], g["node_group"], f"{g['hours_used']:.1f}/{g['hours_available']:.0f} {g['resource']}-h",
+                  f"{g['utilisation']:.1%}", f"{g['target']:.0%}", f"[{colour[g['verdict']]}]{g['verdict']}[/]",
+                  money(g["fixed_cost"]))
+    if fleet["owned_groups"]:
+        out.print(t)
+        for g in fleet["owned_groups"]:
+            out.print(f"  - {escape(g['advice'])}")
+    for r in fleet["rented_spend"]:
+        out.print(f"  rented: {r['cluster']} {r['market']}: {money(r['cost'])} over {r['node_hours']:.1f} node-h, "
+                  f"{r['attempts']} attempts")
 
 
 # `raylane serve` and friends, as they were before the split: handed over whole to

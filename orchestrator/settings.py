@@ -76,6 +76,20 @@ class Settings(BaseSettings):
     ray_auth_token: str | None = Field(None, description="Ray token-auth token; unset: read ~/.ray/auth_token when present.")
     profile: Path | None = Field(None, description="Cluster profile YAML. Unset: the shipped local profile.")
 
+    # The fleet: several Ray clusters, owned and rented (docs/fleet.md)
+    fleet: str | None = Field(None, description="Fleet YAML file (or the name of a shipped one: local-hybrid) naming "
+                              "the Ray clusters behind the queue, their tier, reach, node groups and cost. Unset: one "
+                              "cluster, from RAYLANE_PROFILE, RAYLANE_DASHBOARD_URL and RAYLANE_RAY_ADDRESS.")
+    fleet_owned_soon_s: float = Field(600.0, ge=0, le=86400, description="An owned cluster without room now is still "
+                                      "placed first when its place in the queue is expected to start within this "
+                                      "long; past it, rented capacity comes first.")
+    fleet_no_rent_projects: list[str] = Field([], description="Projects whose jobs never run on a rented cluster "
+                                              "(JSON list); they wait for owned capacity.")
+    fleet_rented_spend_cap: dict[str, float] = Field({}, description="Most a project's running attempts may cost an "
+                                                     "hour on rented clusters (JSON object, project to $/h; key `*`: "
+                                                     "every other project). A job that would pass it waits for owned "
+                                                     "capacity.")
+
     # Ray's dashboard through Raylane (api/rayproxy.py, docs/auth.md)
     session_secret: SecretStr | None = Field(
         None, description="Key that signs the /ray session cookie of a browser signed in through /ui (16+ characters); the same on every replica. Unset: a random key per process (a browser signs in again after a restart, or on another replica).")
@@ -135,7 +149,8 @@ class Settings(BaseSettings):
 
     # Accounting
     break_even_utilisation: float = Field(
-        0.7, gt=0, le=1, description="GPU utilisation above which owning (reserving) nodes beats renting them on demand."
+        0.7, gt=0, le=1, description="GPU utilisation above which owning (reserving) nodes beats renting them on "
+        "demand; the target the fleet report judges owned groups by."
     )
 
     # Access (docs/auth.md)
@@ -172,6 +187,14 @@ class Settings(BaseSettings):
     policy_max_gpus_per_job: float | None = Field(None, ge=0, description="Most GPUs one job may hold; unset: no limit.")
     policy_max_cpus_per_job: float | None = Field(None, ge=0, description="Most CPUs one job may hold, driver included; unset: no limit.")
     policy_max_workers_per_job: int | None = Field(None, ge=1, description="Most workers (or concurrent trials) of one job; unset: no limit.")
+
+    @field_validator("fleet_rented_spend_cap")
+    @classmethod
+    def _spend_cap(cls, v: dict[str, float]) -> dict[str, float]:
+        for project, cap in v.items():
+            if not isinstance(cap, (int, float)) or cap != cap or cap < 0 or cap == float("inf"):
+                raise ValueError(f"RAYLANE_FLEET_RENTED_SPEND_CAP: {project!r}: a cap is a finite $/h of 0 or more")
+        return v
 
     @field_validator("admin_token")
     @classmethod

@@ -170,6 +170,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/node-groups"): Rule(AUTHENTICATED),
     ("GET", "/v1/cluster"): Rule(AUTHENTICATED),
     ("GET", "/v1/kinds"): Rule(AUTHENTICATED),
+    ("GET", "/v1/fleet"): Rule(AUTHENTICATED),
     # Costs
     ("GET", "/v1/costs"): Rule(READ_PROJECT, request=get("/v1/costs", scoped=True)),
     ("GET", "/v1/report"): Rule(READ_PROJECT, request=get("/v1/report", scoped=True)),

@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from raylane.api.deps import CP, CallerDep, ReaderDep
+from raylane.orchestrator.domain import policy
 from raylane.orchestrator.domain.kinds import KINDS
 from raylane.orchestrator.domain.views import NodeGroupStatus, Placement
 from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.services import fleetplan
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
@@ -35,8 +37,52 @@ class KindView(BaseModel):
 @router.post("/plan", response_model=Placement,
              responses={422: {"description": "The job can never run on this cluster; the message says why"}})
 def plan(spec: JobSpec, cp: CP, caller: ReaderDep) -> Placement:
-    """The routing decision for a spec, with its reasons, without storing anything."""
+    """The routing decision for a spec, with its reasons, without storing anything. On a
+    fleet of several clusters (RAYLANE_FLEET): the cluster it would be placed on, its
+    tier, and every candidate cluster's reason, in the order they would be tried."""
+    if len(fleetplan.fleet(cp).members) > 1:
+        policy.check(spec, cp.settings)
+        return fleetplan.plan(cp, spec, caller.project)
     return cp.plan(spec)
+
+
+class FleetGroupView(BaseModel):
+    name: str
+    market: str
+    gpus: int
+    cpus: float
+    min_nodes: int
+    max_nodes: int
+    price_per_hour: float
+
+
+class FleetClusterView(BaseModel):
+    name: str
+    tier: Literal["owned", "rented"]
+    cost: dict[str, Any]
+    dashboard_url: str | None
+    attached: bool = Field(description="Jobs are dispatched here (one cluster until dispatch across clusters lands)")
+    groups: list[FleetGroupView]
+
+
+class FleetView(BaseModel):
+    name: str
+    clusters: list[FleetClusterView]
+
+
+@router.get("/fleet", response_model=FleetView)
+def fleet(cp: CP, caller: CallerDep) -> FleetView:
+    """The fleet's clusters (RAYLANE_FLEET; one cluster without it): tier, cost model and
+    node groups. No token and no GCS address: those are operators' (docs/fleet.md)."""
+    f = fleetplan.fleet(cp)
+    here = fleetplan.attached(cp)
+    return FleetView(name=f.name, clusters=[
+        FleetClusterView(name=c.name, tier=c.tier, cost=c.spec.cost.model_dump(), dashboard_url=c.spec.dashboard_url,
+                         attached=c.name == here,
+                         groups=[FleetGroupView(name=g.name, market=g.market, gpus=g.gpus, cpus=g.cpus,
+                                                min_nodes=g.min_nodes, max_nodes=g.max_nodes,
+                                                price_per_hour=g.price_per_hour) for g in c.profile.workers])
+        for c in f.members])
 
 
 @router.get("/node-groups", response_model=list[NodeGroupStatus])

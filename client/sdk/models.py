@@ -120,6 +120,7 @@ class Report(_Open):
     total: dict[str, Any]
     gpu_groups: list[dict[str, Any]] = Field(default_factory=list)
     cheaper_placements: list[dict[str, Any]] = Field(default_factory=list)
+    fleet: dict[str, Any] | None = None  # owned groups against the target, rented spend, all-rented / all-owned
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,10 @@ class PlacementHint(_Frozen):
     node_group: str = Field("auto", min_length=1, max_length=64)
     colocate: bool | None = None  # None: the router decides (yes for multi-GPU training)
     market: Literal["auto", "SPOT", "ON_DEMAND"] = "auto"
+    # In a fleet (docs/fleet.md): one cluster by name, or one tier; checked against
+    # the fleet when the job is placed (``domain/placement.py``).
+    cluster: str = Field("auto", min_length=1, max_length=32, pattern=r"^(auto|[a-z][a-z0-9-]{0,31})$")
+    tier: Literal["auto", "owned", "rented"] = "auto"
 
 
 class RetryPolicy(_Frozen):

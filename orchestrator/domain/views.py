@@ -36,6 +36,9 @@ class Placement(BaseModel):
                              "null: a Ray job of its own")
     lane_env: str | None = Field(None, description="Its lane's runtime env (a hash of its working_dir, py_modules "
                                  "and pip): jobs of the same env share hosts; null: the node's own environment")
+    cluster: str | None = Field(None, description="The fleet's cluster it is placed on (docs/fleet.md); null: "
+                                "the one cluster, not placed across a fleet")
+    tier: Literal["owned", "rented"] | None = Field(None, description="That cluster's tier")
 
 
 class Attempt(BaseModel):
@@ -52,6 +55,7 @@ class Attempt(BaseModel):
     message: str | None = None
     exit_code: int | None = None
     ray_job: str | None = Field(None, description="The Ray job it ran in, when not its own: a warm lane's host")
+    cluster: str | None = Field(None, description="The fleet's cluster it was placed on; null: the one cluster")
     dashboard_url: str | None = None
 
 

@@ -225,6 +225,8 @@ class Dispatcher(LoopService):
                     "raylane_node_group": pl.node_group, "raylane_attempt": str(c.attempt), "raylane_name": spec.name,
                     # The user's own entrypoint, beside the runner's wrapper in Ray's dashboard.
                     "raylane_entrypoint": spec.entrypoint[:protocol.SHOWN_MAX_CHARS]}
+        if pl.cluster:  # a fleet's cluster (docs/fleet.md): Ray's dashboard says where the job was placed
+            metadata["raylane_cluster"] = pl.cluster
         parents = None
         if spec.depends_on:  # its parents' results and storage, by reference (store.dependencies)
             with db.transaction(self.sessions) as s:

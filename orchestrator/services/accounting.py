@@ -17,6 +17,7 @@ from raylane.orchestrator.domain import costs
 from raylane.orchestrator.domain.errors import Invalid
 from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.values import require_timezone
+from raylane.orchestrator.services import fleetplan
 from raylane.orchestrator.store import db
 from raylane.orchestrator.store.jobs import get_row
 from raylane.orchestrator.store.transitions import utcnow
@@ -88,6 +89,7 @@ def report(cp: "ControlPlane", *, start: datetime | None, end: datetime | None, 
     out = costs.report_of(items, reviewed, prof, start=start, end=end,
                           break_even=cp.settings.break_even_utilisation, jobs_by_group=by_group, total_jobs=total)
     out["project"] = project
+    out["fleet"] = fleetplan.economics(cp, rows, start=start, end=end)
     if project is not None:
         out["notes"].append("utilisation counts this project's attempts only; other projects share the same nodes")
     return out

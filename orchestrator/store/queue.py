@@ -289,7 +289,7 @@ def _attempt_row(a: Admission, now: datetime) -> dict:
     return {"job_id": a.job.id, "number": n, "submission_id": submission_id(a.job.id, n),
             "node_group": a.placement.node_group, "market": a.placement.market,
             "status": AttemptStatus.CLAIMED.value, "resources": a.placement.total, "created_at": now,
-            "message": a.scale_up}
+            "message": a.scale_up, "cluster": a.placement.cluster}
 
 
 def _usage(a: Admission) -> dict:

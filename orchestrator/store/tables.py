@@ -137,6 +137,8 @@ attempts = Table(
     Column("exit_code", Integer, nullable=True),
     # The Ray job it ran in when that is not its own submission id: a warm lane's host.
     Column("ray_job", String(128), nullable=True),
+    # The fleet's cluster it was placed on (docs/fleet.md); NULL: the deployment's one cluster.
+    Column("cluster", String(32), nullable=True),
     UniqueConstraint("job_id", "number"),
 )
 # The reconciler's scan: attempts Ray still runs.

@@ -31,7 +31,6 @@ Words: *node type* is the autoscaler's name for a node group.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from raylane.orchestrator.domain.profile import MARKET_LABEL, NODE_GROUP_LABEL, Profile
@@ -89,8 +88,9 @@ class AutoscalingCluster(LocalCluster):
     ``idle_timeout_min``: how long an idle node stays (a benchmark that scales one
     group up again and again wants it short)."""
 
-    def __init__(self, profile: Profile, dir: str | Path, *, idle_timeout_min: float = IDLE_TIMEOUT_MIN):
-        super().__init__(profile, dir)
+    def __init__(self, profile: Profile, dir: str | Path, *, idle_timeout_min: float = IDLE_TIMEOUT_MIN,
+                 first_ip: int = 2):
+        super().__init__(profile, dir, first_ip=first_ip)
         self.idle_timeout_min = idle_timeout_min
 
     def _start_workers(self) -> None:
@@ -117,14 +117,4 @@ class AutoscalingCluster(LocalCluster):
 
 def launched_by_autoscaler(gcs_address: str) -> list[int]:
     """Pids of processes whose command line names ``gcs_address`` (this cluster's alone)."""
-    needle = gcs_address.encode()
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if needle in Path(d, "cmdline").read_bytes():
-                out.append(int(d.name))
-        except OSError:
-            continue
-    return out
+    return nodeprocs.naming(gcs_address)

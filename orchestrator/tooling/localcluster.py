@@ -212,12 +212,15 @@ def _exited(node: "NodeProc", what: str) -> None:
 class LocalCluster:
     """Start, inspect and stop the local cluster of a profile."""
 
-    def __init__(self, profile: Profile, dir: str | Path, *, gcs_ft_redis: str | None = None):
+    def __init__(self, profile: Profile, dir: str | Path, *, gcs_ft_redis: str | None = None, first_ip: int = 2):
         """``gcs_ft_redis`` (``host:port``) turns on Ray's GCS fault tolerance: the
-        head keeps the cluster's state there, under a namespace of its own."""
+        head keeps the cluster's state there, under a namespace of its own.
+        ``first_ip``: the last octet of its first worker's loopback address (the
+        clusters of a local fleet take addresses apart, as separate networks would)."""
         self.profile = profile
         self.dir = Path(dir).resolve()
         self.gcs_ft_redis = gcs_ft_redis
+        self.first_ip = first_ip
         self.state: ClusterState | None = ClusterState.load(self.dir)
 
     # Public ----------------------------------------------------------------
@@ -248,7 +251,7 @@ class LocalCluster:
             dir=str(self.dir), gcs_address=f"127.0.0.1:{head_ports['port']}",
             dashboard_url=f"http://127.0.0.1:{head_ports['dashboard-port']}",
             token_path=str(token_path), temp_dir=temp_dir, head_ports=head_ports,
-            redis_address=self.gcs_ft_redis,
+            redis_address=self.gcs_ft_redis, next_ip=self.first_ip,
             storage_namespace=f"raylane-{secrets.token_hex(6)}" if self.gcs_ft_redis else None,
         )
         if owned:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -73,6 +74,24 @@ def is_child(pid: int) -> bool:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
     except (OSError, ValueError, IndexError):
         return False
+
+
+def naming(address: str) -> list[int]:
+    """Pids of processes (not this one) whose command line names ``address``
+    (``host:port``) as a whole: ``127.0.0.1:4321`` is not ``127.0.0.1:43210``, the
+    GCS of another cluster on this machine. The raylets Ray's autoscaler started
+    name their cluster's GCS so, and lead no process group of ours."""
+    pattern = re.compile(re.escape(address.encode()) + rb"(?![0-9])")
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if pattern.search(Path(f"/proc/{entry.name}/cmdline").read_bytes()):
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
 
 
 def descendants(pids: list[int]) -> list[int]:
@@ -175,6 +194,9 @@ def stop_stale(dir: str | Path, *, owner: int | None = None) -> bool:
     # log a storm of lost-GCS errors.
     nodes = sorted(state.get("nodes", []), key=lambda n: "dashboard-port" in n["ports"])
     stop_groups([n["pid"] for n in nodes if is_ours(n["pid"], temp_dir)])
+    if state.get("gcs_address"):
+        # What the autoscaler of an autoscaling cluster started and its head left behind.
+        stop_pids(naming(state["gcs_address"]))
     shutil.rmtree(temp_dir, ignore_errors=True)
     path.unlink(missing_ok=True)
     return True

@@ -1,0 +1,304 @@
+"""Placement across a fleet: (JobSpec, fleet, what each cluster has now, the
+project's renting policy) -> the clusters that could run the job, in the order
+to try them, each with its reason. A pure function; ``routing.route`` still
+picks the node group within each cluster.
+
+Words used here:
+
+- *candidate*: one (cluster, node group) that can ever run the job (its largest
+  node fits it, as ``routing.why_never_fits`` judges).
+- *room now*: the group's live nodes have, beyond what Raylane's running
+  attempts hold, the job's whole ``total`` (each of CPU and GPU).
+- *soon*: the group has no room now, but the caller expects the resources held
+  there to start freeing within ``owned_soon_s`` (``GroupNow.next_free_s``:
+  an estimate, e.g. from running attempts' expected ends).
+- *nomination*: the first candidate not blocked by policy. A job is placed on
+  one cluster at a time (DESIGN decision 10); moving on to the next candidate
+  after a scale-up deadline is the dispatcher's, not this module's.
+
+The order (issue 45, item 3), ranks in ``Rank``:
+
+1. owned, with room now;
+2. owned, without room but with a place that starts soon;
+3. rented spot, for kinds that tolerate losing nodes (``spot_first`` or
+   ``checkpoints`` in ``kinds.KINDS``), unless the job was preempted repeatedly
+   (``avoid_spot``) or asked for a market;
+4. rented on demand;
+5. owned, without room and not soon: it still runs the job when nothing else
+   may (renting forbidden or capped, or no rented cluster fits).
+
+Within a rank: cheaper first (a rented group's price for the job, an hour),
+then the fleet file's order.
+
+Pins: ``placement.cluster`` keeps one cluster, ``placement.tier`` one tier; a
+pin the fleet cannot honour is refused (``Unroutable``, the field named). Policy:
+a project that may not rent keeps owned candidates only (a job pinned to rented
+is refused, ``Forbidden``); a rented candidate that would take the project's
+rented spend past its cap an hour is *blocked* (kept, with the reason; the job
+waits for owned capacity or for spend to fall).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from raylane.orchestrator.domain.errors import Forbidden
+from raylane.orchestrator.domain.fleet import Cluster, Fleet
+from raylane.orchestrator.domain.kinds import traits
+from raylane.orchestrator.domain.profile import NodeGroup
+from raylane.orchestrator.domain.routing import ClusterView, GroupState, Unroutable, route
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.views import Placement
+
+RESOURCES = ("GPU", "CPU")  # what room is judged on, in the order reasons name them
+
+
+class Rank(IntEnum):
+    OWNED_ROOM = 1
+    OWNED_SOON = 2
+    RENTED_SPOT = 3
+    RENTED_ON_DEMAND = 4
+    OWNED_LATER = 5
+
+
+@dataclass
+class GroupNow:
+    """One node group of one cluster now, as the caller sees it (Ray's node list,
+    Raylane's running attempts)."""
+
+    alive_nodes: int = 0
+    total: dict[str, float] = field(default_factory=dict)  # over alive, non-draining nodes
+    held: dict[str, float] = field(default_factory=dict)  # by Raylane's running attempts
+    next_free_s: float | None = None  # when held resources are expected to start freeing; None: unknown
+    next_free_bound: bool = False  # next_free_s is an upper bound (a running job's timeout), not an estimate
+
+    def free(self, resource: str) -> float:
+        return max(0.0, self.total.get(resource, 0.0) - self.held.get(resource, 0.0))
+
+
+ClusterNow = dict[str, GroupNow]  # by node group
+FleetNow = dict[str, ClusterNow]  # by cluster; a cluster missing: no view of it now
+
+
+@dataclass(frozen=True)
+class RentPolicy:
+    """What the job's project may rent: ``may_rent`` at all, and its rented spend an
+    hour at most ``cap_per_hour`` (None: no cap), ``spend_per_hour`` being what its
+    running attempts on rented clusters cost an hour now."""
+
+    project: str = ""
+    may_rent: bool = True
+    cap_per_hour: float | None = None
+    spend_per_hour: float = 0.0
+
+
+@dataclass
+class Candidate:
+    cluster: str
+    tier: str
+    group: str
+    market: str
+    rank: Rank
+    price_per_hour: float  # what the job costs an hour there (rented); 0 on owned: paid for anyway
+    placement: Placement
+    reason: str
+    blocked: str | None = None  # why policy keeps the job off it now
+
+
+@dataclass
+class FleetPlacement:
+    candidates: list[Candidate]  # in the order to try them
+    excluded: list[str]  # clusters that can never run the job, or may not, and why
+
+    @property
+    def nominee(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.blocked is None), None)
+
+    @property
+    def reasons(self) -> list[str]:
+        """What ``/v1/plan`` and the job's reasons say: the choice, then every
+        candidate in order, then what was left out."""
+        n = self.nominee
+        head = (f"placed on {n.cluster} {n.group} ({n.tier})" if n else
+                "waits: every cluster that could run it is blocked by policy")
+        lines = [f"{c.reason}" + (f" (blocked: {c.blocked})" if c.blocked else "") for c in self.candidates]
+        return [head, *lines, *self.excluded]
+
+    def placement(self) -> Placement | None:
+        """The nominee's routing decision, naming its cluster and tier, with the
+        fleet's reasons after the router's; None when every candidate is blocked."""
+        n = self.nominee
+        if n is None:
+            return None
+        return n.placement.model_copy(update={"cluster": n.cluster, "tier": n.tier,
+                                              "reasons": [*n.placement.reasons, *self.reasons]})
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _minutes(s: float) -> str:
+    return f"~{max(1, round(s / 60))} min"
+
+
+def _has_room(need: dict[str, float], now: GroupNow | None) -> bool:
+    return now is not None and now.alive_nodes > 0 and all(now.free(r) >= need.get(r, 0.0) for r in RESOURCES)
+
+
+def _held_text(need: dict[str, float], now: GroupNow) -> str:
+    """'2 of 2 GPUs held' for the first resource the job lacks."""
+    for r in RESOURCES:
+        if need.get(r, 0.0) > now.free(r):
+            unit = f"{r}s" if now.total.get(r, 0.0) != 1 else r
+            return f"{_fmt(now.held.get(r, 0.0))} of {_fmt(now.total.get(r, 0.0))} {unit} held"
+    return "no room"
+
+
+def job_price(placement: Placement, group: NodeGroup) -> float:
+    """What the job costs an hour on a rented ``group``: its node share (the larger
+    of its CPU and GPU share of one node, as ``costs.node_share``) x the node price."""
+    cpu = placement.total.get("CPU", 0.0) / group.cpus if group.cpus else 0.0
+    gpu = placement.total.get("GPU", 0.0) / group.gpus if group.gpus else 0.0
+    return max(cpu, gpu) * group.price_per_hour
+
+
+def _view(now: ClusterNow | None) -> ClusterView | None:
+    if now is None:
+        return None
+    return {g: GroupState(alive_nodes=n.alive_nodes, total=dict(n.total)) for g, n in now.items()}
+
+
+def _tolerates_spot(spec: JobSpec) -> bool:
+    t = traits(spec.kind)
+    return t.spot_first or t.checkpoints
+
+
+def _routes(spec: JobSpec, cluster: Cluster, now: ClusterNow | None, avoid_spot: bool) -> list[Placement]:
+    """The placements worth trying on ``cluster``: the router's own, and on a rented
+    cluster its spot and on-demand choices when the job leaves the market open."""
+    view = _view(now)
+    if cluster.owned or spec.placement.market != "auto" or spec.placement.node_group != "auto":
+        return [route(spec, cluster.profile, view, avoid_spot=avoid_spot)]
+    markets = (["SPOT"] if _tolerates_spot(spec) and not avoid_spot else []) + ["ON_DEMAND"]
+    out, seen = [], set()
+    for market in markets:
+        hinted = spec.model_copy(update={"placement": spec.placement.model_copy(update={"market": market})})
+        try:
+            p = route(hinted, cluster.profile, view, avoid_spot=avoid_spot)
+        except Unroutable:
+            continue
+        # The market was the fleet's choice, not the user's: say so.
+        asked = f"market {market} asked for explicitly"
+        why = ("the job tolerates losing nodes: rented spot first" if market == "SPOT" else
+               "rented on demand")
+        p.reasons = [f"market {market}: {why}" if r == asked else r for r in p.reasons]
+        if p.node_group not in seen:
+            seen.add(p.node_group)
+            out.append(p)
+    if not out:  # say why in the router's words
+        route(spec, cluster.profile, view, avoid_spot=avoid_spot)
+    return out
+
+
+def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soon_s: float) -> Candidate:
+    group = cluster.profile.group(p.node_group)
+    g_now = now.get(group.name) if now is not None else None
+    name = f"{cluster.name} {group.name}"
+    if cluster.owned:
+        if now is None:
+            return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_ROOM, 0.0, p,
+                             f"{name}: owned, no live view of it now; owned first")
+        if _has_room(p.total, g_now):
+            free = ", ".join(f"{_fmt(g_now.free(r))} of {_fmt(g_now.total.get(r, 0))} {r}s free"
+                             for r in RESOURCES if p.total.get(r))
+            return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_ROOM, 0.0, p,
+                             f"{name}: room now ({free})")
+        if g_now is None or g_now.alive_nodes == 0:
+            return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
+                             f"{name}: no live node now")
+        held = _held_text(p.total, g_now)
+        frees = "next frees within" if g_now.next_free_bound else "next frees in"
+        by = " (a running job's timeout)" if g_now.next_free_bound else ""
+        if g_now.next_free_s is not None and g_now.next_free_s <= owned_soon_s:
+            return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_SOON, 0.0, p,
+                             f"{name}: {held}, {frees} {_minutes(g_now.next_free_s)}{by}")
+        when = (f"{frees} {_minutes(g_now.next_free_s)}{by}" if g_now.next_free_s is not None
+                else "no end expected")
+        return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
+                         f"{name}: {held}, {when}: after rented capacity")
+    price = job_price(p, group)
+    rank = Rank.RENTED_SPOT if group.is_spot else Rank.RENTED_ON_DEMAND
+    if now is None:
+        state = "no live view of it now"
+    elif _has_room(p.total, g_now):
+        state = f"room now on {g_now.alive_nodes} node{'s' if g_now.alive_nodes != 1 else ''}"
+    else:
+        alive = g_now.alive_nodes if g_now else 0
+        state = (f"scale-up from {alive} node{'s' if alive != 1 else ''}" if alive < group.max_nodes
+                 else f"{alive} of {group.max_nodes} nodes busy (max_nodes)")
+    market = "spot" if group.is_spot else "on demand"
+    return Candidate(cluster.name, cluster.tier, group.name, group.market, rank, price, p,
+                     f"{name}: {state}, ${price:.2f}/h {market}")
+
+
+def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: RentPolicy = RentPolicy(),
+          owned_soon_s: float = 600.0, avoid_spot: bool = False) -> FleetPlacement:
+    """The candidates for ``spec`` across ``fleet`` in the order to try them (see the
+    module's docstring). ``now``: each cluster's groups now (None: no live view, the
+    order from the fleet alone). Raises ``Unroutable`` when no cluster can ever run
+    the job or a pin names what the fleet lacks, ``Forbidden`` when the only
+    clusters left are rented and the project may not rent."""
+    pin_cluster, pin_tier = spec.placement.cluster, spec.placement.tier
+    members = fleet.members
+    if pin_cluster != "auto":
+        member = fleet.cluster(pin_cluster)
+        if member is None:
+            raise Unroutable(f"no cluster {pin_cluster!r} in fleet {fleet.name}; its clusters: "
+                             f"{', '.join(fleet.names)}", field="placement.cluster")
+        if pin_tier != "auto" and member.tier != pin_tier:
+            raise Unroutable(f"placement.cluster {pin_cluster} is {member.tier}, but placement.tier asks for "
+                             f"{pin_tier}", field="placement.tier")
+        members = [member]
+    elif pin_tier != "auto":
+        members = [c for c in members if c.tier == pin_tier]
+        if not members:
+            raise Unroutable(f"fleet {fleet.name} has no {pin_tier} cluster", field="placement.tier")
+    if not rent.may_rent:
+        if all(not c.owned for c in members):
+            field_ = "placement.cluster" if pin_cluster != "auto" else "placement.tier"
+            raise Forbidden(f"project {rent.project} may not run jobs on rented clusters "
+                            f"(RAYLANE_FLEET_NO_RENT_PROJECTS), and this job can only go to one", field=field_)
+
+    candidates: list[Candidate] = []
+    excluded: list[str] = []
+    never: list[tuple[str, Unroutable]] = []
+    for cluster in members:
+        c_now = None if now is None else now.get(cluster.name)
+        try:
+            placements = _routes(spec, cluster, c_now, avoid_spot)
+        except Unroutable as e:
+            never.append((cluster.name, e))
+            excluded.append(f"{cluster.name}: can never run it: {e.message}")
+            continue
+        if not cluster.owned and not rent.may_rent:
+            excluded.append(f"{cluster.name}: project {rent.project} may not rent (RAYLANE_FLEET_NO_RENT_PROJECTS)")
+            continue
+        for p in placements:
+            candidates.append(_candidate(cluster, p, c_now, owned_soon_s))
+    if not candidates:
+        if never and len(never) == len(members):
+            fields = {e.field for _, e in never}
+            raise Unroutable("; ".join(f"{name}: {e.message}" for name, e in never),
+                             field=fields.pop() if len(fields) == 1 else "resources")
+        raise Forbidden("; ".join(excluded), field="placement.tier")
+    order = {c.name: i for i, c in enumerate(fleet.members)}
+    candidates.sort(key=lambda c: (c.rank, c.price_per_hour, order[c.cluster]))
+    if rent.cap_per_hour is not None:
+        for c in candidates:
+            if c.tier == "rented" and rent.spend_per_hour + c.price_per_hour > rent.cap_per_hour + 1e-9:
+                c.blocked = (f"project {rent.project}'s rented spend would be "
+                             f"${rent.spend_per_hour + c.price_per_hour:.2f}/h, over its cap of "
+                             f"${rent.cap_per_hour:.2f}/h")
+    return FleetPlacement(candidates, excluded)

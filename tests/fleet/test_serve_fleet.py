@@ -1,0 +1,92 @@
+"""``RAYLANE_FLEET=local-hybrid raylane-server serve --local-cluster``: the server
+starts both clusters of the fleet as its own, shows the fleet and plans across
+it with both clusters read live, runs a job on the cluster it is attached to
+(``onprem``; dispatch across clusters is not built yet) with the attempt and the
+Ray job naming that cluster, and, SIGKILLed, leaves no process of either cluster
+behind (each cluster's watchdog)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from raylane.orchestrator.tooling import nodeprocs
+from tests.conftest import ROOT, free_port
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+START_TIMEOUT_S = 300  # a server and two clusters (four Ray nodes) on a loaded 2-core machine
+ADMIN = "fleet-test-admin-token-0123456789"
+
+
+def leftovers(states: list[dict]) -> list[int]:
+    pids = set()
+    for st in states:
+        pids.update(nodeprocs.naming(st["gcs_address"]))
+        pids.update(p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                    if nodeprocs.is_ours(p, st["temp_dir"]))
+    return sorted(pids)
+
+
+def test_serve_with_a_fleet_owns_both_clusters_runs_on_onprem_and_leaves_nothing(tmp_path):
+    data = tmp_path / "data"
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLANE_")}
+    env.update({"RAYLANE_DATA_DIR": str(data), "RAYLANE_FLEET": "local-hybrid", "RAYLANE_HOST": "127.0.0.1",
+                "RAYLANE_PORT": url.rsplit(":", 1)[1], "RAYLANE_ADMIN_TOKEN": ADMIN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve", "--local-cluster"], env=env,
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    states: list[dict] = []
+    try:
+        def ready():
+            assert proc.poll() is None, f"server exited: {log_path.read_text()[-3000:]}"
+            try:
+                return httpx.get(url + "/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, timeout=START_TIMEOUT_S, what="serve --local-cluster with a fleet answering")
+        states = [json.loads((data / "fleet" / name / "state.json").read_text()) for name in ("onprem", "cloud")]
+        assert all(st["owner_pid"] == proc.pid and st["watchdog_pid"] for st in states)
+        reach = yaml.safe_load((data / "fleet" / "fleet-reach.yaml").read_text())
+        assert [c["dashboard_url"] for c in reach["clusters"]] == [st["dashboard_url"] for st in states]
+
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
+        fleet = api.get("/v1/fleet").json()
+        assert [(c["name"], c["tier"], c["attached"]) for c in fleet["clusters"]] == \
+            [("onprem", "owned", True), ("cloud", "rented", False)]
+        train = {"name": "finetune", "kind": "training", "entrypoint": "examples.train:main",
+                 "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1}}
+        p = api.post("/v1/plan", json=train).json()
+        assert (p["cluster"], p["node_group"]) == ("onprem", "gpu"), p
+        assert "cloud gpu-spot: scale-up from 0 nodes, $2.10/h spot" in p["reasons"], p["reasons"]
+
+        r = api.post("/v1/jobs", json={"name": "hello", "kind": "command", "entrypoint": "python -c 'print(42)'"})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        job = wait_for(lambda: (j := api.get(f"/v1/jobs/{jid}").json())["status"] in ("SUCCEEDED", "FAILED") and j,
+                       timeout=180, what="the job to end")
+        assert job["status"] == "SUCCEEDED", job
+        assert job["placement"]["cluster"] == "onprem"
+        attempts = api.get(f"/v1/jobs/{jid}/attempts").json()
+        assert [a["cluster"] for a in attempts] == ["onprem"]
+        token = Path(states[0]["token_path"]).read_text().strip()
+        ray_job = httpx.get(f"{states[0]['dashboard_url']}/api/jobs/{attempts[0]['submission_id']}",
+                            headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+        assert ray_job["metadata"]["raylane_cluster"] == "onprem"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the server dies without a word
+            proc.wait(30)
+    if states:
+        wait_for(lambda: not leftovers(states), timeout=120, what="both clusters' processes to end")

@@ -1,0 +1,166 @@
+"""Placement across a fleet (``orchestrator/domain/placement.py``): owned with room
+(or soon) first, rented spot for kinds that tolerate it, rented on demand, owned
+later; pins and renting policy; every reason names the cluster, the group and why.
+Pure: the fleet is the shipped local-hybrid, "now" is written out per test."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylane.orchestrator.domain.errors import Forbidden
+from raylane.orchestrator.domain.fleet import Fleet
+from raylane.orchestrator.domain.placement import GroupNow, Rank, RentPolicy, place
+from raylane.orchestrator.domain.routing import Unroutable
+from raylane.orchestrator.domain.specs import JobSpec
+
+FLEET = Fleet.load("local-hybrid")
+TRAIN = {"name": "finetune", "kind": "training", "entrypoint": "examples.train:main",
+         "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1},
+         "placement": {"node_group": "auto", "colocate": True}}
+SWEEP = {"name": "lr", "kind": "sweep", "entrypoint": "examples.sweep:objective", "resources": {"cpus_per_worker": 1},
+         "sweep": {"metric": "loss", "mode": "min", "num_samples": 8, "max_concurrent_trials": 2,
+                   "search_space": {"lr": {"uniform": [0.1, 1.0]}}}}
+CMD = {"name": "hello", "kind": "command", "entrypoint": "python -c 'print(42)'"}
+
+
+def spec(doc, **placement) -> JobSpec:
+    d = {**doc, "placement": {**doc.get("placement", {}), **placement}}
+    return JobSpec.model_validate(d)
+
+
+def now(gpus_held=0.0, cpus_held=0.0, next_free_s=None, cloud=None):
+    """onprem up (gpu: 2 GPUs, 4 CPUs; cpu: 4 CPUs) with these held; cloud at zero unless given."""
+    return {
+        "onprem": {"gpu": GroupNow(1, {"GPU": 2, "CPU": 4}, {"GPU": gpus_held, "CPU": min(gpus_held, 4)}, next_free_s),
+                   "cpu": GroupNow(1, {"CPU": 4}, {"CPU": cpus_held}, next_free_s)},
+        "cloud": cloud or {},
+    }
+
+
+def order(fp):
+    return [(c.cluster, c.group) for c in fp.candidates]
+
+
+def test_training_goes_to_onprem_while_its_gpus_are_free_then_cloud_spot_then_on_demand():
+    fp = place(spec(TRAIN), FLEET, now())
+    assert order(fp) == [("onprem", "gpu"), ("cloud", "gpu-spot"), ("cloud", "gpu")]
+    assert fp.nominee.cluster == "onprem" and fp.candidates[0].rank is Rank.OWNED_ROOM
+    assert fp.reasons[:2] == ["placed on onprem gpu (owned)", "onprem gpu: room now (2 of 2 GPUs free, 4 of 4 CPUs free)"]
+    p = fp.placement()
+    assert (p.cluster, p.tier, p.node_group, p.strategy) == ("onprem", "owned", "gpu", "STRICT_PACK")
+
+
+def test_onprem_gpus_held_but_freeing_soon_keep_the_job_on_onprem_with_the_wait_said():
+    fp = place(spec(TRAIN), FLEET, now(gpus_held=2, next_free_s=360))
+    assert fp.nominee.cluster == "onprem" and fp.candidates[0].rank is Rank.OWNED_SOON
+    assert "onprem gpu: 2 of 2 GPUs held, next frees in ~6 min" in fp.reasons
+
+
+def test_onprem_gpus_held_for_long_the_second_training_job_goes_to_cloud_spot_scaling_from_zero():
+    fp = place(spec(TRAIN), FLEET, now(gpus_held=2, next_free_s=3600), owned_soon_s=600)
+    assert order(fp) == [("cloud", "gpu-spot"), ("cloud", "gpu"), ("onprem", "gpu")]
+    assert fp.reasons[0] == "placed on cloud gpu-spot (rented)"
+    assert "cloud gpu-spot: scale-up from 0 nodes, $2.10/h spot" in fp.reasons
+    assert "cloud gpu: scale-up from 0 nodes, $6.98/h on demand" in fp.reasons
+    assert "onprem gpu: 2 of 2 GPUs held, next frees in ~60 min: after rented capacity" in fp.reasons
+    p = fp.placement()
+    assert p.market == "SPOT" and p.label_selector == {"ray.io/node-group": "gpu-spot"}
+    assert "market SPOT: the job tolerates losing nodes: rented spot first" in p.reasons
+    assert not any("asked for explicitly" in r for r in p.reasons)  # the user asked nothing
+
+
+def test_a_command_does_not_tolerate_spot_and_goes_to_rented_on_demand_only():
+    fp = place(spec(CMD), FLEET, now(cpus_held=4))
+    assert order(fp) == [("cloud", "cpu"), ("onprem", "cpu")]
+    assert "onprem cpu: 4 of 4 CPUs held, no end expected: after rented capacity" in fp.reasons
+
+
+def test_a_sweep_runs_on_cloud_spot_cpu_when_onprem_is_full_and_the_cheapest_first():
+    cloud = {"spot-cpu": GroupNow(1, {"CPU": 4}, {"CPU": 1}), "cpu": GroupNow(0)}
+    fp = place(spec(SWEEP), FLEET, now(cpus_held=4, cloud=cloud))
+    assert order(fp)[:2] == [("cloud", "spot-cpu"), ("cloud", "cpu")]
+    assert fp.candidates[0].reason.startswith("cloud spot-cpu: room now on 1 node, $0.")
+    # ... and on onprem's cpu group while it has room.
+    assert place(spec(SWEEP), FLEET, now()).nominee.group == "cpu"
+    assert place(spec(SWEEP), FLEET, now()).nominee.cluster == "onprem"
+
+
+def test_repeated_preemption_skips_cloud_spot():
+    fp = place(spec(TRAIN), FLEET, now(gpus_held=2), avoid_spot=True)
+    assert ("cloud", "gpu-spot") not in order(fp) and order(fp)[0] == ("cloud", "gpu")
+
+
+def test_a_job_pinned_to_onprem_waits_there_with_a_reason():
+    fp = place(spec(TRAIN, cluster="onprem"), FLEET, now(gpus_held=2))
+    assert order(fp) == [("onprem", "gpu")] and fp.nominee.cluster == "onprem"
+    assert "onprem gpu: 2 of 2 GPUs held, no end expected: after rented capacity" in fp.reasons
+    assert order(place(spec(TRAIN, tier="rented"), FLEET, now())) == [("cloud", "gpu-spot"), ("cloud", "gpu")]
+
+
+@pytest.mark.parametrize("pins,field,words", [
+    ({"cluster": "mars"}, "placement.cluster", "no cluster 'mars' in fleet local-hybrid; its clusters: onprem, cloud"),
+    ({"cluster": "onprem", "tier": "rented"}, "placement.tier", "onprem is owned"),
+    ({"cluster": "cloud", "node_group": "nope"}, "placement.node_group", "no node group 'nope'"),
+])
+def test_a_pin_the_fleet_cannot_honour_is_refused_naming_the_field(pins, field, words):
+    with pytest.raises(Unroutable) as e:
+        place(spec(TRAIN, **pins), FLEET, now())
+    assert e.value.field == field and words in e.value.message
+
+
+def test_a_project_forbidden_to_rent_never_leaves_onprem():
+    rent = RentPolicy(project="ml", may_rent=False)
+    fp = place(spec(TRAIN), FLEET, now(gpus_held=2, next_free_s=7200), rent=rent)
+    assert order(fp) == [("onprem", "gpu")]
+    assert "cloud: project ml may not rent (RAYLANE_FLEET_NO_RENT_PROJECTS)" in fp.reasons
+    with pytest.raises(Forbidden) as e:
+        place(spec(TRAIN, tier="rented"), FLEET, now(), rent=rent)
+    assert e.value.field == "placement.tier"
+    with pytest.raises(Forbidden) as e:
+        place(spec(TRAIN, cluster="cloud"), FLEET, now(), rent=rent)
+    assert e.value.field == "placement.cluster"
+
+
+def test_a_rented_spend_cap_blocks_what_would_pass_it_and_the_job_waits_on_owned():
+    rent = RentPolicy(project="ml", cap_per_hour=3.0, spend_per_hour=0.5)
+    fp = place(spec(TRAIN), FLEET, now(gpus_held=2), rent=rent)
+    spot, od, owned = fp.candidates
+    assert spot.blocked is None  # 0.5 + 2.10 <= 3
+    assert od.blocked == "project ml's rented spend would be $7.48/h, over its cap of $3.00/h"
+    assert fp.nominee is spot
+    capped = place(spec(TRAIN), FLEET, now(gpus_held=2), rent=RentPolicy(project="ml", cap_per_hour=1.0))
+    assert capped.nominee.cluster == "onprem"
+    assert any(r.startswith("cloud gpu-spot: scale-up from 0 nodes") and "(blocked: project ml's" in r
+               for r in capped.reasons)
+
+
+def test_a_job_no_cluster_can_ever_run_is_refused_with_each_cluster_s_reason():
+    big = {**TRAIN, "resources": {"num_workers": 4, "gpus_per_worker": 1, "cpus_per_worker": 1}}
+    with pytest.raises(Unroutable) as e:
+        place(spec(big), FLEET, now())
+    assert e.value.message.startswith("onprem: ") and "; cloud: " in e.value.message
+    assert e.value.field == "resources"
+
+
+def test_without_a_live_view_owned_comes_first_by_the_fleet_alone():
+    fp = place(spec(TRAIN), FLEET, None)
+    assert order(fp) == [("onprem", "gpu"), ("cloud", "gpu-spot"), ("cloud", "gpu")]
+    assert fp.reasons[1] == "onprem gpu: owned, no live view of it now; owned first"
+    assert fp.reasons[2] == "cloud gpu-spot: no live view of it now, $2.10/h spot"
+
+
+def test_a_single_cluster_fleet_places_as_the_router_does():
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.domain.routing import route
+
+    single = Fleet.single(default_profile())
+    fp = place(spec(TRAIN), single)
+    assert fp.nominee.group == route(spec(TRAIN), default_profile()).node_group
+
+
+def test_a_running_job_s_timeout_bounds_the_wait_and_says_so():
+    n = now(gpus_held=2, next_free_s=300)
+    n["onprem"]["gpu"].next_free_bound = True
+    fp = place(spec(TRAIN), FLEET, n)
+    assert fp.nominee.cluster == "onprem"
+    assert "onprem gpu: 2 of 2 GPUs held, next frees within ~5 min (a running job's timeout)" in fp.reasons
