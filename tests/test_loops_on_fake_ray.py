@@ -33,6 +33,13 @@ def gate(name: str, gpus: int, priority: int = 50) -> dict:
 
 
 @pytest.fixture
+def settings(settings):
+    """Every job a Ray job of its own: these tests are about Ray jobs, and FakeRay
+    runs no warm lane (the lanes' own tests are tests/test_lane_*.py)."""
+    return settings.model_copy(update={"fast_lane": False})
+
+
+@pytest.fixture
 def ray(cp) -> FakeRay:
     """One in-memory cluster of the default profile, the control plane's loops attached to it."""
     ray = FakeRay()
@@ -137,7 +144,8 @@ def test_a_job_is_submitted_once_with_its_group_and_metadata_and_ends_with_its_r
     assert sent.submission_id == sid and sent.metadata["raylane_job_id"] == j["id"]
     assert sent.metadata["raylane_node_group"] == j["placement"]["node_group"]
     assert JobSpec.model_validate_json(sent.inputs[Env.SPEC]).entrypoint == "m:f"  # from Ray's KV store
-    assert "m:f" not in sent.entrypoint  # the command line names only the key
+    # The command line names only the key, and the user's entrypoint as a comment for Ray's dashboard.
+    assert sent.entrypoint.split("#")[0].find("m:f") == -1 and sent.entrypoint.endswith("# raylane training: m:f")
     ray.finish(sid, result={"loss": 0.25})
     done = run_until(cp, lambda: (lambda x: x if x["status"] in TERMINAL else None)(job(api, j["id"])), "the end")
     assert (done["status"], done["result"]) == ("SUCCEEDED", {"loss": 0.25})

@@ -39,6 +39,7 @@ SDK_FOR_ROUTE = {
     ("GET", "/v1/audit"): "audit",
     ("POST", "/v1/plan"): "plan",
     ("GET", "/v1/node-groups"): "node_groups",
+    ("GET", "/v1/fleet"): "fleet",
     ("GET", "/v1/cluster"): "cluster",
     ("GET", "/v1/kinds"): "kinds",
     ("GET", "/v1/costs"): "costs",
@@ -271,3 +272,21 @@ def test_arrays_through_both_clients(server):
             assert (await a.submit_array({**HELLO, "array": {"size": 1}})).size == 1
 
     asyncio.run(main())
+
+
+def test_the_fleet_of_one_cluster_by_the_sdk(server):
+    """Without RAYLANE_FLEET the fleet is today's one cluster, named default."""
+    import asyncio
+
+    from raylane.client.sdk import AsyncClient
+
+    with Client(server.url, token=ADMIN_TOKEN) as admin:
+        fleet = admin.fleet()
+    assert [c.name for c in fleet.clusters] == ["default"] and fleet.clusters[0].tier in ("owned", "rented")
+    assert {g["name"] for g in fleet.clusters[0].groups} >= {"gpu", "cpu", "spot-cpu"}
+
+    async def read():
+        async with AsyncClient(server.url, token=ADMIN_TOKEN) as c:
+            return await c.fleet()
+
+    assert asyncio.run(read()).clusters[0].name == "default"

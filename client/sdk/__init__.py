@@ -40,7 +40,7 @@ from raylane.client.sdk.errors import (  # noqa: F401
     _spec_error, _validation_message, _where,
 )
 from raylane.client.sdk.models import (  # noqa: F401
-    AttemptCost, ClusterInfo, ClusterNode, CostBreakdown, CostRow, CostTotal, Health, JobCost, KindInfo,
+    AttemptCost, ClusterInfo, ClusterNode, Fleet, FleetCluster, CostBreakdown, CostRow, CostTotal, Health, JobCost, KindInfo,
     NodeGroupStatus, ReadyPart, Report, UploadedPackage, _Open,
 )
 from raylane.client.sdk.transport import (  # noqa: F401
@@ -74,7 +74,7 @@ __all__ = [
     "Client", "AsyncClient", "job", "JobFunction",
     "RaylaneError", "NotFound", "Conflict", "ValidationFailed", "Unauthorized", "Forbidden", "RateLimited",
     "ServerError", "ConnectionFailed", "WaitTimeout", "AmbiguousJobId",
-    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Health", "Trial", "KindInfo",
+    "NodeGroupStatus", "ClusterInfo", "ClusterNode", "Fleet", "FleetCluster", "Health", "Trial", "KindInfo",
     "CostBreakdown", "JobCost", "Report",
     "DEFAULT_URL", "MAX_ATTEMPTS", "PackageTooLarge", "UploadedPackage",
 ]

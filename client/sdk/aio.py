@@ -24,7 +24,7 @@ from raylane.client.sdk.constants import (
 from raylane.client.sdk.errors import _error_from
 from raylane.client.sdk.functions import JobFunction
 from raylane.client.sdk.models import (
-    ClusterInfo, CostBreakdown, Health, JobCost, KindInfo, NodeGroupStatus, Report, UploadedPackage,
+    ClusterInfo, Fleet, CostBreakdown, Health, JobCost, KindInfo, NodeGroupStatus, Report, UploadedPackage,
 )
 from raylane.client.sdk.sync import Client
 from raylane.client.sdk.transport import (
@@ -260,6 +260,9 @@ class AsyncClient:
 
     async def node_groups(self) -> list[NodeGroupStatus]:
         return await self._call(_Api.node_groups())
+
+    async def fleet(self) -> Fleet:
+        return await self._call(_Api.fleet())
 
     async def cluster(self) -> ClusterInfo:
         return await self._call(_Api.cluster())

@@ -18,7 +18,7 @@ from raylane.orchestrator.domain.specs import JobKind, JobSpec, SpecLoadError, l
 from raylane.orchestrator.domain.states import JobStatus
 from raylane.client.sdk.constants import AMBIGUOUS_SHOWN, JOB_ID_LENGTH, RESUBMITTED_FROM_LABEL, SpecLike
 from raylane.client.sdk.errors import AmbiguousJobId, NotFound, ValidationFailed, WaitTimeout
-from raylane.client.sdk.models import ClusterInfo, CostBreakdown, Health, JobCost, KindInfo, NodeGroupStatus, Report
+from raylane.client.sdk.models import ClusterInfo, Fleet, CostBreakdown, Health, JobCost, KindInfo, NodeGroupStatus, Report
 from raylane.client.sdk.transport import NDJSON, _Call, _adapter, _model
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -199,6 +199,10 @@ class _Api:
     @staticmethod
     def node_groups() -> _Call[list[NodeGroupStatus]]:
         return _Call("GET", "/v1/node-groups", _adapter(NodeGroupStatus))
+
+    @staticmethod
+    def fleet() -> _Call[Fleet]:
+        return _Call("GET", "/v1/fleet", _model(Fleet))
 
     @staticmethod
     def cluster() -> _Call[ClusterInfo]:

@@ -38,6 +38,22 @@ class ClusterNode(_Open):
     death_reason: str | None = None
 
 
+class FleetCluster(_Open):
+    """One Ray cluster of the fleet (``GET /v1/fleet``; docs/fleet.md)."""
+
+    name: str
+    tier: str  # owned | rented
+    cost: dict[str, Any]
+    dashboard_url: str | None = None
+    attached: bool = False  # jobs are dispatched here
+    groups: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Fleet(_Open):
+    name: str
+    clusters: list[FleetCluster]
+
+
 class ClusterInfo(_Open):
     """Ray's nodes, alive and dead, as the control plane sees them (``GET /v1/cluster``)."""
 

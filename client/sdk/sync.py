@@ -23,7 +23,7 @@ from raylane.client.sdk.constants import (
 )
 from raylane.client.sdk.errors import _error_from
 from raylane.client.sdk.functions import JobFunction
-from raylane.client.sdk.models import ClusterInfo, Health, JobCost, KindInfo, NodeGroupStatus, UploadedPackage
+from raylane.client.sdk.models import ClusterInfo, Fleet, Health, JobCost, KindInfo, NodeGroupStatus, UploadedPackage
 from raylane.client.sdk.sync_resources import _ClientResources
 from raylane.client.sdk.transport import (
     _AnswerWorthRetrying, _Call, _backoff, _connection_failed, _headers, _is_ndjson, _log_text, _parsed, _resolve,
@@ -641,6 +641,18 @@ class Client(_ClientResources):
                 print(g.name, g.market, g.capacity, g.used_by_raylane)
         """
         return self._call(_Api.node_groups())
+
+    def fleet(self) -> Fleet:
+        """The fleet's Ray clusters: tier (owned or rented), cost model, node groups,
+        and which one jobs are dispatched to (docs/fleet.md). One cluster without
+        ``RAYLANE_FLEET``.
+
+        Example::
+
+            for c in client.fleet().clusters:
+                print(c.name, c.tier, [g["name"] for g in c.groups])
+        """
+        return self._call(_Api.fleet())
 
     def cluster(self) -> ClusterInfo:
         """Ray's nodes (alive and dead, with node group and market) and the dashboard URL.
