@@ -70,8 +70,24 @@ def pg_template():
     yield name
     with _pg_admin() as conn:
         rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (f"raylane_t_{RUN_ID}_%",)).fetchall()
-        for (db,) in rows:
+    drop_pg_databases([db for (db,) in rows])
+
+
+PG_DROPPERS = 16
+
+
+def drop_pg_databases(names: list[str]) -> None:
+    """Drop them, several at a time: each DROP DATABASE waits for a checkpoint
+    (1-2 s on a busy machine), and checkpoints asked for at once are one. One at
+    a time, a worker's ~400 databases took ~55 s at the end of every run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def drop(db: str) -> None:
+        with _pg_admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+    with ThreadPoolExecutor(PG_DROPPERS) as pool:
+        list(pool.map(drop, names))
 
 
 _counter = iter(range(1_000_000))
