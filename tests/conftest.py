@@ -237,23 +237,32 @@ import re  # noqa: E402
 
 PROCESS_SOURCE = re.compile(r"ServerProcess\(|offline_server\(|server_factory|LocalCluster\(|sync_playwright|"
                             r"chromium|raylane\.api\.cli|raylane\.client\.cli|start_server\(")
-_source_hits: dict[object, bool] = {}
+_source_hits: dict[tuple[object, str], bool] = {}
 
 
-def _starts_processes(obj, module_helpers: dict[str, object] | None = None) -> bool:
-    if obj in _source_hits:
-        return _source_hits[obj]
-    _source_hits[obj] = False  # a fixture that uses itself indirectly ends here
+def _starts_processes(obj, module_helpers: dict[str, object] | None = None, pattern: re.Pattern = PROCESS_SOURCE) -> bool:
+    key = (obj, pattern.pattern)
+    if key in _source_hits:
+        return _source_hits[key]
+    _source_hits[key] = False  # a fixture that uses itself indirectly ends here
     try:
         src = inspect.getsource(obj)
     except (OSError, TypeError):
         return False
-    hit = bool(PROCESS_SOURCE.search(src))
+    hit = bool(pattern.search(src))
     if not hit and module_helpers:
-        hit = any(re.search(rf"\b{re.escape(name)}\(", src) and _starts_processes(fn)
+        hit = any(re.search(rf"\b{re.escape(name)}\(", src) and _starts_processes(fn, pattern=pattern)
                   for name, fn in module_helpers.items() if fn is not obj)
-    _source_hits[obj] = hit
+    _source_hits[key] = hit
     return hit
+
+
+def _starts(item, module_helpers: dict[str, object], pattern: re.Pattern) -> bool:
+    """Whether the test, a fixture it uses or a function of its module it calls matches ``pattern``."""
+    if not hasattr(item, "function"):
+        return False
+    fixtures = [fd.func for defs in item._fixtureinfo.name2fixturedefs.values() for fd in defs]
+    return any(_starts_processes(f, module_helpers, pattern) for f in [item.function, *fixtures])
 
 
 def _module_helpers(module) -> dict[str, object]:
@@ -262,14 +271,20 @@ def _module_helpers(module) -> dict[str, object]:
             and not name.startswith("test_")}
 
 
-def _xdist_group(item) -> str:
-    """Which worker set a test runs with under ``-n`` (``--dist loadgroup``): every
-    test of one Ray cluster's package together (the cluster is started once per
-    worker that runs any of them), every other test with its module (module
-    fixtures, a server of the module, start once)."""
-    parts = item.nodeid.split("/")
-    if len(parts) > 2 and parts[0] == "tests" and parts[1] in ("ray", "ray_autoscale"):
-        return parts[1]
+CLUSTER_SOURCE = re.compile(r"LocalCluster\(|LocalFleet\(|AutoscalingCluster\(|\"cluster\", \"up\"|"
+                            r"\"serve\", \"--local-cluster\"")
+
+
+def _xdist_group(item, module_helpers: dict[str, object]) -> str:
+    """Which worker runs a test under ``-n`` (``--dist loadgroup``). Every test that
+    needs a Ray cluster (``ray``-marked: the shared cluster of tests/ray, the
+    autoscaling one, the local fleet) or starts one (``CLUSTER_SOURCE``) runs on one
+    worker, one after another: a 5-node cluster takes ~half a core idle and most
+    of both while it starts, and two or three at once on 2 cores made Ray give up
+    starting nodes. Every other test runs with its module (its module fixtures,
+    a server of the module, start once), on the other workers."""
+    if item.get_closest_marker("ray") or _starts(item, module_helpers, CLUSTER_SOURCE):
+        return "ray-clusters"
     return item.nodeid.split("::")[0]
 
 
@@ -277,14 +292,11 @@ def _xdist_group(item) -> str:
 def pytest_collection_modifyitems(config, items):
     helpers: dict[object, dict[str, object]] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
-        if item.get_closest_marker("process") or not hasattr(item, "function"):
-            continue
-        mod = item.module
+        mod = getattr(item, "module", None)
         if mod not in helpers:
-            helpers[mod] = _module_helpers(mod)
-        fixtures = [fd.func for defs in item._fixtureinfo.name2fixturedefs.values() for fd in defs]
-        if any(_starts_processes(f, helpers[mod]) for f in [item.function, *fixtures]):
+            helpers[mod] = _module_helpers(mod) if mod is not None else {}
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item, helpers[mod])))
+        if not item.get_closest_marker("process") and _starts(item, helpers[mod], PROCESS_SOURCE):
             item.add_marker(pytest.mark.process)
 
 
