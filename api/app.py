@@ -131,6 +131,14 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         summary="A job orchestrator in front of Ray: durable queue, routing to GPU gangs or spot workers, recovery.",
         lifespan=lifespan,
     )
+    _install_state(app, settings)
+    _install_middleware_and_routes(app, settings)
+    return app
+
+
+def _install_state(app: FastAPI, settings: Settings) -> None:
+    """What the routers and the middleware read from ``app.state``: the settings,
+    the hooks, the limits, the log followers, the sessions and the Ray proxy."""
     app.state.settings = settings
     app.state.startup_hooks = []
     app.state.shutdown_hooks = []
@@ -147,6 +155,11 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.state.ray_proxy = RayProxy(timeout_s=settings.ray_proxy_timeout_s, stream_max_s=settings.ray_proxy_stream_max_s,
                                    per_token=settings.ray_proxy_per_token, max_inflight=settings.ray_proxy_max,
                                    audit_every=settings.ray_proxy_audit_every)
+
+
+def _install_middleware_and_routes(app: FastAPI, settings: Settings) -> None:
+    """Errors, middleware and routers, in the order that makes each middleware's
+    place (body limit inside auth, observability outermost), then the mounts."""
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
                        per_prefix={packages.PREFIX: settings.package_max_bytes})
@@ -170,7 +183,6 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
     app.state.metrics_registry.register(LogFollowersCollector(app.state.log_followers))
     app.mount("/ui", StaticFiles(directory=UI_DIR, html=True), name="ui")
     app.mount(RAY_PREFIX, app.state.ray_proxy, name="ray_dashboard")
-    return app
 
 
 def public_base(settings: Settings) -> str:

@@ -134,3 +134,8 @@ def money(amount: float) -> str:
     if amount and abs(amount) < 0.01:
         return f"${amount:.{1 - math.floor(math.log10(abs(amount)))}f}"
     return f"${amount:.2f}"
+
+
+def resources(d: dict) -> str:
+    """A resource map as one line: ``CPU 2, GPU 1`` (``-`` when empty)."""
+    return ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in sorted(d.items())) or "-"

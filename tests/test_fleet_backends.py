@@ -72,7 +72,7 @@ def test_an_attempt_records_the_cluster_its_placement_names(cp):
     from raylane.orchestrator.domain.routing import route
     from raylane.orchestrator.domain.specs import JobSpec
     from raylane.orchestrator.store import db, queue
-    from raylane.orchestrator.store.jobs import list_attempts
+    from raylane.orchestrator.store.job_reads import list_attempts
     from raylane.orchestrator.store.transitions import utcnow
 
     spec = JobSpec.model_validate({"name": "hello", "kind": "command", "entrypoint": "true"})

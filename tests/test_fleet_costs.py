@@ -97,10 +97,10 @@ def test_a_fleet_of_one_rented_cluster_has_no_owned_side():
 def test_raylane_report_prints_the_fleet_section():
     from rich.console import Console
 
-    from raylane.client.cli import _print_fleet_economics
+    from raylane.client.clusterview import print_fleet_economics
 
     out = Console(record=True, width=160)
-    _print_fleet_economics(out, fleetcosts.report(window(), FLEET, hours=WINDOW_H, target=0.7))
+    print_fleet_economics(out, fleetcosts.report(window(), FLEET, hours=WINDOW_H, target=0.7))
     text = out.export_text()
     assert "owned fixed $120.00 + rented $4.45 = $124.45" in text
     assert "as all-rented $60.46" in text
@@ -108,5 +108,5 @@ def test_raylane_report_prints_the_fleet_section():
     assert "rented: cloud SPOT: $4.45" in text
     single = fleetcosts.report({}, Fleet.single(default_profile()), hours=1, target=0.7)
     quiet = Console(record=True)
-    _print_fleet_economics(quiet, single)  # one rented cluster: nothing to say beyond the report
+    print_fleet_economics(quiet, single)  # one rented cluster: nothing to say beyond the report
     assert quiet.export_text() == ""

@@ -81,7 +81,7 @@ def ray():
 
 @pytest.fixture
 def lb(ray, monkeypatch):
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)  # always ask "Ray" afresh
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)  # always ask "Ray" afresh
     return LaneBackend(ray, idle_s=5, slots=2)
 
 
@@ -294,7 +294,7 @@ class NodesRay(Ray):
 
 
 def test_a_host_on_each_live_node_of_the_group_pinned_to_it_and_counting_its_cpus(monkeypatch):
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1, n2 = "aa11" * 14, "bb22" * 14
     ray = NodesRay([(n1, 4.0), (n2, 2.0)])
     lb = LaneBackend(ray, idle_s=5, slots=8)
@@ -323,7 +323,7 @@ def test_a_host_on_each_live_node_of_the_group_pinned_to_it_and_counting_its_cpu
 def test_the_whole_groups_host_and_a_draining_nodes_host_are_retired(monkeypatch):
     """Before the group's nodes are listed one host serves it; once they are, its
     key goes (the host retires), as does the key of a node that starts draining."""
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     ray = NodesRay([])
     lb = LaneBackend(ray, idle_s=5, slots=8)
     lb.ensure_host("cpu")
@@ -339,7 +339,7 @@ def test_the_whole_groups_host_and_a_draining_nodes_host_are_retired(monkeypatch
 
 
 def test_a_node_whose_hosts_fail_at_start_gets_no_new_host_every_call(monkeypatch):
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = NodesRay([(n1, 4.0)])
     lb = LaneBackend(ray, idle_s=5, slots=8)
@@ -352,7 +352,7 @@ def test_a_node_whose_hosts_fail_at_start_gets_no_new_host_every_call(monkeypatc
         with pytest.raises(Exception):
             lb.ensure_host("cpu")
     assert list(ray.jobs) == [first]  # one failed start, not one more per call
-    lb._start_failures[("cpu", n1, None)] = (1, 0.0)  # the wait is over
+    lb.hosts._start_failures[("cpu", n1, None)] = (1, 0.0)  # the wait is over
     lb.ensure_host("cpu")
     assert lanes.host_submission_id("cpu", 2, n1) in ray.jobs
 
@@ -381,7 +381,7 @@ def to_ray(env):  # the dispatcher's: an uploaded package becomes Ray's URI of i
 
 
 def test_jobs_of_one_runtime_env_share_hosts_started_in_it_apart_from_other_envs(monkeypatch):
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)
@@ -416,7 +416,7 @@ def test_jobs_of_one_runtime_env_share_hosts_started_in_it_apart_from_other_envs
 
 
 def test_a_restarted_control_plane_starts_an_envs_host_from_its_record(monkeypatch):
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     ka = lanes.env_key(PKG_A)
@@ -431,8 +431,8 @@ def test_a_restarted_control_plane_starts_an_envs_host_from_its_record(monkeypat
 
 
 def test_at_most_max_envs_of_a_group_keep_hosts_the_oldest_retires(monkeypatch):
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.ENV_HOLD_S", 0.0)  # each env here is idle at once
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.ENV_HOLD_S", 0.0)  # each env here is idle at once
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     lb = LaneBackend(ray, idle_s=60, slots=8, max_envs=2, to_ray_env=lambda e: e)
@@ -457,7 +457,7 @@ def test_at_most_max_envs_of_a_group_keep_hosts_the_oldest_retires(monkeypatch):
 def test_more_envs_with_work_than_max_envs_keep_their_hosts_instead_of_retiring_each_other(monkeypatch):
     """Three envs each with a job a second and room for two: retiring the one
     wanted longest ago at each look started a host (and set up its env) per job."""
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     lb = LaneBackend(ray, idle_s=60, slots=8, max_envs=2, to_ray_env=lambda e: e)
@@ -474,7 +474,7 @@ def test_an_env_ray_cannot_set_up_fails_its_waiting_jobs_as_a_ray_job_in_it_woul
     from raylane.orchestrator.domain.states import FailureCause
     from raylane.orchestrator.loops.classify import classify
 
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e)
@@ -502,7 +502,7 @@ def _setup_failed(job, *, took_ms=3_000):
 def test_one_nodes_failed_env_setup_fails_nothing_while_another_nodes_host_of_the_env_runs(monkeypatch):
     """A pip index that timed out on one node is that node's trouble: the group's
     other host of the env runs the env's jobs, and none of them fails."""
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1, n2 = "aa11" * 14, "bb22" * 14
     ray = EnvRay([(n1, 4.0), (n2, 4.0)])
     lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e)
@@ -523,7 +523,7 @@ def test_one_nodes_failed_env_setup_fails_nothing_while_another_nodes_host_of_th
 def test_an_env_setup_that_fails_after_minutes_is_a_failed_start_too(monkeypatch):
     """A pip install that gives up after 95 s failed the host's start all the same:
     no new host (and install) at every look, and the env's waiting items fail."""
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=lambda e: e)
@@ -542,7 +542,7 @@ def test_a_refused_lane_submit_leaves_nothing_a_host_could_run(monkeypatch):
     attempt): the refused attempt's item must not stay for a later host to run."""
     from raylane.orchestrator.backends.ray_jobs import PackageMissing
 
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     ray = EnvRay([("aa11" * 14, 4.0)])
 
     def gone(env):
@@ -564,7 +564,7 @@ def test_an_env_no_host_can_be_started_in_fails_its_items_and_the_pass_goes_on(m
     and the env's waiting items fail as a Ray job in it would have been refused."""
     from raylane.orchestrator.backends.ray_jobs import PackageMissing
 
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     stored = {"yes": True}
@@ -587,8 +587,8 @@ def test_an_env_no_host_can_be_started_in_fails_its_items_and_the_pass_goes_on(m
 
 
 def test_an_env_key_that_names_another_envs_record_is_refused(monkeypatch):
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
-    from raylane.orchestrator.backends.lanes import LaneEnvConflict
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
+    from raylane.orchestrator.backends.lane_hosts import LaneEnvConflict
 
     ray = EnvRay([("aa11" * 14, 4.0)])
     ka = lanes.env_key(PKG_A)
@@ -654,11 +654,12 @@ def test_what_a_long_running_control_plane_remembers_stays_bounded_as_nodes_host
     """Months of spot churn: every node lives a while and goes, some hosts fail at
     start, every job ships a new package. What the backend keeps in memory is what
     its current hosts, nodes and envs need, not an entry per host ever started."""
-    from raylane.orchestrator.backends import lanes as backend
+    from raylane.orchestrator.backends import lane_hosts, lanes as backend
 
     clock = Clock()
     monkeypatch.setattr(backend, "time", clock)
-    monkeypatch.setattr(backend, "MEMO_MAX", 10)
+    monkeypatch.setattr(lane_hosts, "time", clock)
+    monkeypatch.setattr(lane_hosts, "MEMO_MAX", 10)
     ray = EnvRay([])
     lb = LaneBackend(ray, idle_s=5, slots=8, to_ray_env=to_ray)
     for i in range(120):
@@ -676,9 +677,10 @@ def test_what_a_long_running_control_plane_remembers_stays_bounded_as_nodes_host
                 lb.ensure_host("cpu")
         clock.t += 120.0  # the node is reclaimed; the next one joins
     assert len(ray.jobs) >= 240  # a host per node and env was started and is remembered by Ray, not here
-    assert len(lb._hosts) <= 4 and len(lb._live_host) <= 4
-    assert len(lb._start_failures) <= 2 and len(lb._env_broken) <= 2
-    assert len(lb._counted_failures) <= 10 + 1 and len(lb._envs) <= 10 + 1
+    pool = lb.hosts
+    assert len(pool._hosts) <= 4 and len(pool._live_host) <= 4
+    assert len(pool._start_failures) <= 2 and len(pool._env_broken) <= 2
+    assert len(pool._counted_failures) <= 10 + 1 and len(pool._envs) <= 10 + 1
 
 
 def test_a_database_error_starting_an_envs_host_fails_no_job_and_the_host_starts_later(monkeypatch):
@@ -688,7 +690,7 @@ def test_a_database_error_starting_an_envs_host_fails_no_job_and_the_host_starts
     ``to_ray_env`` says so with ``StoreFailed``: the lanes import no store.)"""
     from raylane.orchestrator.domain.errors import StoreFailed
 
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     n1 = "aa11" * 14
     ray = EnvRay([(n1, 4.0)])
     db_up = {"yes": False}

@@ -47,7 +47,7 @@ class Cluster(Ray):
 def lane(settings, monkeypatch):
     from raylane.orchestrator.services.controlplane import ControlPlane
 
-    monkeypatch.setattr("raylane.orchestrator.backends.lanes.HOST_CHECK_S", 0.0)
+    monkeypatch.setattr("raylane.orchestrator.backends.lane_hosts.HOST_CHECK_S", 0.0)
     settings = settings.model_copy(update={"fast_lane": True})
     plane = ControlPlane(settings)
     profile = default_profile()

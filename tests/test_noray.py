@@ -35,7 +35,7 @@ def test_no_ray_readyz_job_reason_and_one_warning(settings, caplog):
     from raylane.api.app import create_app
     from raylane.orchestrator.services.controlplane import ControlPlane
     from raylane.orchestrator.store import db
-    from raylane.orchestrator.store.jobs import list_events
+    from raylane.orchestrator.store.job_reads import list_events
 
     dash = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     s = settings.model_copy(update={"dashboard_url": dash, "loops_enabled": True, "dispatch_interval_s": 0.05})
@@ -151,7 +151,7 @@ def test_jobs_claimed_as_ray_went_away_say_so_and_are_submitted_once_when_it_ans
     from raylane.orchestrator.domain.specs import JobSpec
     from raylane.orchestrator.services.controlplane import ControlPlane
     from raylane.orchestrator.store import db
-    from raylane.orchestrator.store.jobs import list_events
+    from raylane.orchestrator.store.job_reads import list_events
 
     ray = {"jobs_api": False, "dashboard": True}
     posted: list[str] = []

@@ -47,7 +47,7 @@ def active_gpus(cp, project: str) -> float:
 
 
 def _flt(project):
-    from raylane.orchestrator.store.jobs import JobFilter
+    from raylane.orchestrator.domain.queries import JobFilter
 
     return JobFilter(project=project)
 

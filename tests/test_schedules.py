@@ -196,7 +196,7 @@ def test_the_server_runs_a_per_second_schedule(settings, cp):
         wait_for(lambda: len(_jobs(api, sch["id"])) >= 2, timeout=30, what="two ticks' jobs")
         assert api.post(f"/v1/schedules/{sch['id']}/pause").json()["paused"]
     # The loops have stopped with the app: every job has its tick's row, and no tick two jobs.
-    from raylane.orchestrator.store.jobs import JobFilter
+    from raylane.orchestrator.domain.queries import JobFilter
 
     jobs, _ = cp.list(JobFilter(labels={SCHEDULE_LABEL: sch["id"]}), limit=500, cursor=None)
     created = [r["job_id"] for r in _runs_direct(cp, sch["id"]) if r["outcome"] == "created"]

@@ -17,12 +17,13 @@ from sqlalchemy import insert, select, update
 from raylane.orchestrator.backends.ray_jobs import RayJob
 from raylane.orchestrator.domain import lanes, protocol
 from raylane.orchestrator.domain.errors import InvalidTransition
+from raylane.orchestrator.domain.queries import JobFilter
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.specs import JobSpec, RetryPolicy
 from raylane.orchestrator.domain.states import (ATTEMPT_ALLOWED, CAUSES, MAX_INFRA_RETRIES, AttemptStatus,
                                                 FailureCause, JobStatus, cause_table_markdown, decide)
 from raylane.orchestrator.loops.reconciler import Reconciler
-from raylane.orchestrator.store import db, jobs as store, lifecycle, tallies
+from raylane.orchestrator.store import db, job_reads, jobs as store, lifecycle, tallies
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import set_attempt, transition, utcnow
 from raylane.orchestrator.testing import FakeRay
@@ -160,8 +161,8 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
     with db.transaction(cp.sessions) as s:
         lifecycle.attempt_succeeded(s, jid, 1, exit_code=0, driver_node_id="n1", result=None)  # not named again
     with db.transaction(cp.sessions) as s:
-        job = store.get_job(s, jid, project=None, dashboard_url=ray)
-        att = store.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
+        job = job_reads.get_job(s, jid, project=None, dashboard_url=ray)
+        att = job_reads.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
     assert att.ray_job == "raylane-lane-v1-cpu-3"
     assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs/{submission_id(jid, 1)}"
     # A Ray job's attempt runs in its own Ray job: no ray_job, a link to its page.
@@ -169,7 +170,7 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
     with db.transaction(cp.sessions) as s:
         lifecycle.attempt_running(s, other, 1, driver_node_id="n1")
     with db.transaction(cp.sessions) as s:
-        att = store.list_attempts(s, other, project=None, dashboard_url=ray)[0]
+        att = job_reads.list_attempts(s, other, project=None, dashboard_url=ray)[0]
     assert att.ray_job is None and att.dashboard_url == f"{ray}/#/jobs/{submission_id(other, 1)}"
     # Past the dashboard's tail (an hour after it ended) the lane attempt's record is
     # gone: its link is Ray's job list. A Ray job's own page stays (Ray keeps it).
@@ -178,9 +179,9 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
         s.execute(update(attempts).where(attempts.c.job_id.in_([jid, other])).values(ended_at=long_ago))
         s.execute(update(jobs).where(jobs.c.id.in_([jid, other])).values(finished_at=long_ago))
     with db.transaction(cp.sessions) as s:
-        job = store.get_job(s, jid, project=None, dashboard_url=ray)
-        att = store.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
-        own = store.list_attempts(s, other, project=None, dashboard_url=ray)[0]
+        job = job_reads.get_job(s, jid, project=None, dashboard_url=ray)
+        att = job_reads.list_attempts(s, jid, project=None, dashboard_url=ray)[0]
+        own = job_reads.list_attempts(s, other, project=None, dashboard_url=ray)[0]
     assert job.dashboard_url == att.dashboard_url == f"{ray}/#/jobs"
     assert own.dashboard_url == f"{ray}/#/jobs/{submission_id(other, 1)}"
     # A lane attempt that ended before a host took it (stopped) has no record at all.
@@ -189,7 +190,7 @@ def test_a_lane_attempt_names_the_host_that_ran_it(cp):
         s.execute(update(jobs).where(jobs.c.id == unhosted).values(placement={**job.placement.model_dump(mode="json")}))
         s.execute(update(attempts).where(attempts.c.job_id == unhosted).values(status="STOPPED", ended_at=utcnow()))
     with db.transaction(cp.sessions) as s:
-        assert store.list_attempts(s, unhosted, project=None, dashboard_url=ray)[0].dashboard_url == f"{ray}/#/jobs"
+        assert job_reads.list_attempts(s, unhosted, project=None, dashboard_url=ray)[0].dashboard_url == f"{ray}/#/jobs"
 
 
 def test_an_attempt_and_its_job_change_together_or_not_at_all(cp):
@@ -679,7 +680,7 @@ def test_the_apis_reads_do_not_wait_for_the_write_lock(tmp_path):
         jid = _dispatched(plane, attempt=AttemptStatus.RUNNING)
         got = _while_write_locked(tmp_path / "raylane.db", {
             "get": lambda: plane.get(jid, project=None).id,
-            "list": lambda: [j.id for j in plane.list(store.JobFilter(), limit=10, cursor=None)[0]],
+            "list": lambda: [j.id for j in plane.list(JobFilter(), limit=10, cursor=None)[0]],
             "events": lambda: len(plane.events(jid, project=None)),
             "attempts": lambda: [a.number for a in plane.attempts(jid, project=None)],
             "progress": lambda: plane.progress([jid])[jid][1],

@@ -10,9 +10,10 @@ import pytest
 from sqlalchemy import select, update
 
 from raylane.orchestrator.domain.errors import InvalidTransition
+from raylane.orchestrator.domain.queries import JobFilter
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import ALLOWED, JobStatus, allowed_from
-from raylane.orchestrator.store import db, jobs as store
+from raylane.orchestrator.store import db, job_reads, jobs as store
 from raylane.orchestrator.store.tables import events, jobs
 from raylane.orchestrator.store.transitions import transition
 
@@ -92,7 +93,7 @@ def test_fifty_concurrent_submits_with_one_key_make_one_job(cp):
         results = list(ex.map(go, range(50)))
     assert len({jid for jid, _ in results}) == 1
     assert sum(created for _, created in results) == 1
-    page, _ = cp.list(store.JobFilter(project=None), limit=100, cursor=None)
+    page, _ = cp.list(JobFilter(project=None), limit=100, cursor=None)
     assert len(page) == 1
 
 
@@ -159,15 +160,15 @@ def test_a_job_read_on_a_connection_is_the_same_view_as_in_a_session(cp):
     link = "http://ray.example:8265"
     for jid, project in ((plain, None), (plain, "default"), (rich, None), (rich, "p1")):
         with db.read(cp.sessions) as s:
-            want = store.get_job(s, jid, project=project, dashboard_url=link)
+            want = job_reads.get_job(s, jid, project=project, dashboard_url=link)
         with db.read_connection(cp.sessions) as conn:
-            got = store.read_job(conn, jid, project=project, dashboard_url=link)
+            got = job_reads.read_job(conn, jid, project=project, dashboard_url=link)
         assert got == want
     with db.read_connection(cp.sessions) as conn:
-        seen = store.read_job(conn, rich, project="p1")
+        seen = job_reads.read_job(conn, rich, project="p1")
         assert seen.labels == {"team": "ml", "run": "7"} and seen.result == {"loss": 0.25, "nested": {"k": [1, 2]}}
         with pytest.raises(NotFound):
-            store.read_job(conn, rich, project="default")
+            job_reads.read_job(conn, rich, project="default")
         with pytest.raises(NotFound):
-            store.read_job(conn, "0" * 26, project=None)
+            job_reads.read_job(conn, "0" * 26, project=None)
     assert cp.get(rich, project="p1") == seen

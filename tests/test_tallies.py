@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from raylane.orchestrator.domain.errors import InvalidTransition
+from raylane.orchestrator.domain.queries import JobFilter
 from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import ALLOWED, AttemptStatus, FailureCause, JobStatus
@@ -163,7 +164,7 @@ def test_arrays_dependencies_and_their_cascades_keep_the_counts(cp):
     with db.transaction(cp.sessions) as s:
         transition(s, parent, JobStatus.CANCELLED, reason="t", actor="t")  # cancels child and grandchild
     assert_kept_equals_counted(cp)
-    aid = cp.list(store.JobFilter(labels={"raylane.array.index": "0"}), limit=5, cursor=None)[0][0].labels["raylane.array"]
+    aid = cp.list(JobFilter(labels={"raylane.array.index": "0"}), limit=5, cursor=None)[0][0].labels["raylane.array"]
     cp.cancel_array(aid, project=None, actor="t")
     assert_kept_equals_counted(cp)
 

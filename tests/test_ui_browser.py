@@ -88,7 +88,8 @@ def _ran_sweep(cp, job_id: str) -> None:
     from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.domain.states import JobStatus
     from raylane.orchestrator.store import db, usage_rows
-    from raylane.orchestrator.store.jobs import get_row, save_trials, set_result
+    from raylane.orchestrator.store.job_reads import get_row
+    from raylane.orchestrator.store.jobs import save_trials, set_result
     from raylane.orchestrator.store.tables import attempts
     from raylane.orchestrator.store.transitions import transition, utcnow
 
@@ -124,7 +125,7 @@ def _running(cp, job_id: str) -> None:
     from raylane.orchestrator.domain.ids import submission_id
     from raylane.orchestrator.domain.states import JobStatus
     from raylane.orchestrator.store import db, usage_rows
-    from raylane.orchestrator.store.jobs import get_row
+    from raylane.orchestrator.store.job_reads import get_row
     from raylane.orchestrator.store.tables import attempts
     from raylane.orchestrator.store.transitions import transition, utcnow
 

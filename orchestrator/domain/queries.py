@@ -1,6 +1,6 @@
 """What a caller may ask of the job store, in the words of the domain: the
 project a job belongs to when none is named, and the filter of a job listing.
-The routers build these; ``store.jobs`` turns them into SQL."""
+The routers build these; ``store.job_reads`` turns them into SQL."""
 
 from __future__ import annotations
 

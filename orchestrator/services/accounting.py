@@ -19,7 +19,7 @@ from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.values import require_timezone
 from raylane.orchestrator.services import fleetplan
 from raylane.orchestrator.store import db
-from raylane.orchestrator.store.jobs import get_row
+from raylane.orchestrator.store.job_reads import get_row
 from raylane.orchestrator.store.transitions import utcnow
 from raylane.orchestrator.store import usage
 from raylane.orchestrator.store.usage import load_usage

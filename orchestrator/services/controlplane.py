@@ -24,7 +24,7 @@ from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.views import ArrayAction, Attempt, Job, JobArray, JobEvent, NodeGroupStatus, Placement
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import MAX_NAME_LEN, JobSpec
-from raylane.orchestrator.store import arrays as store_arrays, db, jobs as store_jobs, lane_logs as store_lane_logs, migrate, stats
+from raylane.orchestrator.store import arrays as store_arrays, db, job_reads, jobs as store_jobs, lane_logs as store_lane_logs, migrate, stats
 from raylane.orchestrator.store import policy as _policy  # noqa: F401 (a transition runs the registered effects)
 from raylane.orchestrator.store import tokens as store_tokens
 from raylane.orchestrator.store.transitions import utcnow
@@ -314,28 +314,28 @@ class ControlPlane:
 
     def get(self, job_id: str, *, project: str | None) -> Job:
         with db.read_connection(self.sessions) as conn:
-            return store_jobs.read_job(conn, job_id, project=project, dashboard_url=self.link)
+            return job_reads.read_job(conn, job_id, project=project, dashboard_url=self.link)
 
     def list(self, flt: JobFilter, *, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
         with db.read(self.sessions) as s:
-            return store_jobs.list_jobs(s, flt, limit=limit, cursor=cursor, dashboard_url=self.link)
+            return job_reads.list_jobs(s, flt, limit=limit, cursor=cursor, dashboard_url=self.link)
 
     def events(self, job_id: str, *, project: str | None, after_id: int = 0) -> list[JobEvent]:
         with db.read(self.sessions) as s:
-            return store_jobs.list_events(s, job_id, project=project, after_id=after_id)
+            return job_reads.list_events(s, job_id, project=project, after_id=after_id)
 
     def attempts(self, job_id: str, *, project: str | None) -> list[Attempt]:
         with db.read(self.sessions) as s:
-            return store_jobs.list_attempts(s, job_id, project=project, dashboard_url=self.link)
+            return job_reads.list_attempts(s, job_id, project=project, dashboard_url=self.link)
 
     def trials(self, job_id: str, *, project: str | None, sort_by: str | None = None, mode: str = "min"):
         with db.read(self.sessions) as s:
-            return store_jobs.list_trials(s, job_id, project=project, sort_by=sort_by, mode=mode)
+            return job_reads.list_trials(s, job_id, project=project, sort_by=sort_by, mode=mode)
 
     def cancel(self, job_id: str, *, project: str | None, actor: str) -> tuple[Job, str]:
         with db.transaction(self.sessions) as s:
             message = store_jobs.cancel(s, job_id, project=project, actor=actor)
-            job = store_jobs.get_job(s, job_id, project=project, dashboard_url=self.link)
+            job = job_reads.get_job(s, job_id, project=project, dashboard_url=self.link)
         if getattr(self, "reconciler", None) is not None:
             self.reconciler.wake.set()  # it stops the Ray job
         return job, message
@@ -437,7 +437,7 @@ class ControlPlane:
         """(status, attempts) of each existing job, unscoped: for the log
         followers, whose streams were authorised when they opened."""
         with db.read(self.sessions) as s:
-            return store_jobs.progress(s, job_ids)
+            return job_reads.progress(s, job_ids)
 
     def attempt_log(self, job_id: str, attempt: int) -> str:
         """Ray's driver log of one attempt ("" when Ray has none), unscoped like ``progress``."""
@@ -445,7 +445,7 @@ class ControlPlane:
         placement = None
         if self.lanes is not None:  # which backend holds its log is in its placement
             with db.read(self.sessions) as s:
-                placement = store_jobs.get_job(s, job_id, project=None, dashboard_url=None).placement
+                placement = job_reads.get_job(s, job_id, project=None, dashboard_url=None).placement
         return self._attempt_logs(job_id, attempt, placement) or ""
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.errors import Conflict, Invalid, NotFound
 from raylane.orchestrator.domain.views import AuditEntry, Project, Token
-from raylane.orchestrator.store.jobs import decode_cursor, encode_cursor
+from raylane.orchestrator.store.job_reads import decode_cursor, encode_cursor
 from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import api_tokens, audit_log, auth_epoch, projects
 from raylane.orchestrator.store.transitions import utcnow
