@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast setup bench clean lock
+.PHONY: run test test-clusters test-rest test-fast setup bench clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,20 +23,30 @@ run: export RAYLANE_POLICY_WORKING_DIR_ROOTS := $(RAYLANE_POLICY_WORKING_DIR_ROO
 run: $(STAMP)
 	$(BIN)/raylane-server serve --local-cluster
 
-# The whole suite, in TEST_WORKERS processes (pytest-xdist): one worker runs
-# every test of the shared local Ray cluster, the others the rest, a module at a
-# time (tests/conftest.py). Most tests wait (on Ray, a server, a subprocess)
-# more than they compute, so 3 workers on 2 cores finish sooner than one.
+# The whole suite: the tests that need or start a Ray cluster (marker `cluster`,
+# set by tests/conftest.py) in one process, one cluster at a time, beside the
+# rest in TEST_WORKERS worker processes (pytest-xdist, a file at a time). Most
+# tests wait (on Ray, a server, a database) more than they compute, so the two
+# halves side by side on 2 cores finish sooner than one after the other; two
+# 5-node clusters at once do not (docs/testing.md). Each half prints its own
+# summary (--output-sync); make fails if either does.
 # The browser tests (tests/test_ui_browser.py) drive Debian's chromium.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-clusters test-rest
+
+test-clusters: $(STAMP)
+	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
+
+test-rest: $(STAMP)
+	$(BIN)/python -m pytest -m "not cluster" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: no Ray cluster, no server or CLI subprocess, no browser
 # (the `process` marker is set from what a test calls; tests/conftest.py).
 test-fast: $(STAMP)
-	RAYLANE_TEST_TIER=fast $(BIN)/python -m pytest -n 2 --dist loadgroup -m "not ray and not slow and not process" $(PYTEST_ARGS)
+	RAYLANE_TEST_TIER=fast $(BIN)/python -m pytest -n 2 --dist loadfile -m "not ray and not slow and not process" \
+		$(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/submit_throughput.py

@@ -275,27 +275,25 @@ CLUSTER_SOURCE = re.compile(r"LocalCluster\(|LocalFleet\(|AutoscalingCluster\(|\
                             r"\"serve\", \"--local-cluster\"")
 
 
-def _xdist_group(item, module_helpers: dict[str, object]) -> str:
-    """Which worker runs a test under ``-n`` (``--dist loadgroup``). Every test that
-    needs a Ray cluster (``ray``-marked: the shared cluster of tests/ray, the
-    autoscaling one, the local fleet) or starts one (``CLUSTER_SOURCE``) runs on one
-    worker, one after another: a 5-node cluster takes ~half a core idle and most
-    of both while it starts, and two or three at once on 2 cores made Ray give up
-    starting nodes. Every other test runs with its module (its module fixtures,
-    a server of the module, start once), on the other workers."""
-    if item.get_closest_marker("ray") or _starts(item, module_helpers, CLUSTER_SOURCE):
-        return "ray-clusters"
-    return item.nodeid.split("::")[0]
+def _needs_a_cluster(item, module_helpers: dict[str, object]) -> bool:
+    """``cluster``: the test needs a Ray cluster (``ray``-marked: the shared cluster
+    of tests/ray, the autoscaling one, the local fleet) or starts one
+    (``CLUSTER_SOURCE``). ``make test`` runs these in one process, one after
+    another, beside the rest in worker processes: a 5-node cluster takes ~half a
+    core idle and most of both while it starts, and two or three at once on 2
+    cores made Ray give up starting nodes."""
+    return bool(item.get_closest_marker("ray")) or _starts(item, module_helpers, CLUSTER_SOURCE)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers set here
 def pytest_collection_modifyitems(config, items):
     helpers: dict[object, dict[str, object]] = {}
     for item in items:
         mod = getattr(item, "module", None)
         if mod not in helpers:
             helpers[mod] = _module_helpers(mod) if mod is not None else {}
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item, helpers[mod])))
+        if _needs_a_cluster(item, helpers[mod]):
+            item.add_marker(pytest.mark.cluster)
         if not item.get_closest_marker("process") and _starts(item, helpers[mod], PROCESS_SOURCE):
             item.add_marker(pytest.mark.process)
 
