@@ -75,7 +75,10 @@ def test_gpu_training_actors_run_on_gpu_node_with_cuda_visible_devices(rapi, ray
                          headers=ray_cluster.auth_headers()).json()
         assert info["entrypoint"].startswith(
             f"{protocol.INPUTS_KEY_ENV}={protocol.inputs_key(done['ray_submission_id'])} "), info["entrypoint"]
-        assert "funcs:where" not in info["entrypoint"] and protocol.PAYLOAD_ENV not in info["entrypoint"]
+        # ... and the user's entrypoint, as a comment after the command, for Ray's dashboard (#48).
+        command, _, shown = info["entrypoint"].partition("  # ")
+        assert "funcs:where" not in command and protocol.PAYLOAD_ENV not in info["entrypoint"], info["entrypoint"]
+        assert shown == "raylane training: funcs:where", info["entrypoint"]
         assert gcs.inputs(done["ray_submission_id"]) is None
     finally:
         gcs.close()
