@@ -20,16 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_server(work: Path, env: dict[str, str], *, timeout: float = 120,
-                 tree: Path | None = None) -> tuple[subprocess.Popen, str]:
+                 tree: Path | None = None, args: tuple[str, ...] = ("serve",),
+                 clean_env: bool = False) -> tuple[subprocess.Popen, str]:
     """Start the server with ``env`` on a free port; its log goes to ``work/server.log``.
     ``tree``: run another checkout's code (a before/after comparison in one run).
     Returns (process, base URL) once /readyz answers 200."""
     port = free_port()
     root = Path(tree).resolve() if tree else ROOT
-    full = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "RAYLANE_LOG_LEVEL": "WARNING",
-            "PYTHONPATH": str(root), **env}
+    # clean_env: no RAYLANE_* setting of the caller's shell, the server's defaults (as `make run` ships)
+    base = {k: v for k, v in os.environ.items() if not (clean_env and k.startswith("RAYLANE_"))}
+    full = {**base, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "PYTHONPATH": str(root),
+            **({} if clean_env else {"RAYLANE_LOG_LEVEL": "WARNING"}), **env}
     log = Path(work) / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve"], env=full, cwd=root,
+    proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", *args], env=full, cwd=root,
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 
@@ -48,10 +51,10 @@ def start_server(work: Path, env: dict[str, str], *, timeout: float = 120,
     return proc, url
 
 
-def stop_server(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen, timeout: float = 30) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        proc.wait(timeout)
 
 
 @dataclass

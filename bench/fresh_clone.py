@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -41,8 +40,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import free_port  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from bench import _server  # noqa: E402
 
 SPEC = {"name": "trivial", "kind": "command", "entrypoint": "true"}
 UNFINISHED = ["PENDING", "DISPATCHING", "RUNNING", "RETRYING", "CANCELLING"]
@@ -53,41 +51,17 @@ BURST_S = 1800  # one burst, at most: 20 Ray jobs took ~100 s on a quiet day her
 
 def start(work: Path) -> tuple:
     """`make run` in ``work``: (process, URL, admin token, ClusterState)."""
-    import subprocess
-
     from raylane.orchestrator.tooling.localcluster import ClusterState
 
-    port = free_port()
-    env = {**os.environ, "RAYLANE_DATA_DIR": str(work), "RAYLANE_PORT": str(port), "PYTHONPATH": str(ROOT),
-           # What the Makefile's `run` target exports besides (local working_dirs under the checkout).
-           "RAYLANE_POLICY_WORKING_DIR_ROOTS": json.dumps([str(ROOT)])}
-    env = {k: v for k, v in env.items() if not k.startswith("RAYLANE_") or k in (
-        "RAYLANE_DATA_DIR", "RAYLANE_PORT", "RAYLANE_POLICY_WORKING_DIR_ROOTS")}  # nothing else from the caller's shell
-    log = work / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve", "--local-cluster"], env=env, cwd=ROOT,
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            return httpx.get(url + "/readyz", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(ready, timeout=START_S, what="raylane-server serve --local-cluster")
-    except BaseException:
-        stop(proc)
-        raise
+    # What the Makefile's `run` target exports besides (local working_dirs under the checkout).
+    proc, url = _server.start_server(work, {"RAYLANE_POLICY_WORKING_DIR_ROOTS": json.dumps([str(ROOT)])},
+                                     timeout=START_S, args=("serve", "--local-cluster"), clean_env=True)
     token = (work / "admin_token").read_text().strip()
     return proc, url, token, ClusterState.load(work / "cluster")
 
 
 def stop(proc) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(STOP_S)
+    _server.stop_server(proc, STOP_S)
 
 
 def main() -> None:
