@@ -83,6 +83,10 @@ class Settings(BaseSettings):
     fleet_owned_soon_s: float = Field(600.0, ge=0, le=86400, description="An owned cluster without room now is still "
                                       "placed first when its place in the queue is expected to start within this "
                                       "long; past it, rented capacity comes first.")
+    fleet_cluster_grace_s: float = Field(60.0, gt=0, le=3600, description="A fleet's cluster unreachable this long "
+                                         "(every call failing, a last check included) is lost: its attempts end "
+                                         "CLUSTER_LOST and their jobs are placed on another cluster. Shorter outages "
+                                         "restart nothing.")
     fleet_no_rent_projects: list[str] = Field([], description="Projects whose jobs never run on a rented cluster "
                                               "(JSON list); they wait for owned capacity.")
     fleet_rented_spend_cap: dict[str, float] = Field({}, description="Most a project's running attempts may cost an "

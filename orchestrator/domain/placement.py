@@ -81,6 +81,15 @@ ClusterNow = dict[str, GroupNow]  # by node group
 FleetNow = dict[str, ClusterNow]  # by cluster; a cluster missing: no view of it now
 
 
+class NoCandidate(Exception):
+    """Every cluster that could run the job is skipped now (``place``'s ``skip``)."""
+
+    def __init__(self, message: str, skipped: list[str]):
+        super().__init__(message)
+        self.message = message
+        self.skipped = skipped
+
+
 @dataclass(frozen=True)
 class RentPolicy:
     """What the job's project may rent: ``may_rent`` at all, and its rented spend an
@@ -244,12 +253,15 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
 
 
 def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: RentPolicy = RentPolicy(),
-          owned_soon_s: float = 600.0, avoid_spot: bool = False) -> FleetPlacement:
+          owned_soon_s: float = 600.0, avoid_spot: bool = False,
+          skip: dict[str, str] | None = None) -> FleetPlacement:
     """The candidates for ``spec`` across ``fleet`` in the order to try them (see the
     module's docstring). ``now``: each cluster's groups now (None: no live view, the
     order from the fleet alone). Raises ``Unroutable`` when no cluster can ever run
     the job or a pin names what the fleet lacks, ``Forbidden`` when the only
-    clusters left are rented and the project may not rent."""
+    clusters left are rented and the project may not rent. ``skip``: clusters
+    left out now, each with why (lost; its scale-up for this job did not come):
+    excluded with that reason, ``NoCandidate`` when they were all that was left."""
     pin_cluster, pin_tier = spec.placement.cluster, spec.placement.tier
     members = fleet.members
     if pin_cluster != "auto":
@@ -273,6 +285,7 @@ def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: Ren
 
     candidates: list[Candidate] = []
     excluded: list[str] = []
+    skipped: list[str] = []
     never: list[tuple[str, Unroutable]] = []
     for cluster in members:
         c_now = None if now is None else now.get(cluster.name)
@@ -285,6 +298,10 @@ def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: Ren
         if not cluster.owned and not rent.may_rent:
             excluded.append(f"{cluster.name}: project {rent.project} may not rent (RAYLANE_FLEET_NO_RENT_PROJECTS)")
             continue
+        if skip and cluster.name in skip:
+            excluded.append(f"{cluster.name}: {skip[cluster.name]}")
+            skipped.append(cluster.name)
+            continue
         for p in placements:
             candidates.append(_candidate(cluster, p, c_now, owned_soon_s))
     if not candidates:
@@ -292,6 +309,8 @@ def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: Ren
             fields = {e.field for _, e in never}
             raise Unroutable("; ".join(f"{name}: {e.message}" for name, e in never),
                              field=fields.pop() if len(fields) == 1 else "resources")
+        if skipped:
+            raise NoCandidate("; ".join(excluded), skipped)
         raise Forbidden("; ".join(excluded), field="placement.tier")
     order = {c.name: i for i, c in enumerate(fleet.members)}
     candidates.sort(key=lambda c: (c.rank, c.price_per_hour, order[c.cluster]))

@@ -109,6 +109,7 @@ class FailureCause(str, Enum):
     SUBMIT_ERROR = "SUBMIT_ERROR"  # Ray refused or could not be reached at submit
     UNSCHEDULABLE = "UNSCHEDULABLE"  # can never fit the cluster profile
     SCALE_UP_TIMEOUT = "SCALE_UP_TIMEOUT"  # submitted ahead of a scale-up that did not come in time
+    CLUSTER_LOST = "CLUSTER_LOST"  # its fleet cluster was unreachable past the grace (docs/fleet.md)
 
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
@@ -134,7 +135,9 @@ ACTIVE = frozenset({JobStatus.DISPATCHING, JobStatus.RUNNING, JobStatus.CANCELLI
 
 _ENDS = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.STOPPED, AttemptStatus.LOST})
 ATTEMPT_ALLOWED: dict[AttemptStatus, frozenset[AttemptStatus]] = {
-    AttemptStatus.CLAIMED: frozenset({AttemptStatus.SUBMITTED, AttemptStatus.FAILED, AttemptStatus.STOPPED}),
+    # LOST: claimed for a fleet's cluster that was lost before Raylane knew whether it took it (CLUSTER_LOST).
+    AttemptStatus.CLAIMED: frozenset({AttemptStatus.SUBMITTED, AttemptStatus.FAILED, AttemptStatus.STOPPED,
+                                      AttemptStatus.LOST}),
     AttemptStatus.SUBMITTED: frozenset({AttemptStatus.PENDING, AttemptStatus.RUNNING}) | _ENDS,
     AttemptStatus.PENDING: frozenset({AttemptStatus.RUNNING}) | _ENDS,
     AttemptStatus.RUNNING: _ENDS,
@@ -197,9 +200,15 @@ CAUSES: dict[FailureCause, CauseRule] = {
                                              "attempt is submitted again once its lease expires)"),
     FailureCause.UNSCHEDULABLE: CauseRule(**_NEVER, why="it can never fit the cluster profile"),
     FailureCause.SCALE_UP_TIMEOUT: CauseRule(**_NEVER, why="the autoscaler did not add the node in time; "
-                                             "another attempt would wait for the same node"),
+                                             "another attempt would wait for the same node (on a fleet, "
+                                             "the job moves to its next cluster instead)"),
+    FailureCause.CLUSTER_LOST: CauseRule(retried=True, spends_attempt=False, backoff=Backoff.NONE,
+                                         bound=Bound.INFRA, why="its cluster is gone, not the job: placed again on "
+                                         "another cluster at once, resuming from its checkpoint"),
 }
 
+# Retried on another cluster of the fleet, at once: nothing there is known to be wrong.
+MOVES_AT_ONCE = frozenset({FailureCause.CLUSTER_LOST})
 # Causes that are the cluster's fault, not the job's: they do not spend max_attempts.
 INFRASTRUCTURE_CAUSES = frozenset(c for c, rule in CAUSES.items() if not rule.spends_attempt)
 
@@ -219,15 +228,22 @@ def backoff(policy: RetryPolicy, n: int) -> float:
 
 
 def decide(cause: FailureCause, policy: RetryPolicy, *, attempts_done: int, app_attempts: int,
-           cancelling: bool = False) -> Decision:
+           cancelling: bool = False, elsewhere: bool = False) -> Decision:
     """The job's next status after an attempt ended with ``cause``.
 
     ``attempts_done`` counts every attempt made, this one included;
     ``app_attempts`` those that spent ``max_attempts`` (this one included if it
-    does). A job being cancelled ends CANCELLED whatever the cause.
+    does). A job being cancelled ends CANCELLED whatever the cause. ``elsewhere``:
+    the job is on a fleet of several clusters, where a scale-up that did not come
+    in time moves it to its next candidate instead of failing it (the fleet's
+    placer fails it once no candidate is left).
     """
     if cancelling:
         return Decision(JobStatus.CANCELLED, "Ray stopped the attempt")
+    if elsewhere and cause is FailureCause.SCALE_UP_TIMEOUT:
+        # A fleet (``elsewhere``): the nomination moves to the job's next candidate cluster.
+        return Decision(JobStatus.RETRYING, "SCALE_UP_TIMEOUT: its nomination moves to the next cluster of its "
+                                            "candidates (not counted against max_attempts)")
     rule = CAUSES[cause]
     if not rule.retried:
         return Decision(JobStatus.FAILED, f"{cause.value} is not retried")
@@ -279,7 +295,9 @@ def _check_table() -> None:
     assert set(CAUSES) == set(FailureCause), "every failure cause needs a rule"
     for c, r in CAUSES.items():
         assert (r.bound is Bound.NONE) == (not r.retried), f"{c}: a bound exactly when retried"
-        assert (r.backoff is Backoff.NONE) == (not r.retried), f"{c}: a backoff exactly when retried"
+        # ... and a backoff when retried, but for a cause that moves the job to another cluster at once
+        assert (r.backoff is Backoff.NONE) == (not r.retried or c in MOVES_AT_ONCE), \
+            f"{c}: a backoff exactly when retried"
         assert not r.retried or (r.bound is Bound.INFRA) == (not r.spends_attempt), \
             f"{c}: a retry that spends no attempt needs the infrastructure bound"
 

@@ -218,6 +218,10 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
             if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
                 dgroup = placement.driver_label_selector["ray.io/node-group"]
                 reason = shortfall(placement.driver_resources, free(view, used, dgroup), dgroup)
+                if reason and _driver_group_scales(placement, view, profile, used, ahead, rules, dgroup):
+                    # A cluster that scales from zero (a rented one) adds the driver's node too.
+                    scale_up, reason = (f"{scale_up}; " if scale_up else "") + \
+                        f"its driver waits for group {dgroup} to add a node", None
                 if reason:
                     reason += " (for the driver)"
         if reason is not None and reason.startswith(NEVER):
@@ -316,6 +320,18 @@ def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile
     if ahead.get(group, 0) >= rules.scale_ahead:
         return f"{wait}; {ahead.get(group, 0)} jobs already wait for it in Ray (max {rules.scale_ahead})", None, placement
     return None, wait, placement
+
+
+def _driver_group_scales(placement: Placement, view: ClusterView, profile: Profile, used: Held,
+                         ahead: Mapping[str, int], rules: Rules, dgroup: str) -> bool:
+    """The driver's group lacks room now, but the autoscaler may add what it needs
+    and fewer than ``scale_ahead`` jobs already wait for that group."""
+    if rules.scale_ahead <= 0 or ahead.get(dgroup, 0) >= rules.scale_ahead:
+        return False
+    _, _, add = room(view, profile, dgroup)
+    free_now = free(view, used, dgroup)
+    with_room = {k: free_now.get(k, 0) + add.get(k, 0) for k in set(free_now) | set(add)}
+    return bool(add) and shortfall(placement.driver_resources, with_room, dgroup) is None
 
 
 def on_fallback(placement: Placement, profile: Profile, group: str) -> Placement:

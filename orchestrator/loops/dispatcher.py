@@ -41,6 +41,7 @@ from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL, ARRAY_LABEL, Jo
 from raylane.orchestrator.domain.policy import state_excludes
 from raylane.orchestrator.store import db, dependencies as store_dependencies, lifecycle, packages as store_packages, queue
 from raylane.orchestrator.store import quotas as store_quotas, stats
+from raylane.orchestrator.store.fleet import Scope
 from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.transitions import utcnow
 
@@ -108,8 +109,15 @@ class Dispatcher(LoopService):
     name = "dispatcher"
 
     def __init__(self, settings: Settings, sessions, backend: RayBackend, profile: Profile, *,
-                 wake=None, owner: str | None = None, lanes=None):
+                 wake=None, owner: str | None = None, lanes=None, scope: Scope | None = None,
+                 tier: str | None = None):
         super().__init__(settings.dispatch_interval_s, wake)
+        # One cluster of a fleet (store.fleet.Scope): only jobs nominated to it are
+        # admitted here, its attempts record it, and attempts given up with it are
+        # stopped there before anything new is submitted (``fence``). None: the
+        # deployment's one cluster, every job.
+        self.scope = scope
+        self.tier = tier
         self.settings = settings
         self.sessions = sessions
         self.backend = backend
@@ -142,15 +150,16 @@ class Dispatcher(LoopService):
             s.connection()
             now = utcnow()
             lease_until = now + timedelta(seconds=self.settings.lease_s)
-            claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until)
-            used, drivers = stats.used_by_active(s)
+            scope = self.scope
+            claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until, scope=scope)
+            used, drivers = stats.used_by_active(s, scope)
             limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
             project_used = store_quotas.usage(s) if limits else {}
-            ahead = stats.ahead_by_group(s) if rules.scale_ahead else {}
-            waiting, waiting_need = stats.waiting_by_group(s) if rules.queue_ahead else ({}, {})
+            ahead = stats.ahead_by_group(s, scope) if rules.scale_ahead else {}
+            waiting, waiting_need = stats.waiting_by_group(s, scope) if rules.queue_ahead else ({}, {})
             waits: list[tuple[queue.Queued, str]] = []
             admitted: list[queue.Admission] = []
-            for d in admission.decide(queue.queued(s, now=now), view, self.profile, rules, used=used,
+            for d in admission.decide(queue.queued(s, now=now, scope=scope), view, self.profile, rules, used=used,
                                       drivers=drivers, limits=limits, project_used=project_used, ahead=ahead,
                                       waiting=waiting, waiting_need=waiting_need):
                 if isinstance(d, admission.Fail):
@@ -158,7 +167,10 @@ class Dispatcher(LoopService):
                 elif isinstance(d, admission.Wait):
                     waits.append((d.job, d.reason))
                 else:
-                    admitted.append(queue.Admission(d.job, d.placement, d.passed_over, d.scale_up, d.queued))
+                    pl = d.placement
+                    if scope is not None and pl.cluster != scope.name:  # its attempt records where it runs
+                        pl = pl.model_copy(update={"cluster": scope.name, "tier": self.tier})
+                    admitted.append(queue.Admission(d.job, pl, d.passed_over, d.scale_up, d.queued))
             claimed += queue.admit_many(s, admitted, owner=self.owner, now=now, lease_until=lease_until)
             queue.set_waiting(s, waits, now=now)
         return claimed
@@ -335,9 +347,34 @@ class Dispatcher(LoopService):
                             entrypoint_label_selector=pl.driver_label_selector)
         return "submitted to Ray" + (f"; {c.scale_up}" if c.scale_up else "")
 
+    def fence(self) -> None:
+        """A fleet's cluster that answers again: the attempts Raylane gave up on when
+        it was lost (CLUSTER_LOST, placed again elsewhere since) are stopped there
+        before anything new is submitted to it, so a job's effects happen once.
+        Raises ``RayUnavailable`` when the cluster stops answering meanwhile."""
+        with db.read(self.sessions) as s:
+            given_up = lifecycle.unfenced(s, self.scope)
+        if not given_up:
+            return
+        done = []
+        for job_id, number, lane, lane_env in given_up:
+            sid = submission_id(job_id, number)
+            if lane and self.lanes is not None:
+                self.lanes.discard(sid, group=lane, lane_env=lane_env)
+            else:
+                self.backend.stop(sid)  # False when Ray no longer has it: nothing runs either way
+            self.backend.forget_inputs(sid)
+            done.append((job_id, number))
+            log.info("%s was given up when cluster %s was lost; stopped there now that it answers",
+                     sid, self.scope.name)
+        with db.transaction(self.sessions) as s:
+            lifecycle.fenced(s, done, now=utcnow())
+
     def run_once(self) -> None:
         try:
             view = self.backend.cluster_view()
+            if self.scope is not None:
+                self.fence()
         except RayUnavailable as e:
             self.ray_unreachable(e)
             return
@@ -375,4 +412,4 @@ class Dispatcher(LoopService):
             if unsubmitted:
                 queue.release_unsubmitted(s, [c.job_id for c in unsubmitted], owner=self.owner,
                                           reason=f"{reason}; submitted when it answers", now=now)
-            queue.wait_all(s, reason, now=now)
+            queue.wait_all(s, reason, now=now, scope=self.scope)

@@ -45,6 +45,7 @@ from raylane.orchestrator.loops.classify import _tail, classify
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
 from raylane.orchestrator.store import db, lane_logs, lifecycle
+from raylane.orchestrator.store.fleet import Scope
 from raylane.orchestrator.store.jobs import save_trials, set_result
 from raylane.orchestrator.store.transitions import record_event, utcnow
 
@@ -105,8 +106,13 @@ def _keep_log(s, r, rj: RayJob | None) -> None:
 class Reconciler(LoopService):
     name = "reconciler"
 
-    def __init__(self, settings: Settings, sessions, backend: RayBackend, *, wake=None, lanes=None):
+    def __init__(self, settings: Settings, sessions, backend: RayBackend, *, wake=None, lanes=None,
+                 scope: Scope | None = None, elsewhere: bool = False):
         super().__init__(settings.reconcile_interval_s, wake)
+        # One cluster of a fleet: its attempts only (``store.fleet.Scope``); ``elsewhere``:
+        # the fleet has other clusters, where a job whose scale-up here did not come moves.
+        self.scope = scope
+        self.elsewhere = elsewhere
         self.settings = settings
         self.sessions = sessions
         self.backend = backend
@@ -154,8 +160,8 @@ class Reconciler(LoopService):
         # A read (SQLite: no write lock): this runs every 20 ms while attempts live, and
         # a write transaction each time took the lock that submits' commits wait for.
         with db.read(self.sessions) as s:
-            live = lifecycle.live_attempts(s, self._known)
-            cancelling_unsubmitted = lifecycle.cancelling_jobs(s)
+            live = lifecycle.live_attempts(s, self._known, self.scope)
+            cancelling_unsubmitted = lifecycle.cancelling_jobs(s, self.scope)
         self._live = len(live)
         live_ids = {r["job_id"] for r in live}
         self._conflicts = {k: v for k, v in self._conflicts.items() if k[0] in live_ids}
@@ -509,7 +515,7 @@ class Reconciler(LoopService):
             lifecycle.attempt_ended(
                 s, r["job_id"], r["number"], status=AttemptStatus.LOST if rj is None else AttemptStatus(rj.status),
                 cause=cause, message=msg, headline=_tail(msg), exit_code=rj.driver_exit_code if rj else None,
-                driver_node_id=rj.driver_node_id if rj else None, ray_job=_ray_job(rj))
+                driver_node_id=rj.driver_node_id if rj else None, ray_job=_ray_job(rj), elsewhere=self.elsewhere)
             _keep_log(s, r, rj)
         self.wake.set()
         if self.on_ended:

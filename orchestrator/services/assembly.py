@@ -23,14 +23,17 @@ from raylane.orchestrator.settings import Settings
 if TYPE_CHECKING:  # pragma: no cover
     from raylane.orchestrator.domain.profile import Profile
     from raylane.orchestrator.services.controlplane import ControlPlane
+    from raylane.orchestrator.store.fleet import Scope
     from raylane.orchestrator.store.epoch_reader import SQLiteEpoch
 
 log = logging.getLogger(__name__)
 
 
-def attach_backend(plane: "ControlPlane", backend: RayBackend, profile: "Profile") -> None:
+def attach_backend(plane: "ControlPlane", backend: RayBackend, profile: "Profile", *,
+                   scope: "Scope | None" = None, tier: str | None = None, elsewhere: bool = False) -> None:
     """Wire routing, the warm lanes, the dispatcher and the reconciler to one Ray
-    cluster's backend."""
+    cluster's backend (``scope``, ``tier``, ``elsewhere``: the attached cluster of a
+    fleet, ``services.fleetdispatch``)."""
     from raylane.orchestrator.backends.lanes import LaneBackend
     from raylane.orchestrator.domain.routing import route
     from raylane.orchestrator.loops.dispatcher import Dispatcher
@@ -45,8 +48,10 @@ def attach_backend(plane: "ControlPlane", backend: RayBackend, profile: "Profile
     fast_lane = settings.fast_lane
     lanes = plane.lanes
     plane.router = lambda spec: route(spec, profile, plane.cluster_view(), fast_lane=fast_lane and lanes.usable())
-    plane.dispatcher = Dispatcher(settings, plane.sessions, backend, profile, wake=plane.new_work, lanes=plane.lanes)
-    plane.reconciler = Reconciler(settings, plane.sessions, backend, lanes=plane.lanes)
+    plane.dispatcher = Dispatcher(settings, plane.sessions, backend, profile, wake=plane.new_work, lanes=plane.lanes,
+                                  scope=scope, tier=tier)
+    plane.reconciler = Reconciler(settings, plane.sessions, backend, lanes=plane.lanes, scope=scope,
+                                  elsewhere=elsewhere)
     # A submitted attempt wakes the reconciler, which then polls Ray quickly.
     plane.dispatcher.on_submitted = plane.reconciler.wake.set
     # ... and an ended attempt wakes the dispatcher: a queue of short jobs does not wait a poll per batch.
@@ -98,6 +103,11 @@ def start_loops(plane: "ControlPlane") -> None:
         log.exception("first reconcile pass failed; the loop will retry")
     plane.dispatcher.start()
     plane.reconciler.start()
+    fd = getattr(plane, "fleet_dispatch", None)
+    if fd is not None:  # a fleet's other clusters and its placer (services.fleetdispatch)
+        for loop in fd.loops():
+            if loop is not plane.dispatcher and loop is not plane.reconciler:
+                loop.start()
 
 
 def start_background(plane: "ControlPlane") -> None:
@@ -112,8 +122,10 @@ def start_background(plane: "ControlPlane") -> None:
 
 
 def stop_loops(plane: "ControlPlane") -> None:
-    for loop in (getattr(plane, "dispatcher", None), getattr(plane, "reconciler", None), plane.notifier,
-                 plane.scheduler):
+    fd = getattr(plane, "fleet_dispatch", None)
+    fleet_loops = [] if fd is None else [x for x in fd.loops() if x is not plane.dispatcher and x is not plane.reconciler]
+    for loop in (getattr(plane, "dispatcher", None), getattr(plane, "reconciler", None), *fleet_loops,
+                 plane.notifier, plane.scheduler):
         if loop is not None:
             loop.stop()
 

@@ -9,19 +9,52 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from dataclasses import dataclass
+
+from sqlalchemy import or_, select, true, update
 from sqlalchemy.orm import Session
 
-from raylane.orchestrator.domain.states import JobStatus
-from raylane.orchestrator.store.tables import jobs
+from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
+from raylane.orchestrator.store.tables import attempts, jobs
+from raylane.orchestrator.store.transitions import record_event, transition
+
+# jobs.cluster of a queued job the fleet's placer has still to nominate a cluster for
+# (submitted to a fleet, or given up with its lost cluster): no dispatcher takes it.
+TO_PLACE = "(placing)"
 
 
-def timeout_ends(session: Session, *, now: datetime) -> dict[str, float]:
+@dataclass(frozen=True)
+class Scope:
+    """One cluster of a fleet as its loops see the store: the jobs nominated to
+    it and the attempts placed on it; for the *attached* cluster also those with
+    no cluster recorded (NULL: a deployment of one cluster, rows from before
+    fleets). None in place of a Scope: every row (one cluster, no fleet)."""
+
+    name: str
+    attached: bool = False
+
+    def on(self, column):
+        return or_(column == self.name, column.is_(None)) if self.attached else column == self.name
+
+
+def jobs_on(scope: Scope | None):
+    """The SQL condition: a job nominated to ``scope``'s cluster (true without a scope)."""
+    return true() if scope is None else scope.on(jobs.c.cluster)
+
+
+def attempts_on(scope: Scope | None):
+    """The SQL condition: an attempt placed on ``scope``'s cluster (true without a scope)."""
+    return true() if scope is None else scope.on(attempts.c.cluster)
+
+
+def timeout_ends(session: Session, *, now: datetime, scope: "Scope | None" = None) -> dict[str, float]:
     """Node group -> seconds from ``now`` until its first running job with a
-    ``timeout_s`` reaches it (0 when already past); groups without one are absent."""
+    ``timeout_s`` reaches it (0 when already past); groups without one are absent.
+    ``scope``: on one cluster of a fleet."""
     out: dict[str, float] = {}
     rows = session.execute(select(jobs.c.node_group, jobs.c.started_at, jobs.c.spec)
-                           .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.started_at.is_not(None)))
+                           .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.started_at.is_not(None),
+                                  jobs_on(scope)))
     for group, started, spec in rows:
         timeout = (spec or {}).get("timeout_s")
         if not group or not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -29,3 +62,89 @@ def timeout_ends(session: Session, *, now: datetime) -> dict[str, float]:
         left = max(0.0, (started - now).total_seconds() + float(timeout))
         out[group] = min(left, out.get(group, left))
     return out
+
+
+# A fleet's placer (services/fleetdispatch.py) --------------------------------------------
+
+_QUEUED = (JobStatus.PENDING.value, JobStatus.RETRYING.value)
+PLACE_BATCH = 200  # jobs placed again per pass; the rest wait for the next
+
+
+@dataclass(frozen=True)
+class ToPlace:
+    id: str
+    project: str
+    status: JobStatus
+    spec: dict
+    cluster: str | None
+    status_reason: str | None
+
+
+def to_place(session: Session, *, lost: set[str], limit: int = PLACE_BATCH) -> list[ToPlace]:
+    """Queued jobs whose nomination must be made again: those marked ``TO_PLACE``
+    (their cluster was lost, or their scale-up there did not come) and those
+    nominated to a cluster in ``lost``, in admission order."""
+    where = jobs.c.cluster == TO_PLACE if not lost else or_(jobs.c.cluster == TO_PLACE, jobs.c.cluster.in_(lost))
+    rows = session.execute(select(jobs.c.id, jobs.c.project, jobs.c.status, jobs.c.spec, jobs.c.cluster,
+                                  jobs.c.status_reason)
+                           .where(jobs.c.status.in_(_QUEUED), where)
+                           .order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit)).all()
+    return [ToPlace(r.id, r.project, JobStatus(r.status), r.spec, r.cluster, r.status_reason) for r in rows]
+
+
+def moved_from(session: Session, job_ids: list[str]) -> dict[str, set[str]]:
+    """Per job, the clusters a scale-up of its did not come in time on: its nomination moved on from them."""
+    out: dict[str, set[str]] = {}
+    if not job_ids:
+        return out
+    for jid, cluster in session.execute(select(attempts.c.job_id, attempts.c.cluster).where(
+            attempts.c.job_id.in_(job_ids), attempts.c.cause == FailureCause.SCALE_UP_TIMEOUT.value,
+            attempts.c.cluster.is_not(None))):
+        out.setdefault(jid, set()).add(cluster)
+    return out
+
+
+def nominate(session: Session, job: ToPlace, *, cluster: str, placement: dict, reason: str,
+             now: datetime) -> bool:
+    """The job's nomination is now ``cluster`` with ``placement`` (its reason and an
+    event say why); a compare-and-set on its status and nomination: False when the
+    job moved since it was read (a cancel, another replica's placer)."""
+    done = session.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.status == job.status.value,
+                                              _same(jobs.c.cluster, job.cluster))
+                           .values(cluster=cluster, placement=placement, node_group=placement.get("node_group"),
+                                   status_reason=reason, updated_at=now)).rowcount
+    if done:
+        record_event(session, job.id, status=job.status, reason=reason, actor="fleet", now=now)
+    return bool(done)
+
+
+def wait_unplaced(session: Session, job: ToPlace, *, reason: str, now: datetime) -> None:
+    """The job stays to be placed (no candidate can take it now): its reason says why, once."""
+    if job.status_reason == reason:
+        return
+    session.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.status == job.status.value)
+                    .values(cluster=TO_PLACE, status_reason=reason))
+    record_event(session, job.id, status=job.status, reason=reason, actor="fleet", now=now)
+
+
+def _same(column, value):
+    return column.is_(None) if value is None else column == value
+
+
+def fail_unplaced(session: Session, job: ToPlace, *, reason: str, now: datetime) -> None:
+    """No cluster is left for the job: every candidate's scale-up failed it in turn."""
+    transition(session, job.id, JobStatus.FAILED, reason=reason, actor="fleet", expected={job.status},
+               values={"failure_cause": FailureCause.SCALE_UP_TIMEOUT.value, "finished_at": now})
+
+
+_ACTIVE = [s.value for s in ACTIVE]
+
+
+def active_on(session: Session, clusters: list[str]) -> list[tuple[str, str, str | None, dict]]:
+    """(project, cluster, node group, resources held) of each active job on ``clusters``."""
+    if not clusters:
+        return []
+    return [(project, cluster, group, (placement or {}).get("total") or {})
+            for project, cluster, group, placement in session.execute(
+                select(jobs.c.project, jobs.c.cluster, jobs.c.node_group, jobs.c.placement)
+                .where(jobs.c.status.in_(_ACTIVE), jobs.c.cluster.in_(clusters)))]

@@ -47,6 +47,7 @@ def _job_row(spec: JobSpec, *, project: str, job_id: str, now: datetime, placeme
         "spec": spec.model_dump(mode="json", exclude_none=True),
         "node_group": placement.node_group if placement else None,
         "placement": placement.model_dump(mode="json") if placement else None,
+        "cluster": placement.cluster if placement else None,  # a fleet's: store.fleet.TO_PLACE at submit
         "attempts": 0,
         "max_attempts": spec.retry.max_attempts,
         "preemptions": 0,
@@ -294,6 +295,7 @@ def _batch_row(spec: JobSpec, *, job_id: str, placement: Placement | None, text:
         "spec": spec.model_dump_json(exclude_none=True) if text is None else text,
         "node_group": placement.node_group if placement else None,
         "placement": placement_text,
+        "cluster": placement.cluster if placement else None,
         "max_attempts": spec.retry.max_attempts,
         "deps_waiting": 0,  # _wait_for, for a job with parents
     }

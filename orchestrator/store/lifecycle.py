@@ -25,6 +25,7 @@ from raylane.orchestrator.domain.errors import InvalidTransition
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import (ATTEMPT_LIVE, INFRASTRUCTURE_CAUSES, AttemptStatus, Decision,
                                                 FailureCause, JobStatus, decide)
+from raylane.orchestrator.store.fleet import TO_PLACE, Scope, attempts_on, jobs_on
 from raylane.orchestrator.store.jobs import save_trials, set_result
 from raylane.orchestrator.store.tables import attempts, jobs, results
 from raylane.orchestrator.store.transitions import set_attempt, set_attempt_cause, transition, utcnow
@@ -48,7 +49,8 @@ _DETAILS = select(jobs.c.id, jobs.c.attempts, jobs.c.spec, jobs.c.placement).whe
 _CANCELLING = select(jobs.c.id, jobs.c.attempts, jobs.c.placement).where(jobs.c.status == JobStatus.CANCELLING.value)
 
 
-def live_attempts(s: Session, known: dict[tuple[str, int], tuple[Any, Any]] | None = None) -> list[dict[str, Any]]:
+def live_attempts(s: Session, known: dict[tuple[str, int], tuple[Any, Any]] | None = None,
+                  scope: Scope | None = None) -> list[dict[str, Any]]:
     """The current attempt of every job whose attempt Ray may be running, with its job's columns,
     in job id order: the reconciler writes a pass's outcomes in one transaction, and
     replicas that lock rows in one order cannot deadlock each other.
@@ -58,9 +60,11 @@ def live_attempts(s: Session, known: dict[tuple[str, int], tuple[Any, Any]] | No
     changes while the attempt is current (a spec is written once, a placement at
     the attempt's admission), so only new attempts' are read and decoded, and the
     map keeps the live ones only. A pass over 60 live attempts read and decoded
-    both JSON columns of each every 20 ms."""
+    both JSON columns of each every 20 ms.
+
+    ``scope``: the attempts on one cluster of a fleet (``store.fleet``)."""
     known = {} if known is None else known
-    rows = [dict(r) for r in s.execute(_LIVE).mappings()]
+    rows = [dict(r) for r in s.execute(_LIVE if scope is None else _LIVE.where(attempts_on(scope))).mappings()]
     new = [r["job_id"] for r in rows if (r["job_id"], r["number"]) not in known]
     for i in range(0, len(new), 500):  # IN lists of a bounded size
         for jid, n, spec, placement in s.execute(_DETAILS, {"b_ids": new[i:i + 500]}):
@@ -76,10 +80,11 @@ def live_attempts(s: Session, known: dict[tuple[str, int], tuple[Any, Any]] | No
     return [r for r in rows if r["spec"] is not None]
 
 
-def cancelling_jobs(s: Session) -> list[tuple[str, int, str | None, str | None]]:
-    """(job id, attempts made, its warm lane or None, its lane env or None) of every CANCELLING job."""
+def cancelling_jobs(s: Session, scope: Scope | None = None) -> list[tuple[str, int, str | None, str | None]]:
+    """(job id, attempts made, its warm lane or None, its lane env or None) of every
+    CANCELLING job (``scope``: nominated to one cluster of a fleet)."""
     return [(jid, n, (placement or {}).get("lane"), (placement or {}).get("lane_env"))
-            for jid, n, placement in s.execute(_CANCELLING)]
+            for jid, n, placement in s.execute(_CANCELLING if scope is None else _CANCELLING.where(jobs_on(scope)))]
 
 
 def ended_attempts(s: Session, *, after: tuple[datetime, int] | None, until: datetime,
@@ -236,24 +241,30 @@ def attempt_succeeded(s: Session, job_id: str, number: int, *, exit_code: int | 
 
 def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus, cause: FailureCause,
                   message: str, headline: str, exit_code: int | None = None,
-                  driver_node_id: str | None = None, ray_job: str | None = None) -> Decision:
+                  driver_node_id: str | None = None, ray_job: str | None = None,
+                  elsewhere: bool = False) -> Decision:
     """The attempt ended badly (``status``: FAILED, STOPPED or LOST, as Ray
     reported it) with ``cause``; ``headline`` is the message in one line. The job
     goes where ``states.decide`` says: RETRYING after a backoff, FAILED, or
-    CANCELLED when a cancel was asked for."""
+    CANCELLED when a cancel was asked for. ``elsewhere``: the job is on a fleet of
+    several clusters (``states.decide``); a job retried for its cluster's fault
+    (CLUSTER_LOST, a scale-up that did not come) is to be placed again
+    (``store.fleet.TO_PLACE``), on another cluster when one can take it."""
     now = utcnow()
-    set_attempt(s, job_id, number, status, expected=ATTEMPT_LIVE,
+    set_attempt(s, job_id, number, status, expected=ATTEMPT_LIVE | _LOSABLE if cause is FailureCause.CLUSTER_LOST
+                else ATTEMPT_LIVE,
                 values={"ended_at": now, "cause": cause.value, "message": message,
                         "exit_code": exit_code, "driver_node_id": driver_node_id, **_ray_job(ray_job)})
     job_status = _job_status(s, job_id)
     job = s.execute(select(jobs.c.preemptions, jobs.c.attempts, jobs.c.spec).where(jobs.c.id == job_id)).one()
     d = decide(cause, JobSpec.from_stored(job.spec).retry, attempts_done=job.attempts,
-               app_attempts=_app_attempts(s, job_id), cancelling=job_status is JobStatus.CANCELLING)
+               app_attempts=_app_attempts(s, job_id), cancelling=job_status is JobStatus.CANCELLING,
+               elsewhere=elsewhere)
     if d.status is JobStatus.CANCELLED:
         transition(s, job_id, JobStatus.CANCELLED, reason=d.reason, actor="reconciler", attempt=number,
                    values={"finished_at": now, "failure_cause": cause.value})
         return d
-    if job_status is JobStatus.DISPATCHING:
+    if job_status is JobStatus.DISPATCHING and cause is not FailureCause.CLUSTER_LOST:
         transition(s, job_id, JobStatus.RUNNING, reason=f"attempt {number} started on Ray", actor="reconciler",
                    attempt=number, values={"started_at": now})
     values: dict[str, Any] = {
@@ -263,6 +274,8 @@ def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus
     if d.status is JobStatus.RETRYING:
         reason = f"{summary}; {d.reason}; next in {d.delay_s:.0f}s"
         values["not_before"] = now + timedelta(seconds=d.delay_s)
+        if elsewhere and cause in (FailureCause.CLUSTER_LOST, FailureCause.SCALE_UP_TIMEOUT):
+            values["cluster"] = TO_PLACE
     else:
         reason = f"{summary}; {d.reason}"
         values["finished_at"] = now
@@ -291,3 +304,43 @@ def _app_attempts(s: Session, job_id: str) -> int:
     """The job's ended attempts that spent one of its max_attempts."""
     causes = s.execute(select(attempts.c.cause).where(attempts.c.job_id == job_id)).scalars().all()
     return sum(1 for c in causes if c and FailureCause(c) not in INFRASTRUCTURE_CAUSES)
+
+
+# An attempt claimed for a cluster that is then lost may have reached it or not: it is given up too.
+_LOSABLE = frozenset({AttemptStatus.CLAIMED})
+_ON_CLUSTER = (select(attempts.c.job_id, attempts.c.number)
+               .join(jobs, jobs.c.id == attempts.c.job_id)
+               .where(attempts.c.status.in_([a.value for a in ATTEMPT_LIVE | _LOSABLE]),
+                      jobs.c.attempts == attempts.c.number)
+               .order_by(attempts.c.job_id))
+
+
+def cluster_lost(s: Session, scope: Scope, message: str) -> list[str]:
+    """A fleet's cluster unreachable past its grace (docs/fleet.md): every attempt
+    it may be running ends LOST with cause CLUSTER_LOST (retried at once, not
+    counted against max_attempts) and its job is to be placed again; the attempts
+    are stopped there when the cluster answers (``unfenced``). The jobs' ids."""
+    ids = []
+    for job_id, number in s.execute(_ON_CLUSTER.where(attempts_on(scope))).all():
+        attempt_ended(s, job_id, number, status=AttemptStatus.LOST, cause=FailureCause.CLUSTER_LOST,
+                      message=message, headline=message, elsewhere=True)
+        ids.append(job_id)
+    return ids
+
+
+def unfenced(s: Session, scope: Scope) -> list[tuple[str, int, str | None, str | None]]:
+    """(job id, attempt, its warm lane, its lane env) of each attempt given up with
+    ``scope``'s cluster and not stopped there since."""
+    rows = s.execute(select(attempts.c.job_id, attempts.c.number, jobs.c.placement)
+                     .join(jobs, jobs.c.id == attempts.c.job_id)
+                     .where(attempts.c.cause == FailureCause.CLUSTER_LOST.value, attempts.c.fenced_at.is_(None),
+                            attempts_on(scope)).order_by(attempts.c.job_id, attempts.c.number)).all()
+    # The job's placement is its latest attempt's; a lane is a group's, the same on every attempt there.
+    return [(jid, n, (pl or {}).get("lane"), (pl or {}).get("lane_env")) for jid, n, pl in rows]
+
+
+def fenced(s: Session, stopped: list[tuple[str, int]], *, now: datetime) -> None:
+    """Those attempts were stopped on their cluster (or it no longer had them)."""
+    for job_id, number in stopped:
+        s.execute(update(attempts).where(attempts.c.job_id == job_id, attempts.c.number == number)
+                  .values(fenced_at=now))

@@ -38,6 +38,7 @@ from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobS
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.store import tallies, usage_rows
 from raylane.orchestrator.store import policy  # noqa: F401 (a transition runs the registered effects)
+from raylane.orchestrator.store.fleet import Scope, jobs_on
 from raylane.orchestrator.store.prepared import PreparedInsert
 from raylane.orchestrator.store.tables import attempts, events, jobs
 from raylane.orchestrator.store.transitions import transition, transition_many
@@ -78,11 +79,12 @@ def _locked(session: Session, q):
 
 
 def take_stale_leases(session: Session, *, owner: str, now: datetime, lease_until: datetime,
-                      limit: int = CLAIM_BATCH) -> list[Claimed]:
-    """Attempts whose dispatcher died mid-submit, leased to ``owner``: same attempt, same id, again."""
+                      limit: int = CLAIM_BATCH, scope: Scope | None = None) -> list[Claimed]:
+    """Attempts whose dispatcher died mid-submit, leased to ``owner``: same attempt,
+    same id, again (``scope``: of one cluster of a fleet, ``store.fleet``)."""
     stale = _locked(session, select(jobs.c.id, jobs.c.attempts, jobs.c.spec, jobs.c.placement, jobs.c.project).where(
         jobs.c.status == JobStatus.DISPATCHING.value, jobs.c.lease_owner.is_not(None),
-        jobs.c.lease_expires_at < now,
+        jobs.c.lease_expires_at < now, jobs_on(scope),
     ).limit(limit))
     out = []
     for jid, n, spec, placement, project in session.execute(stale).all():
@@ -176,11 +178,12 @@ def _placement(text: str | None) -> Placement | None:
     return pl
 
 
-def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH) -> list[Queued]:
-    """The queue's head in admission order: priority (high first), then id (old first).
-    Its specs and placements are shared with later passes: never change them."""
+def queued(session: Session, *, now: datetime, limit: int = CLAIM_BATCH, scope: Scope | None = None) -> list[Queued]:
+    """The queue's head in admission order: priority (high first), then id (old first);
+    ``scope``: the jobs nominated to one cluster of a fleet. Its specs and
+    placements are shared with later passes: never change them."""
     rows = _head(session, _QUEUED_COLS, or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now), *NOT_HELD,
-                 limit=limit)
+                 *([jobs_on(scope)] if scope is not None else []), limit=limit)
     specs = _specs(session, [r.id for r in rows])
     return [Queued(id=r.id, project=r.project, status=JobStatus(r.status), status_reason=r.status_reason,
                    spec=specs[r.id], placement=_placement(r.placement), attempts=r.attempts, skips=r.skips,
@@ -208,11 +211,14 @@ def set_waiting(session: Session, waits: list[tuple[Queued, str]], *, now: datet
                                  "attempt": None} for job, reason in waits])
 
 
-def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM_BATCH) -> int:
-    """Queued jobs not already saying ``reason`` now say it (with an event each). Returns how many."""
+def wait_all(session: Session, reason: str, *, now: datetime, limit: int = CLAIM_BATCH,
+             scope: Scope | None = None) -> int:
+    """Queued jobs (``scope``: nominated to one cluster of a fleet) not already saying
+    ``reason`` now say it (with an event each). Returns how many."""
     rows = _head(session, [jobs.c.id, jobs.c.status, jobs.c.priority],
                  or_(jobs.c.not_before.is_(None), jobs.c.not_before <= now),
-                 or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason), *NOT_HELD, limit=limit)
+                 or_(jobs.c.status_reason.is_(None), jobs.c.status_reason != reason), *NOT_HELD,
+                 *([jobs_on(scope)] if scope is not None else []), limit=limit)
     if rows:
         session.execute(_SET_REASON_IF, [{"b_id": jid, "b_status": status, "b_reason": reason}
                                          for jid, status, _ in rows])

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import ACTIVE, QUEUED, AttemptStatus, JobStatus
+from raylane.orchestrator.store.fleet import Scope, attempts_on, jobs_on
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.tallies import NONE
 
@@ -28,13 +29,14 @@ _ACTIVE = [s.value for s in ACTIVE]
 _attempt_group = func.coalesce(attempts.c.node_group, NONE)
 
 
-def used_by_active(session: Session) -> tuple[dict[str, dict[str, float]], int]:
+def used_by_active(session: Session, scope: Scope | None = None) -> tuple[dict[str, dict[str, float]], int]:
     """Resources Raylane's active jobs hold per node group, and how many drivers
-    run (a job in a warm lane has none: ``domain.lanes``)."""
+    run (a job in a warm lane has none: ``domain.lanes``); ``scope``: on one
+    cluster of a fleet (its groups' names may be another cluster's too)."""
     used: dict[str, dict[str, float]] = {}
     n = 0
     for group, placement in session.execute(
-        select(jobs.c.node_group, jobs.c.placement).where(jobs.c.status.in_(_ACTIVE))
+        select(jobs.c.node_group, jobs.c.placement).where(jobs.c.status.in_(_ACTIVE), jobs_on(scope))
     ):
         n += 0 if (placement or {}).get("lane") else 1
         if not placement:
@@ -50,7 +52,7 @@ def used_by_active(session: Session) -> tuple[dict[str, dict[str, float]], int]:
     return used, n
 
 
-def waiting_by_group(session: Session) -> tuple[dict[tuple[str, bool], int], dict[str, float]]:
+def waiting_by_group(session: Session, scope: Scope | None = None) -> tuple[dict[tuple[str, bool], int], dict[str, float]]:
     """Per node group: ``(group, False)``, Ray jobs admitted and not yet running
     (DISPATCHING: waiting in Ray's queue); ``(group, True)``, active jobs in a
     warm lane (they hold CPUs that Ray does not see: admission's queue-ahead
@@ -59,7 +61,7 @@ def waiting_by_group(session: Session) -> tuple[dict[tuple[str, bool], int], dic
     out: dict[tuple[str, bool], int] = {}
     need: dict[str, float] = {}
     for group, status, placement in session.execute(
-        select(jobs.c.node_group, jobs.c.status, jobs.c.placement).where(jobs.c.status.in_(_ACTIVE))
+        select(jobs.c.node_group, jobs.c.status, jobs.c.placement).where(jobs.c.status.in_(_ACTIVE), jobs_on(scope))
     ):
         lane = bool((placement or {}).get("lane"))
         if lane or status == JobStatus.DISPATCHING.value:
@@ -69,12 +71,13 @@ def waiting_by_group(session: Session) -> tuple[dict[tuple[str, bool], int], dic
     return out, need
 
 
-def ahead_by_group(session: Session) -> dict[str, int]:
+def ahead_by_group(session: Session, scope: Scope | None = None) -> dict[str, int]:
     """Attempts admitted ahead of a scale-up whose driver has not started, per
     group: a live attempt carries a message only then (``queue.admit``)."""
     waiting = [AttemptStatus.CLAIMED.value, AttemptStatus.SUBMITTED.value, AttemptStatus.PENDING.value]
     return dict(session.execute(select(_attempt_group, func.count()).where(
-        attempts.c.status.in_(waiting), attempts.c.message.is_not(None)).group_by(_attempt_group)).all())
+        attempts.c.status.in_(waiting), attempts.c.message.is_not(None), attempts_on(scope))
+        .group_by(_attempt_group)).all())
 
 
 def jobs_per_group(session: Session) -> tuple[dict[str, int], dict[str, int]]:

@@ -88,6 +88,10 @@ jobs = Table(
     Column("array_held", Boolean, nullable=False, default=False, server_default=false()),
     # Parents not yet ended as this job needs (store.dependencies); queued only at 0.
     Column("deps_waiting", Integer, nullable=False, default=0, server_default="0"),
+    # A fleet's nominee (docs/fleet.md): the one cluster whose dispatcher may admit the
+    # job now. NULL: the deployment's one (attached) cluster; TO_PLACE (store.fleet):
+    # to be placed again (its cluster was lost, or its scale-up there timed out).
+    Column("cluster", String(32), nullable=True),
     # A retried submit with the same key returns the same job (per project).
     UniqueConstraint("project", "idempotency_key"),
 )
@@ -139,6 +143,9 @@ attempts = Table(
     Column("ray_job", String(128), nullable=True),
     # The fleet's cluster it was placed on (docs/fleet.md); NULL: the deployment's one cluster.
     Column("cluster", String(32), nullable=True),
+    # An attempt given up with its cluster (CLUSTER_LOST) is stopped there when the
+    # cluster answers again, before its dispatcher submits anything: when that was done.
+    Column("fenced_at", UTCDateTime(), nullable=True),
     UniqueConstraint("job_id", "number"),
 )
 # The reconciler's scan: attempts Ray still runs.

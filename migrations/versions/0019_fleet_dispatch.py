@@ -1,0 +1,31 @@
+"""jobs.cluster, a fleet's nominee (the one cluster whose dispatcher may admit the
+job now; NULL: the deployment's one cluster), and attempts.fenced_at (an attempt
+given up with its lost cluster, stopped there once the cluster answered again).
+Both NULL for every row written before: a deployment of one cluster never sets them.
+
+Revision ID: 0019_fleet_dispatch
+Revises: 0018_attempt_cluster
+Create Date: 2026-12-07 13:00:00
+"""
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = '0019_fleet_dispatch'
+down_revision = '0018_attempt_cluster'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('jobs') as batch_op:
+        batch_op.add_column(sa.Column('cluster', sa.String(length=32), nullable=True))
+    with op.batch_alter_table('attempts') as batch_op:
+        batch_op.add_column(sa.Column('fenced_at', sa.DateTime(timezone=True), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('attempts') as batch_op:
+        batch_op.drop_column('fenced_at')
+    with op.batch_alter_table('jobs') as batch_op:
+        batch_op.drop_column('cluster')

@@ -1,0 +1,306 @@
+"""Dispatch across a fleet of Ray clusters (docs/fleet.md; DESIGN decision 10):
+one queue, one nomination per job at a time, the loops of each cluster on their own.
+
+Words used here:
+
+- *nomination*: the one cluster whose dispatcher may admit a queued job now
+  (``jobs.cluster``). A job submitted to a fleet is stored *to be placed*
+  (``store.fleet.TO_PLACE``); the ``FleetPlacer`` nominates it with the order of
+  ``domain.placement`` (owned with room, owned soon, rented spot, rented on
+  demand), the project's renting policy and each cluster's groups now, and its
+  reason names the cluster, the group and why. Only the nominee's dispatcher
+  sees the job, so no job makes two clusters' autoscalers add nodes for it.
+- *moving on*: an attempt admitted on a cluster ahead of a scale-up that did not
+  come within ``scale_up_deadline_s`` is stopped there (the reconciler, as on one
+  cluster), and on a fleet the job is placed again with that cluster left out
+  (its attempts say where its scale-ups failed); with no cluster left it fails
+  SCALE_UP_TIMEOUT.
+- *lost*: a cluster whose every call failed for ``fleet_cluster_grace_s`` and
+  that does not answer one more ping. Its live attempts end LOST with cause
+  CLUSTER_LOST (retried at once, not counted against ``max_attempts``), their
+  jobs are placed again without it, and while it stays lost nothing is nominated
+  to it. One failed status call, or an outage shorter than the grace, restarts
+  nothing.
+- *fencing*: when a lost cluster answers again its dispatcher first stops every
+  attempt given up with it (``Dispatcher.fence``), then submits anything new;
+  those attempts are never read again, so a late result is ignored and a job's
+  effects happen once.
+
+Each cluster has its own backend, dispatcher and reconciler (threads of their
+own): a head that hangs on one cluster delays no other's passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from raylane.orchestrator.backends.base import RayBackend, RayUnavailable
+from raylane.orchestrator.backends.reachability import REACHABLE, UNREACHABLE
+from raylane.orchestrator.domain import placement as fleet_placement
+from raylane.orchestrator.domain.costs import node_share
+from raylane.orchestrator.domain.errors import Forbidden
+from raylane.orchestrator.domain.fleet import Fleet
+from raylane.orchestrator.domain.placement import FleetNow, GroupNow, NoCandidate, RentPolicy
+from raylane.orchestrator.domain.profile import Profile
+from raylane.orchestrator.domain.routing import Unroutable, route
+from raylane.orchestrator.domain.specs import JobSpec
+from raylane.orchestrator.domain.views import Placement
+from raylane.orchestrator.loops.base import LoopService
+from raylane.orchestrator.store import db, lifecycle, stats
+from raylane.orchestrator.store import fleet as store_fleet
+from raylane.orchestrator.store.fleet import TO_PLACE, Scope
+from raylane.orchestrator.store.transitions import utcnow
+
+if TYPE_CHECKING:  # pragma: no cover
+    from raylane.orchestrator.services.controlplane import ControlPlane
+
+log = logging.getLogger(__name__)
+VIEW_CACHE_S = 1.0  # a cluster's node list, read at most this often by the placer
+
+
+@dataclass
+class Member:
+    """One cluster of the fleet as the control plane drives it."""
+
+    name: str
+    tier: str
+    profile: Profile
+    backend: RayBackend
+    scope: Scope
+    dispatcher: object
+    reconciler: object
+
+
+class FleetDispatch:
+    """The fleet's clusters, each with its loops; the placer over all of them."""
+
+    def __init__(self, fleet: Fleet, attached: str, members: dict[str, Member]):
+        self.fleet = fleet
+        self.attached = attached
+        self.members = members
+        self.placer: FleetPlacer | None = None
+
+    def member_of(self, cluster: str | None) -> Member:
+        """The member an attempt with this recorded cluster lives on (None: the attached one)."""
+        return self.members.get(cluster or self.attached) or self.members[self.attached]
+
+    def loops(self) -> list[LoopService]:
+        out: list[LoopService] = []
+        for m in self.members.values():
+            out += [m.dispatcher, m.reconciler]
+        return out + ([self.placer] if self.placer else [])
+
+
+class _Wakes:
+    """``ControlPlane.new_work`` on a fleet: new work wakes the placer (which places it
+    and wakes the nominee's dispatcher) and every dispatcher (an ended attempt, a
+    released array member: any cluster may admit now)."""
+
+    def __init__(self, events: list[threading.Event]):
+        self.events = events
+
+    def set(self) -> None:
+        for e in self.events:
+            e.set()
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
+def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBackend], attached: str) -> FleetDispatch:
+    """Wire the plane to every cluster of ``fleet`` (``backends`` by cluster name):
+    the attached cluster as ``assembly.attach_backend`` does (its warm lanes, the
+    dashboard proxy, the node views), the others with a dispatcher and a reconciler
+    each, and the placer; jobs submitted are stored to be placed."""
+    from raylane.orchestrator.loops.dispatcher import Dispatcher
+    from raylane.orchestrator.loops.reconciler import Reconciler
+    from raylane.orchestrator.services import assembly
+
+    here = fleet.cluster(attached)
+    assembly.attach_backend(plane, backends[attached], here.profile, scope=Scope(attached, attached=True),
+                            tier=here.tier, elsewhere=True)
+    members = {attached: Member(attached, here.tier, here.profile, backends[attached], Scope(attached, attached=True),
+                                plane.dispatcher, plane.reconciler)}
+    wakes = [plane.new_work]
+    for c in fleet.members:
+        if c.name == attached:
+            continue
+        scope = Scope(c.name)
+        d = Dispatcher(plane.settings, plane.sessions, backends[c.name], c.profile, wake=threading.Event(),
+                       owner=f"{plane.dispatcher.owner}/{c.name}", scope=scope, tier=c.tier)
+        r = Reconciler(plane.settings, plane.sessions, backends[c.name], scope=scope, elsewhere=True)
+        d.on_submitted = r.wake.set
+        r.on_ended = plane.new_work.set
+        members[c.name] = Member(c.name, c.tier, c.profile, backends[c.name], scope, d, r)
+        wakes.append(d.wake)
+    fd = FleetDispatch(fleet, attached, members)
+    fd.placer = FleetPlacer(plane, fd)
+    wakes.append(fd.placer.wake)
+    plane.new_work = _Wakes(wakes)
+    for m in members.values():  # an attempt ended anywhere: every cluster's queue may move
+        m.reconciler.on_ended = plane.new_work.set
+    plane.fleet_dispatch = fd
+    plane.router = fleet_router(plane, fd)
+    return fd
+
+
+def fleet_router(plane: "ControlPlane", fd: FleetDispatch):
+    """The submit-time router on a fleet: refuses what no cluster can ever run (the
+    field named), and stores the job to be placed; its placement until then is its
+    first candidate's, as a preview."""
+    def routed(spec: JobSpec) -> Placement:
+        fp = fleet_placement.place(spec, fd.fleet, None)  # Unroutable / Forbidden name the field
+        first = fp.candidates[0]
+        return first.placement.model_copy(update={"cluster": TO_PLACE, "tier": None, "reasons": [
+            f"to be placed across fleet {fd.fleet.name}", *first.placement.reasons]})
+
+    return routed
+
+
+def rent_policy(plane: "ControlPlane", project: str, spend: dict[str, float]) -> RentPolicy:
+    s = plane.settings
+    cap = s.fleet_rented_spend_cap.get(project, s.fleet_rented_spend_cap.get("*"))
+    return RentPolicy(project=project, may_rent=project not in s.fleet_no_rent_projects, cap_per_hour=cap,
+                      spend_per_hour=spend.get(project, 0.0))
+
+
+class FleetPlacer(LoopService):
+    """Each pass: declare lost the clusters unreachable past the grace, then nominate
+    a cluster for every job to be placed, and wake the nominees' dispatchers."""
+
+    name = "fleet-placer"
+
+    def __init__(self, plane: "ControlPlane", fd: FleetDispatch):
+        super().__init__(plane.settings.dispatch_interval_s)
+        self.plane = plane
+        self.fd = fd
+        self.lost: dict[str, datetime] = {}  # cluster -> when the outage that lost it began
+        self._views: dict[str, tuple[float, object]] = {}
+
+    # Lost clusters --------------------------------------------------------------
+
+    def check_lost(self) -> dict[str, datetime]:
+        grace = self.plane.settings.fleet_cluster_grace_s
+        now = utcnow()
+        for name, m in self.fd.members.items():
+            seen = m.backend.reachability.now()
+            if seen.state == REACHABLE and name in self.lost:
+                log.info("cluster %s answers again (lost since %s); its dispatcher stops what was given up there "
+                         "before anything new", name, self.lost[name].isoformat())
+                del self.lost[name]
+            if seen.state != UNREACHABLE or name in self.lost or (now - seen.since).total_seconds() < grace:
+                continue
+            if m.backend.ping():  # one more ask before giving up on its jobs: a slow call is not a lost cluster
+                continue
+            self.lost[name] = seen.since
+            message = (f"cluster {name} unreachable since {seen.since:%Y-%m-%d %H:%M:%S} UTC, past the "
+                       f"{grace:.0f}s grace (RAYLANE_FLEET_CLUSTER_GRACE_S): {seen.error}")
+            with db.transaction(self.plane.sessions) as s:
+                ids = lifecycle.cluster_lost(s, m.scope, message)
+            log.warning("%s; %d live attempt(s) there end CLUSTER_LOST and their jobs are placed again",
+                        message, len(ids))
+        return self.lost
+
+    # Nominations ----------------------------------------------------------------
+
+    def _view(self, m: Member):
+        hit = self._views.get(m.name)
+        if hit is not None and time.monotonic() - hit[0] < VIEW_CACHE_S:
+            return hit[1]
+        try:
+            view = m.backend.cluster_view()
+        except RayUnavailable:
+            view = None
+        self._views[m.name] = (time.monotonic(), view)
+        return view
+
+    def fleet_now(self, s) -> tuple[FleetNow, dict[str, float]]:
+        """Each reachable cluster's groups now (alive capacity, what Raylane's
+        active jobs hold there, when running ones must end), and each project's
+        rented spend an hour."""
+        now: FleetNow = {}
+        for name, m in self.fd.members.items():
+            if name in self.lost:
+                continue
+            view = self._view(m)
+            if view is None:
+                continue
+            used, _ = stats.used_by_active(s, m.scope)
+            ends = store_fleet.timeout_ends(s, now=utcnow(), scope=m.scope)
+            now[name] = {g.name: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total),
+                                          held=used.get(g.name, {}), next_free_s=ends.get(g.name),
+                                          next_free_bound=g.name in ends)
+                         for g in m.profile.workers if (st := view.get(g.name)) is not None}
+        spend: dict[str, float] = {}
+        rented = {n: m for n, m in self.fd.members.items() if m.tier == "rented"}
+        for project, cluster, group, total in store_fleet.active_on(s, list(rented)):
+            g = rented[cluster].profile.group(group) if group else None
+            if g is not None:
+                spend[project] = spend.get(project, 0.0) + node_share(total, g) * g.price_per_hour
+        return now, spend
+
+    def _lane_placement(self, spec: JobSpec, n) -> Placement:
+        """The nominee's placement; on the attached cluster, its warm lane's when the
+        fast lane takes the job there (only the attached cluster runs lanes)."""
+        p = n.placement
+        plane = self.plane
+        if (n.cluster == self.fd.attached and plane.settings.fast_lane and plane.lanes is not None
+                and plane.lanes.usable()):
+            try:
+                lane = route(spec, self.fd.members[n.cluster].profile, plane.cluster_view(), fast_lane=True)
+            except Unroutable:
+                lane = None
+            if lane is not None and lane.node_group == n.group and lane.lane:
+                p = lane
+        return p.model_copy(update={"cluster": n.cluster, "tier": n.tier})
+
+    def run_once(self) -> None:
+        lost = self.check_lost()
+        with db.read(self.plane.sessions) as s:
+            if not store_fleet.to_place(s, lost=set(lost), limit=1):
+                return
+        woken: set[str] = set()
+        settings = self.plane.settings
+        with db.transaction(self.plane.sessions) as s:
+            jobs = store_fleet.to_place(s, lost=set(lost))
+            moved = store_fleet.moved_from(s, [j.id for j in jobs])
+            now, spend = self.fleet_now(s)
+            at = utcnow()
+            for job in jobs:
+                spec = JobSpec.from_stored(job.spec)
+                skip = {c: f"lost (unreachable since {t:%H:%M:%S} UTC)" for c, t in lost.items()}
+                for c in moved.get(job.id, ()):
+                    skip.setdefault(c, "its scale-up for this job did not come in time")
+                try:
+                    fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
+                                               owned_soon_s=settings.fleet_owned_soon_s, skip=skip)
+                except NoCandidate as e:
+                    if all(c in moved.get(job.id, ()) and c not in lost for c in e.skipped):
+                        store_fleet.fail_unplaced(s, job, reason=f"no cluster of its candidates scaled up in "
+                                                  f"time: {e.message}", now=at)
+                    else:
+                        store_fleet.wait_unplaced(s, job, reason=f"waits for a cluster: {e.message}", now=at)
+                    continue
+                except (Unroutable, Forbidden) as e:  # the fleet or the policy changed since submit
+                    store_fleet.wait_unplaced(s, job, reason=f"no cluster may run it now: {e}", now=at)
+                    continue
+                n = fp.nominee
+                if n is None:
+                    store_fleet.wait_unplaced(s, job, reason="; ".join(fp.reasons), now=at)
+                    continue
+                p = self._lane_placement(spec, n)
+                p = p.model_copy(update={"reasons": [*fp.reasons, *p.reasons]})
+                if store_fleet.nominate(s, job, cluster=n.cluster, placement=p.model_dump(mode="json"),
+                                        reason=f"{fp.reasons[0]}: {n.reason}", now=at):
+                    woken.add(n.cluster)
+                    if n.cluster in now and n.group in now[n.cluster]:  # what the next job of this pass sees
+                        held = now[n.cluster][n.group].held
+                        for k, v in p.total.items():
+                            held[k] = held.get(k, 0.0) + v
+        for name in woken:
+            self.fd.members[name].dispatcher.wake.set()

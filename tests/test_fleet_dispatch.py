@@ -1,0 +1,275 @@
+"""Dispatch across a fleet (issue 45, ``services.fleetdispatch``): the shipped
+local-hybrid fleet's two clusters, ``onprem`` (owned) and ``cloud`` (rented,
+scaling from zero), as two in-memory Ray clusters (``FakeRay``), behind one
+queue, through the API and the real loops, on SQLite and PostgreSQL.
+
+The loops are turned by the test (``turn``); Ray's side is moved by the test
+(``start``, ``finish``, ``down``). What only live clusters show (two real heads,
+a killed head, a paused one) is tests/fleet/'s."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylane.orchestrator.domain.fleet import configured
+from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.profile import Profile
+from raylane.orchestrator.services import fleetdispatch
+from raylane.orchestrator.testing import FakeRay
+
+MAX_TURNS = 100
+TRAIN = {"name": "finetune", "kind": "training", "entrypoint": "examples.train:main",
+         "resources": {"num_workers": 2, "gpus_per_worker": 1, "cpus_per_worker": 1}}
+
+
+@pytest.fixture
+def settings(settings):
+    """Every job a Ray job (FakeRay runs no warm lane); jobs may be submitted ahead
+    of a scale-up on cloud, as on an autoscaling cluster."""
+    return settings.model_copy(update={"fast_lane": False, "fleet": "local-hybrid", "autoscale_ahead_jobs": 2,
+                                       "fleet_cluster_grace_s": 60.0})
+
+
+@pytest.fixture
+def fleet(cp):
+    f = configured("local-hybrid", Profile.load(None))
+    rays = {c.name: FakeRay(c.profile, name=c.name) for c in f.members}
+    for g in f.cluster("cloud").profile.workers:  # cloud scales from zero: no worker node until a job asks
+        for node in rays["cloud"].node_ids(g.name):
+            rays["cloud"].kill_node(node)
+    fd = fleetdispatch.attach_fleet(cp, f, rays, "onprem")
+    return fd, rays
+
+
+def turn(fd, times: int = 1) -> None:
+    """One pass of each loop: place, then each cluster admits and submits, then reads Ray."""
+    for _ in range(times):
+        fd.placer.run_once()
+        for m in fd.members.values():
+            m.dispatcher.run_once()
+        for m in fd.members.values():
+            m.reconciler.run_once()
+
+
+def run_until(fd, done, what: str):
+    for _ in range(MAX_TURNS):
+        turn(fd)
+        got = done()
+        if got:
+            return got
+    raise AssertionError(f"{what}: not after {MAX_TURNS} passes of the loops")
+
+
+def job(api, job_id: str) -> dict:
+    return api.get(f"/v1/jobs/{job_id}").json()
+
+
+def submitted_to(ray: FakeRay) -> list[str]:
+    return [s.submission_id for s in ray.submitted]
+
+
+def attempts(api, job_id: str) -> list[dict]:
+    return api.get(f"/v1/jobs/{job_id}/attempts").json()
+
+
+def test_training_runs_on_onprem_and_the_next_goes_to_cloud_with_why(api, fleet):
+    fd, rays = fleet
+    a = api.post("/v1/jobs", json=TRAIN).json()
+    sid_a = submission_id(a["id"], 1)
+    run_until(fd, lambda: sid_a in submitted_to(rays["onprem"]), "first training submitted to onprem")
+    rays["onprem"].start(sid_a)
+    run_until(fd, lambda: job(api, a["id"])["status"] == "RUNNING", "first training running")
+    assert attempts(api, a["id"])[0]["cluster"] == "onprem"
+
+    b = api.post("/v1/jobs", json=TRAIN).json()
+    sid_b = submission_id(b["id"], 1)
+    run_until(fd, lambda: sid_b in submitted_to(rays["cloud"]), "second training submitted to cloud")
+    assert sid_b not in submitted_to(rays["onprem"]) and sid_a not in submitted_to(rays["cloud"])
+    j = job(api, b["id"])
+    assert j["placement"]["cluster"] == "cloud" and j["placement"]["tier"] == "rented"
+    assert j["placement"]["node_group"] == "gpu-spot"  # training checkpoints: spot first among rented
+    events = " | ".join(e["reason"] or "" for e in api.get(f"/v1/jobs/{b['id']}/events").json())
+    assert "placed on cloud gpu-spot (rented)" in events and "scale-up from 0 nodes" in events
+    assert "onprem gpu: 2 of 2 GPUs held" in " | ".join(j["placement"]["reasons"])
+    rays["cloud"].add_node("gpu-spot")  # the scale-up came
+    rays["cloud"].start(sid_b)
+    run_until(fd, lambda: job(api, b["id"])["status"] == "RUNNING", "second training running on cloud")
+    assert attempts(api, b["id"])[0]["cluster"] == "cloud"
+    assert rays["cloud"].submission(sid_b).metadata["raylane_cluster"] == "cloud"
+
+
+def test_a_sweep_goes_to_cloud_spot_while_onprem_cpus_are_held(api, fleet):
+    fd, rays = fleet
+    hold = api.post("/v1/jobs", json={"name": "hold", "kind": "command", "entrypoint": "sleep infinity",
+                                      "resources": {"cpus_per_worker": 3.5}, "placement": {"cluster": "onprem"}}).json()
+    run_until(fd, lambda: submission_id(hold["id"], 1) in submitted_to(rays["onprem"]), "onprem cpu held")
+    rays["onprem"].start(submission_id(hold["id"], 1))
+    sweep = api.post("/v1/jobs", json={"name": "hpo", "kind": "sweep", "entrypoint": "examples.sweep:trainable",
+                                       "resources": {"cpus_per_worker": 1},
+                                       "sweep": {"metric": "loss", "mode": "min", "num_samples": 4, "max_concurrent_trials": 2,
+                                                 "search_space": {"lr": {"loguniform": [1e-4, 1e-1]}}}})
+    assert sweep.status_code == 201, sweep.text
+    sid = submission_id(sweep.json()["id"], 1)
+    run_until(fd, lambda: sid in submitted_to(rays["cloud"]), "sweep submitted to cloud")
+    pl = job(api, sweep.json()["id"])["placement"]
+    assert (pl["cluster"], pl["node_group"], pl["market"]) == ("cloud", "spot-cpu", "SPOT")
+
+
+def test_a_job_pinned_to_onprem_waits_there_with_a_reason(api, fleet):
+    fd, rays = fleet
+    a = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(a["id"], 1) in submitted_to(rays["onprem"]), "onprem GPUs taken")
+    rays["onprem"].start(submission_id(a["id"], 1))
+    b = api.post("/v1/jobs", json={**TRAIN, "placement": {"cluster": "onprem"}}).json()
+    run_until(fd, lambda: "GPUs in group gpu" in (job(api, b["id"])["status_reason"] or ""),
+              "pinned job waits on onprem, saying for what")
+    turn(fd, 5)
+    assert job(api, b["id"])["status"] == "PENDING"
+    assert rays["cloud"].submitted == [] and job(api, b["id"])["placement"]["cluster"] == "onprem"
+    rays["onprem"].finish(submission_id(a["id"], 1))
+    run_until(fd, lambda: submission_id(b["id"], 1) in submitted_to(rays["onprem"]), "pinned job runs once GPUs free")
+
+
+def test_a_project_forbidden_to_rent_never_leaves_onprem(api, cp, fleet):
+    fd, rays = fleet
+    cp.settings = cp.settings.model_copy(update={"fleet_no_rent_projects": ["default"]})
+    a = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(a["id"], 1) in submitted_to(rays["onprem"]), "first on onprem")
+    rays["onprem"].start(submission_id(a["id"], 1))
+    b = api.post("/v1/jobs", json=TRAIN).json()
+    turn(fd, 10)
+    j = job(api, b["id"])
+    assert j["status"] == "PENDING" and j["placement"]["cluster"] == "onprem"
+    assert rays["cloud"].submitted == []
+    assert "may not rent" in " | ".join(j["placement"]["reasons"])
+
+
+def _two_running(api, fd, rays):
+    """A training job running on onprem (its GPUs full) and one on cloud."""
+    a = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(a["id"], 1) in submitted_to(rays["onprem"]), "a on onprem")
+    rays["onprem"].start(submission_id(a["id"], 1))
+    b = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(b["id"], 1) in submitted_to(rays["cloud"]), "b on cloud")
+    rays["cloud"].add_node("gpu-spot")
+    rays["cloud"].start(submission_id(b["id"], 1))
+    run_until(fd, lambda: job(api, a["id"])["status"] == job(api, b["id"])["status"] == "RUNNING", "both running")
+    return a, b
+
+
+def _outage(fd, cloud: FakeRay, seconds: float) -> None:
+    """cloud stops answering; its outage is made to have begun ``seconds`` ago."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    cloud.down = True
+    turn(fd)  # its loops see it
+    seen = cloud.reachability.now()
+    assert seen.state == "unreachable"
+    cloud.reachability._state = replace(seen, since=seen.since - timedelta(seconds=seconds))
+
+
+def test_cloud_lost_past_the_grace_moves_its_jobs_and_fences_them_when_it_returns(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    _outage(fd, rays["cloud"], 61)
+    turn(fd)
+    att = attempts(api, b["id"])
+    assert att[0]["status"] == "LOST" and att[0]["cause"] == "CLUSTER_LOST"
+    events = [e["reason"] or "" for e in api.get(f"/v1/jobs/{b['id']}/events").json()]
+    assert any("attempt 1 ended: CLUSTER_LOST: cluster cloud unreachable since" in e
+               and "do not count against max_attempts" in e for e in events), events
+    # onprem's job is undisturbed; b waits for onprem's GPUs (cloud is lost), not counted against max_attempts
+    assert job(api, a["id"])["status"] == "RUNNING" and len(attempts(api, a["id"])) == 1
+    run_until(fd, lambda: job(api, b["id"])["placement"]["cluster"] == "onprem", "b placed again on onprem")
+    assert "cloud: lost" in " | ".join(job(api, b["id"])["placement"]["reasons"])
+    rays["onprem"].finish(submission_id(a["id"], 1))
+    sid_b2 = submission_id(b["id"], 2)
+    run_until(fd, lambda: sid_b2 in submitted_to(rays["onprem"]), "b's second attempt on onprem")
+    rays["onprem"].start(sid_b2)
+    rays["onprem"].finish(sid_b2, result={"loss": 0.1})
+
+    # cloud answers again: b's first attempt, still running there, is stopped before anything new is submitted
+    rays["cloud"].down = False
+    n_before = len(rays["cloud"].submitted)
+    c = api.post("/v1/jobs", json={**TRAIN, "placement": {"cluster": "cloud"}}).json()
+    turn(fd)
+    assert submission_id(b["id"], 1) in rays["cloud"].stopped
+    assert rays["cloud"].stopped.index(submission_id(b["id"], 1)) == 0
+    run_until(fd, lambda: submission_id(c["id"], 1) in submitted_to(rays["cloud"]), "new work on cloud after the fence")
+    assert len(rays["cloud"].submitted) == n_before + 1
+    # b's late result there is ignored: its result and status are its onprem attempt's
+    rays["cloud"].finish(submission_id(b["id"], 1), result={"loss": 99.0})
+    run_until(fd, lambda: job(api, b["id"])["status"] == "SUCCEEDED", "b succeeded on onprem")
+    turn(fd, 3)
+    jb = job(api, b["id"])
+    assert jb["result"] == {"loss": 0.1} and jb["attempts"] == 2
+    assert [x["status"] for x in attempts(api, b["id"])] == ["LOST", "SUCCEEDED"]
+    assert jb["failure_cause"] is None
+
+
+def test_an_outage_shorter_than_the_grace_restarts_nothing(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    _outage(fd, rays["cloud"], 30)
+    turn(fd, 5)
+    rays["cloud"].down = False
+    turn(fd, 3)
+    assert job(api, b["id"])["status"] == "RUNNING"
+    assert [x["status"] for x in attempts(api, b["id"])] == ["RUNNING"]
+    assert rays["cloud"].stopped == []
+
+
+def test_a_cluster_that_answers_the_last_ping_is_not_lost(api, fleet, monkeypatch):
+    """Every loop's call failed past the grace, but the placer's own ping answers:
+    a slow patch, not a lost cluster."""
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    _outage(fd, rays["cloud"], 120)
+    monkeypatch.setattr(rays["cloud"], "ping", lambda: True)
+    fd.placer.run_once()
+    assert [x["status"] for x in attempts(api, b["id"])] == ["RUNNING"]
+
+
+def test_a_scale_up_that_does_not_come_moves_the_job_to_its_next_cluster(api, cp, fleet):
+    fd, rays = fleet
+    cp.settings = cp.settings.model_copy(update={"scale_up_deadline_s": 0.2})
+    for m in fd.members.values():
+        m.reconciler.settings = m.dispatcher.settings = cp.settings
+    a = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(a["id"], 1) in submitted_to(rays["onprem"]), "a on onprem")
+    rays["onprem"].start(submission_id(a["id"], 1))
+    b = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(b["id"], 1) in submitted_to(rays["cloud"]), "b ahead of cloud's scale-up")
+    assert submission_id(b["id"], 1) not in submitted_to(rays["onprem"])  # one nomination at a time
+    # no node comes; after the deadline b is stopped on cloud and placed again, cloud's gpu groups left out
+    run_until(fd, lambda: attempts(api, b["id"])[0]["cause"] == "SCALE_UP_TIMEOUT", "b's scale-up timed out")
+    assert submission_id(b["id"], 1) in rays["cloud"].stopped
+    run_until(fd, lambda: job(api, b["id"])["placement"]["cluster"] == "onprem", "b moved to onprem")
+    jb = job(api, b["id"])
+    assert jb["status"] != "FAILED"
+    assert "cloud: its scale-up for this job did not come in time" in " | ".join(jb["placement"]["reasons"])
+    rays["onprem"].finish(submission_id(a["id"], 1))
+    run_until(fd, lambda: submission_id(b["id"], 2) in submitted_to(rays["onprem"]), "b runs on onprem")
+    assert len(rays["cloud"].submitted) == 1  # cloud was not asked again
+
+
+def test_a_job_whose_every_cluster_failed_to_scale_up_fails_saying_so(api, cp, fleet):
+    fd, rays = fleet
+    cp.settings = cp.settings.model_copy(update={"scale_up_deadline_s": 0.2})
+    for m in fd.members.values():
+        m.reconciler.settings = m.dispatcher.settings = cp.settings
+    j = api.post("/v1/jobs", json={**TRAIN, "placement": {"cluster": "cloud"}}).json()
+    run_until(fd, lambda: job(api, j["id"])["status"] == "FAILED", "pinned job fails once cloud did not scale up")
+    got = job(api, j["id"])
+    assert got["failure_cause"] == "SCALE_UP_TIMEOUT" and "scaled up in time" in got["status_reason"]
+    assert rays["onprem"].submitted == []
+
+
+def test_submission_ids_and_attempt_clusters_stay_apart_across_clusters(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    ids_onprem, ids_cloud = set(submitted_to(rays["onprem"])), set(submitted_to(rays["cloud"]))
+    assert ids_onprem and ids_cloud and not ids_onprem & ids_cloud
+    assert {x["cluster"] for x in attempts(api, a["id"])} == {"onprem"}
+    assert {x["cluster"] for x in attempts(api, b["id"])} == {"cloud"}
