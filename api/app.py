@@ -77,11 +77,16 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
         app.state.refusals = RefusalTally(plane.access)
         admin_banner = _bootstrap_access(plane, settings)
         if settings.dashboard_url:
-            ray_token = assembly.attach_configured_ray(plane, settings)
-            # A fleet's pins (placement.cluster, placement.tier) are checked before routing.
-            from raylane.orchestrator.services import fleetplan
+            from raylane.orchestrator.services import fleetdispatch, fleetplan
 
-            plane.router = fleetplan.guard(plane, plane.router)
+            # A fleet of several reachable clusters: one queue, a placer, each cluster's own loops.
+            fleet = fleetdispatch.attach_configured_fleet(plane)
+            if fleet is not None:
+                ray_token = fleet[1]
+            else:
+                ray_token = assembly.attach_configured_ray(plane, settings)
+                # A fleet's pins (placement.cluster, placement.tier) are checked before routing.
+                plane.router = fleetplan.guard(plane, plane.router)
             # Links to a job's page in Ray's dashboard go through Raylane (api.rayproxy).
             plane.dashboard_link = public_base(settings) + RAY_PREFIX
             app.state.ray_proxy.bind(settings.dashboard_url, ray_token)

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 
 from raylane.api.deps import CallerDep
 from raylane.orchestrator import logcontext
-from raylane.orchestrator.services.metrics import DatabaseCollector
+from raylane.orchestrator.services.metrics import DatabaseCollector, FleetCollector
 
 log = logging.getLogger("raylane.http")
 
@@ -88,6 +88,7 @@ def install(app: FastAPI) -> None:
                           ["method", "route", "status"], registry=registry, buckets=HTTP_BUCKETS)
     registry.register(ProcessCollector(registry=None))
     registry.register(DatabaseCollector(lambda: app.state.cp.sessions, lambda: _profile(app)))
+    registry.register(FleetCollector(lambda: getattr(app.state, "cp", None)))
     app.state.metrics_registry = registry
     app.add_middleware(RequestContext, histogram=histogram)
 

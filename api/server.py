@@ -61,9 +61,9 @@ def serve(settings: Settings, *, local_cluster: bool = False) -> None:
 def _start_fleet(settings: Settings):
     """Start the local fleet RAYLANE_FLEET names, owned (it dies with this process),
     and point the settings at it: RAYLANE_FLEET at the fleet with each cluster's
-    reach, the Ray settings at its first cluster (owned first). Jobs run on that
-    cluster alone until dispatch across clusters lands (docs/fleet.md); the other
-    clusters are up, and the fleet report and plan see them."""
+    reach, the Ray settings at its first cluster (owned first): the attached one,
+    whose dashboard the proxy and node views show. Jobs are placed across every
+    cluster (services.fleetdispatch, docs/fleet.md)."""
     import yaml
 
     from raylane.orchestrator.domain.fleet import Fleet
@@ -83,7 +83,8 @@ def _start_fleet(settings: Settings):
     profile_path = local.clusters[first].dir / "profile.yaml"
     profile_path.write_text(yaml.safe_dump(fleet.cluster(first).profile.model_dump(), sort_keys=False))
     settings.profile = profile_path
-    print(f"Jobs run on cluster {first} ({fleet.cluster(first).tier}) until dispatch across clusters lands.", flush=True)
+    print(f"Jobs are placed across the fleet's clusters; {first} ({fleet.cluster(first).tier}) is the one the "
+          "dashboard proxy and node views show.", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return local
 

@@ -24,10 +24,11 @@ TRAIN = {"name": "finetune", "kind": "training", "entrypoint": "examples.train:m
 
 @pytest.fixture
 def settings(settings):
-    """Every job a Ray job (FakeRay runs no warm lane); jobs may be submitted ahead
-    of a scale-up on cloud, as on an autoscaling cluster."""
-    return settings.model_copy(update={"fast_lane": False, "fleet": "local-hybrid", "autoscale_ahead_jobs": 2,
-                                       "fleet_cluster_grace_s": 60.0})
+    """Every job a Ray job (FakeRay runs no warm lane). RAYLANE_AUTOSCALE_AHEAD_JOBS
+    stays unset: cloud scales, so its dispatcher sends jobs ahead of its scale-up
+    all the same (``fleetdispatch.scale_ahead``)."""
+    assert settings.autoscale_ahead_jobs == 0
+    return settings.model_copy(update={"fast_lane": False, "fleet": "local-hybrid", "fleet_cluster_grace_s": 60.0})
 
 
 @pytest.fixture
@@ -273,3 +274,44 @@ def test_submission_ids_and_attempt_clusters_stay_apart_across_clusters(api, fle
     assert ids_onprem and ids_cloud and not ids_onprem & ids_cloud
     assert {x["cluster"] for x in attempts(api, a["id"])} == {"onprem"}
     assert {x["cluster"] for x in attempts(api, b["id"])} == {"cloud"}
+
+
+def test_readyz_and_the_plan_see_each_cluster_on_its_own(api, fleet):
+    fd, rays = fleet
+    turn(fd)
+    r = api.get("/readyz").json()
+    assert r["status"] == "ok" and {n: c["ok"] for n, c in r["clusters"].items()} == {"onprem": True, "cloud": True}
+    _outage(fd, rays["cloud"], 61)
+    turn(fd)
+    r = api.get("/readyz").json()
+    assert r["status"] == "degraded" and r["running_jobs"] is True
+    assert r["clusters"]["cloud"]["ok"] is False and r["clusters"]["cloud"]["lost"] is True
+    assert r["clusters"]["onprem"]["ok"] is True and "cluster cloud unreachable" in r["reason"]
+    plan = api.post("/v1/plan", json={**TRAIN, "placement": {"tier": "rented"}})
+    assert plan.status_code in (409, 422) and "cloud: lost" in plan.text
+    plan = api.post("/v1/plan", json=TRAIN).json()
+    assert plan["cluster"] == "onprem" and "cloud: lost" in plan["reasons"]
+
+
+def test_an_attempt_s_log_is_read_from_the_cluster_it_ran_on(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    rays["cloud"].write_logs(submission_id(b["id"], 1), "epoch 1 on cloud\n")
+    rays["onprem"].write_logs(submission_id(a["id"], 1), "epoch 1 on onprem\n")
+    assert "epoch 1 on cloud" in api.get(f"/v1/jobs/{b['id']}/logs").text
+    assert "epoch 1 on onprem" in api.get(f"/v1/jobs/{a['id']}/logs").text
+
+
+def test_metrics_are_labelled_by_cluster(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    text = api.get("/metrics").text
+    assert 'raylane_cluster_up{cluster="onprem",tier="owned"} 1.0' in text
+    assert 'raylane_cluster_up{cluster="cloud",tier="rented"} 1.0' in text
+    assert 'raylane_cluster_jobs{cluster="cloud",status="RUNNING"} 1.0' in text
+    assert 'raylane_cluster_jobs{cluster="onprem",status="RUNNING"} 1.0' in text
+    _outage(fd, rays["cloud"], 61)
+    turn(fd)
+    text = api.get("/metrics").text
+    assert 'raylane_cluster_up{cluster="cloud",tier="rented"} 0.0' in text
+    assert 'raylane_cluster_lost{cluster="cloud"} 1.0' in text

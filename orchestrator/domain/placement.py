@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from raylane.orchestrator.domain.errors import Forbidden
+from raylane.orchestrator.domain.errors import Conflict, Forbidden
 from raylane.orchestrator.domain.fleet import Cluster, Fleet
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.profile import NodeGroup
@@ -81,12 +81,12 @@ ClusterNow = dict[str, GroupNow]  # by node group
 FleetNow = dict[str, ClusterNow]  # by cluster; a cluster missing: no view of it now
 
 
-class NoCandidate(Exception):
-    """Every cluster that could run the job is skipped now (``place``'s ``skip``)."""
+class NoCandidate(Conflict):
+    """Every cluster that could run the job is skipped now (``place``'s ``skip``): a
+    state of the fleet, not of the request (409 through the API)."""
 
     def __init__(self, message: str, skipped: list[str]):
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, field="placement")
         self.skipped = skipped
 
 

@@ -110,7 +110,7 @@ class Dispatcher(LoopService):
 
     def __init__(self, settings: Settings, sessions, backend: RayBackend, profile: Profile, *,
                  wake=None, owner: str | None = None, lanes=None, scope: Scope | None = None,
-                 tier: str | None = None):
+                 tier: str | None = None, scale_ahead: int | None = None):
         super().__init__(settings.dispatch_interval_s, wake)
         # One cluster of a fleet (store.fleet.Scope): only jobs nominated to it are
         # admitted here, its attempts record it, and attempts given up with it are
@@ -118,6 +118,8 @@ class Dispatcher(LoopService):
         # deployment's one cluster, every job.
         self.scope = scope
         self.tier = tier
+        # Jobs submitted ahead of a scale-up per group (None: RAYLANE_AUTOSCALE_AHEAD_JOBS).
+        self.scale_ahead = settings.autoscale_ahead_jobs if scale_ahead is None else scale_ahead
         self.settings = settings
         self.sessions = sessions
         self.backend = backend
@@ -140,7 +142,7 @@ class Dispatcher(LoopService):
     def claim(self, view: ClusterView) -> list[Claimed]:
         """One pass, one transaction: take over stale leases, then admit what fits."""
         rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
-                                self.settings.autoscale_ahead_jobs,
+                                self.scale_ahead,
                                 fast_lane=self.settings.fast_lane and self.lanes is not None and self.lanes.usable(),
                                 queue_ahead=self.settings.queue_ahead_jobs)
         with db.transaction(self.sessions) as s:

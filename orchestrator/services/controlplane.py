@@ -130,8 +130,21 @@ class ControlPlane:
             status, reason = "degraded", f"{ray['reason']}: jobs are accepted and wait until it is back"
         else:
             status, reason = "ok", "ok"
-        return {"status": status, "reason": reason, "accepting_jobs": db_ok, "running_jobs": db_ok and ray["ok"],
-                "database": {"ok": db_ok, "reason": db_reason}, "ray": ray}
+        out = {"status": status, "reason": reason, "accepting_jobs": db_ok, "running_jobs": db_ok and ray["ok"],
+               "database": {"ok": db_ok, "reason": db_reason}, "ray": ray}
+        fd = getattr(self, "fleet_dispatch", None)
+        if fd is not None:  # a fleet: each cluster on its own; jobs run while any one answers
+            out["clusters"] = {name: {**self._reach(m.backend, m.backend.dashboard_url), "tier": m.tier,
+                                      "lost": name in fd.placer.lost}
+                               for name, m in fd.members.items()}
+            up = [n for n, c in out["clusters"].items() if c["ok"]]
+            out["running_jobs"] = db_ok and bool(up)
+            down = [n for n in out["clusters"] if n not in up]
+            if db_ok and down:
+                out["status"] = "degraded"
+                out["reason"] = (f"cluster{'s' if len(down) > 1 else ''} {', '.join(down)} unreachable: "
+                                 + ("jobs are placed on the others" if up else "jobs are accepted and wait"))
+        return out
 
     def ray_state(self) -> dict[str, Any]:
         """Ray's reachability as the backend last saw it, asked afresh when that is old."""
@@ -140,23 +153,33 @@ class ControlPlane:
         if self.backend is None:
             return {"ok": False, "state": "not attached", "since": None,
                     "reason": "no Ray cluster attached (RAYLANE_DASHBOARD_URL unset): jobs are queued, none run"}
-        tracker = getattr(self.backend, "reachability", None)  # a stand-in backend may keep none
+        return self._reach(self.backend, self.dashboard_url)
+
+    @staticmethod
+    def _reach(backend, dashboard_url: str | None) -> dict[str, Any]:
+        """One cluster's reachability as its backend last saw it, asked afresh when that is old."""
+        from raylane.orchestrator.backends.reachability import REACHABLE, UNREACHABLE, unreachable_reason
+
+        tracker = getattr(backend, "reachability", None)  # a stand-in backend may keep none
         if tracker is None:
             return {"ok": True, "state": "unknown", "since": None, "reason": "not tracked by this backend"}
         seen = tracker.now()
         if seen.checked_at is None or time.monotonic() - seen.checked_at > RAY_FRESH_S:
-            self.backend.ping()
+            backend.ping()
             seen = tracker.now()
         since = seen.since.isoformat() if seen.since else None
         if seen.state == UNREACHABLE:
             return {"ok": False, "state": seen.state, "since": since,
                     "reason": unreachable_reason(seen.since), "error": seen.error}
         return {"ok": seen.state == REACHABLE, "state": seen.state, "since": since,
-                "reason": f"Ray dashboard at {self.dashboard_url} answers"}
+                "reason": f"Ray dashboard at {dashboard_url} answers"}
 
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()  # its HTTP client and GCS channel
+        from raylane.orchestrator.services import fleetdispatch
+
+        fleetdispatch.close(self)  # a fleet's other clusters' backends
         if self.writes is not None:
             self.writes.close()
         self.async_writes.close()
@@ -431,7 +454,16 @@ class ControlPlane:
         if placement is not None and placement.lane and self.lanes is not None:
             live = self.lanes.logs(sid)
             return self._kept_lane_log(job_id, number) if live is None else live  # None: ended, moved
-        return self.backend.logs(sid)
+        return self._backend_of(job_id, number).logs(sid)
+
+    def _backend_of(self, job_id: str, number: int):
+        """The backend of the cluster an attempt ran on: on a fleet, the one its
+        attempt records (``services.fleetdispatch``); else the one cluster's."""
+        fd = getattr(self, "fleet_dispatch", None)
+        if fd is None:
+            return self.backend
+        cluster = next((a.cluster for a in self.attempts(job_id, project=None) if a.number == number), None)
+        return fd.member_of(cluster).backend
 
     def progress(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, int]]:
         """(status, attempts) of each existing job, unscoped: for the log

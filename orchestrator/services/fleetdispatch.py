@@ -124,6 +124,7 @@ def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBac
     here = fleet.cluster(attached)
     assembly.attach_backend(plane, backends[attached], here.profile, scope=Scope(attached, attached=True),
                             tier=here.tier, elsewhere=True)
+    plane.dispatcher.scale_ahead = scale_ahead(plane.settings.autoscale_ahead_jobs, here.profile)
     members = {attached: Member(attached, here.tier, here.profile, backends[attached], Scope(attached, attached=True),
                                 plane.dispatcher, plane.reconciler)}
     wakes = [plane.new_work]
@@ -132,7 +133,8 @@ def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBac
             continue
         scope = Scope(c.name)
         d = Dispatcher(plane.settings, plane.sessions, backends[c.name], c.profile, wake=threading.Event(),
-                       owner=f"{plane.dispatcher.owner}/{c.name}", scope=scope, tier=c.tier)
+                       owner=f"{plane.dispatcher.owner}/{c.name}", scope=scope, tier=c.tier,
+                       scale_ahead=scale_ahead(plane.settings.autoscale_ahead_jobs, c.profile))
         r = Reconciler(plane.settings, plane.sessions, backends[c.name], scope=scope, elsewhere=True)
         d.on_submitted = r.wake.set
         r.on_ended = plane.new_work.set
@@ -147,6 +149,18 @@ def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBac
     plane.fleet_dispatch = fd
     plane.router = fleet_router(plane, fd)
     return fd
+
+
+SCALE_AHEAD = 2  # a fleet cluster that scales: jobs submitted ahead of its scale-up per group, by default
+
+
+def scale_ahead(setting: int, profile: Profile) -> int:
+    """A fleet's cluster whose groups scale (max_nodes above min_nodes: a rented one
+    scaling from zero) is sent jobs ahead of its scale-up, or nothing would ever
+    make its autoscaler add a node: RAYLANE_AUTOSCALE_AHEAD_JOBS when set, else
+    ``SCALE_AHEAD``. A static cluster: the setting (0: live nodes only)."""
+    scales = any(g.max_nodes > g.min_nodes for g in profile.workers)
+    return setting if setting or not scales else SCALE_AHEAD
 
 
 def fleet_router(plane: "ControlPlane", fd: FleetDispatch):
@@ -304,3 +318,51 @@ class FleetPlacer(LoopService):
                             held[k] = held.get(k, 0.0) + v
         for name in woken:
             self.fd.members[name].dispatcher.wake.set()
+
+
+def _backend(url: str, token: str | None, gcs_address: str | None = None) -> RayBackend:
+    """A cluster's backend: Ray's Jobs API at its dashboard, and its GCS when the
+    fleet file gives the address (runner inputs off the command line, drains)."""
+    from raylane.orchestrator.backends.ray_jobs import RayJobsBackend
+
+    gcs = None
+    if gcs_address:
+        from raylane.orchestrator.backends.ray_gcs import RayGcs  # Ray's protobufs: only when used
+
+        gcs = RayGcs(gcs_address, token)
+    return RayJobsBackend(url, token, gcs=gcs)
+
+
+def attach_configured_fleet(plane: "ControlPlane") -> tuple[FleetDispatch, str | None] | None:
+    """The fleet RAYLANE_FLEET names, attached, when it has several clusters and
+    each can be reached (its ``dashboard_url`` and token); with its attached
+    cluster's token (the dashboard proxy's). None: one cluster, or a fleet file
+    without every reach (then jobs run on the attached cluster alone, as before,
+    and the log says why)."""
+    from raylane.orchestrator.backends.fleet import FleetBackends
+    from raylane.orchestrator.domain.errors import Invalid
+    from raylane.orchestrator.services import fleetplan
+
+    f = fleetplan.fleet(plane)
+    if len(f.members) < 2:
+        return None
+    attached = fleetplan.attached(plane)
+    try:
+        built = FleetBackends.build(f, attached, make=_backend)
+    except Invalid as e:
+        log.warning("fleet %s: jobs run on cluster %s alone: %s (%s)", f.name, attached, e.message, e.field)
+        return None
+    fd = attach_fleet(plane, f, built.backends, attached)
+    plane.dashboard_url = f.cluster(attached).spec.dashboard_url
+    plane._fleet_backends = built  # the plan's views use the same backends
+    return fd, f.cluster(attached).spec.read_token()
+
+
+def close(plane: "ControlPlane") -> None:
+    """The other clusters' backends (the attached one is the plane's own)."""
+    fd = getattr(plane, "fleet_dispatch", None)
+    if fd is None:
+        return
+    for name, m in fd.members.items():
+        if name != fd.attached:
+            m.backend.close()

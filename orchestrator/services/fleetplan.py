@@ -2,15 +2,15 @@
 be placed across it (``POST /v1/plan`` on a fleet of several clusters), and the
 pins a submitted job may carry (``placement.cluster``, ``placement.tier``).
 
-What is live and what is not yet: the control plane dispatches through one Ray
-backend, the *attached* cluster (RAYLANE_DASHBOARD_URL; with ``serve
---local-cluster`` and a fleet, its first cluster, owned first). Its groups are
-seen live (Ray's node list, Raylane's active jobs); the other clusters' node
-lists are read through a backend each (``backends.fleet``) when the fleet file
-gives their reach, else they are placed by the fleet file alone ("no live view
-of it now"). Jobs are dispatched to the attached cluster
-only, so a job pinned elsewhere is refused at submit with the reason, rather
-than accepted and run where it was told not to be (docs/fleet.md).
+With every cluster's reach in the fleet file, jobs are dispatched across the
+fleet (``services.fleetdispatch``: a placer, each cluster's own loops) and the
+plan sees what the placer sees. Without it (a fleet file naming clusters
+Raylane cannot reach) the control plane dispatches through one Ray backend, the
+*attached* cluster (RAYLANE_DASHBOARD_URL; with ``serve --local-cluster`` and a
+fleet, its first cluster, owned first), the others are placed by the fleet
+file alone ("no live view of it now"), and a job pinned elsewhere is refused at
+submit with the reason (``guard``), rather than accepted and run where it was
+told not to be (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -135,6 +135,13 @@ def _now(cp: "ControlPlane", f: Fleet) -> tuple[fleet_placement.FleetNow | None,
 
 def place(cp: "ControlPlane", spec: JobSpec, project: str | None) -> FleetPlacement:
     f = fleet(cp)
+    fd = getattr(cp, "fleet_dispatch", None)
+    if fd is not None:  # dispatching across the fleet: the placer's own view (what each cluster holds)
+        with db.read(cp.sessions) as s:
+            now, spends = fd.placer.fleet_now(s)
+        return fleet_placement.place(spec, f, now, rent=rent_policy(cp, project, spends.get(project or "", 0.0)),
+                                     owned_soon_s=cp.settings.fleet_owned_soon_s,
+                                     skip={c: "lost" for c in fd.placer.lost})
     now, spend = _now(cp, f)
     return fleet_placement.place(spec, f, now, rent=rent_policy(cp, project, spend),
                                  owned_soon_s=cp.settings.fleet_owned_soon_s)

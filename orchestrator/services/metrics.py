@@ -228,3 +228,42 @@ class DatabaseCollector(Collector):
         yield from families
         up.add_metric([], 1)
         yield up
+
+
+class FleetCollector(Collector):
+    """A fleet's clusters (``services.fleetdispatch``), each on its own:
+    ``raylane_cluster_up`` (1 when its last call worked), ``raylane_cluster_lost``
+    (1 while the placer holds it lost) and ``raylane_cluster_jobs`` (active and
+    queued jobs nominated to it, by status). Nothing without a fleet."""
+
+    def __init__(self, plane: Callable[[], object]):
+        self._plane = plane
+
+    def collect(self):
+        from raylane.orchestrator.backends.reachability import REACHABLE
+        from raylane.orchestrator.store import fleet as store_fleet
+
+        plane = self._plane()
+        fd = getattr(plane, "fleet_dispatch", None)
+        if fd is None:
+            return
+        up = GaugeMetricFamily("raylane_cluster_up", "1 when the fleet cluster's last call worked.",
+                               labels=["cluster", "tier"])
+        lost = GaugeMetricFamily("raylane_cluster_lost", "1 while the fleet cluster is lost (unreachable past the "
+                                 "grace; its attempts ended CLUSTER_LOST).", labels=["cluster"])
+        for name, m in fd.members.items():
+            up.add_metric([name, m.tier], 1 if m.backend.reachability.now().state == REACHABLE else 0)
+            lost.add_metric([name], 1 if name in fd.placer.lost else 0)
+        jobs_fam = GaugeMetricFamily("raylane_cluster_jobs", "Active and queued jobs by the fleet cluster they are "
+                                     "nominated to ((placing): not yet placed).", labels=["cluster", "status"])
+        try:
+            with plane.sessions() as s:
+                counts = store_fleet.jobs_by_cluster(s, attached=fd.attached)
+        except Exception:
+            log.exception("metrics: reading jobs by cluster failed")
+            counts = {}
+        for (cluster, status), n in sorted(counts.items()):
+            jobs_fam.add_metric([cluster, status], n)
+        yield up
+        yield lost
+        yield jobs_fam

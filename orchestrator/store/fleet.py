@@ -11,7 +11,7 @@ from datetime import datetime
 
 from dataclasses import dataclass
 
-from sqlalchemy import or_, select, true, update
+from sqlalchemy import func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
@@ -148,3 +148,15 @@ def active_on(session: Session, clusters: list[str]) -> list[tuple[str, str, str
             for project, cluster, group, placement in session.execute(
                 select(jobs.c.project, jobs.c.cluster, jobs.c.node_group, jobs.c.placement)
                 .where(jobs.c.status.in_(_ACTIVE), jobs.c.cluster.in_(clusters)))]
+
+
+def jobs_by_cluster(session: Session, *, attached: str) -> dict[tuple[str, str], int]:
+    """(cluster, status) -> active and queued jobs nominated there (NULL: ``attached``)."""
+    live = [*_ACTIVE, *_QUEUED]
+    out: dict[tuple[str, str], int] = {}
+    for cluster, status, n in session.execute(select(jobs.c.cluster, jobs.c.status, func.count())
+                                              .where(jobs.c.status.in_(live))
+                                              .group_by(jobs.c.cluster, jobs.c.status)):
+        key = (cluster or attached, status)
+        out[key] = out.get(key, 0) + n
+    return out

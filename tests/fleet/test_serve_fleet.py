@@ -1,9 +1,9 @@
 """``RAYLANE_FLEET=local-hybrid raylane-server serve --local-cluster``: the server
 starts both clusters of the fleet as its own, shows the fleet and plans across
-it with both clusters read live, runs a job on the cluster it is attached to
-(``onprem``; dispatch across clusters is not built yet) with the attempt and the
-Ray job naming that cluster, and, SIGKILLed, leaves no process of either cluster
-behind (each cluster's watchdog)."""
+it with both clusters read live, runs a job on ``onprem`` and one pinned to
+``cloud`` there (after its scale-up from zero), each attempt and Ray job naming
+its cluster, and, SIGKILLed, leaves no process of either cluster behind (each
+cluster's watchdog)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def leftovers(states: list[dict]) -> list[int]:
     return sorted(pids)
 
 
-def test_serve_with_a_fleet_owns_both_clusters_runs_on_onprem_and_leaves_nothing(tmp_path):
+def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(tmp_path):
     data = tmp_path / "data"
     url = f"http://127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLANE_")}
@@ -84,6 +84,24 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_onprem_and_leaves_nothing
         ray_job = httpx.get(f"{states[0]['dashboard_url']}/api/jobs/{attempts[0]['submission_id']}",
                             headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
         assert ray_job["metadata"]["raylane_cluster"] == "onprem"
+
+        # One queue, two clusters: a job pinned to cloud runs there, after cloud's scale-up from zero.
+        r = api.post("/v1/jobs", json={"name": "hello-cloud", "kind": "command", "entrypoint": "python -c 'print(7)'",
+                                       "placement": {"cluster": "cloud"}})
+        assert r.status_code == 201, r.text
+        cid = r.json()["id"]
+        job = wait_for(lambda: (j := api.get(f"/v1/jobs/{cid}").json())["status"] in ("SUCCEEDED", "FAILED") and j,
+                       timeout=300, what="the job on cloud to end")
+        assert job["status"] == "SUCCEEDED", job
+        assert (job["placement"]["cluster"], job["placement"]["tier"]) == ("cloud", "rented")
+        attempts = api.get(f"/v1/jobs/{cid}/attempts").json()
+        assert [a["cluster"] for a in attempts] == ["cloud"]
+        cloud_token = Path(states[1]["token_path"]).read_text().strip()
+        ray_job = httpx.get(f"{states[1]['dashboard_url']}/api/jobs/{attempts[0]['submission_id']}",
+                            headers={"Authorization": f"Bearer {cloud_token}"}, timeout=10).json()
+        assert ray_job["metadata"]["raylane_cluster"] == "cloud"
+        ready = api.get("/readyz").json()
+        assert {n: c["ok"] for n, c in ready["clusters"].items()} == {"onprem": True, "cloud": True}
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the server dies without a word
