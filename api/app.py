@@ -82,7 +82,10 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             # A fleet of several reachable clusters: one queue, a placer, each cluster's own loops.
             fleet = fleetdispatch.attach_configured_fleet(plane)
             if fleet is not None:
-                ray_token = fleet[1]
+                fd, tokens = fleet
+                ray_token = tokens[fd.attached]
+                for name, m in fd.members.items():  # /ray/<cluster>/: each cluster's dashboard
+                    app.state.ray_proxy.bind(m.backend.dashboard_url, tokens[name], cluster=name)
             else:
                 ray_token = assembly.attach_configured_ray(plane, settings)
                 # A fleet's pins (placement.cluster, placement.tier) are checked before routing.

@@ -101,9 +101,19 @@ def redact(secret: str | None, body: bytes) -> bytes:
     return r.feed(body) + r.flush()
 
 
+class _Target:
+    """One Ray cluster's dashboard behind the proxy: its URL, its token, one client."""
+
+    def __init__(self, url: str, token: str | None):
+        self.url, self.token = url.rstrip("/"), token
+        self.client: httpx.AsyncClient | None = None
+
+
 class RayProxy:
     """The ASGI app mounted at ``/ray`` (``app.state.ray_proxy``). Bound to Ray by
-    the app's lifespan when a cluster is attached; 503 until then."""
+    the app's lifespan when a cluster is attached; 503 until then. On a fleet,
+    every cluster is bound by name too: ``/ray/<cluster>/...`` is that cluster's
+    dashboard, with the same rules; ``/ray/...`` the attached cluster's."""
 
     def __init__(self, *, timeout_s: float, stream_max_s: float, per_token: int, max_inflight: int,
                  audit_every: int):
@@ -111,31 +121,39 @@ class RayProxy:
         self.per_token, self.max_inflight, self.audit_every = per_token, max_inflight, audit_every
         self._owners: Counter[str] = Counter()
         self._reads = count()
-        self._url: str | None = None
-        self._token: str | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._targets: dict[str | None, _Target] = {}  # None: the attached cluster
 
     @property
     def inflight(self) -> int:
         return sum(self._owners.values())
 
-    def bind(self, dashboard_url: str, token: str | None) -> None:
-        self._url, self._token = dashboard_url.rstrip("/"), token
+    def bind(self, dashboard_url: str, token: str | None, *, cluster: str | None = None) -> None:
+        """``cluster``: a fleet's cluster by name (``/ray/<cluster>/``); None: the attached one (``/ray/``)."""
+        self._targets[cluster] = _Target(dashboard_url, token)
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-            # One client and pool for every caller; its connection cap is the slot cap.
-            self._client = httpx.AsyncClient(
-                base_url=self._url, headers=headers, timeout=httpx.Timeout(self.timeout_s),
+    def _http(self, t: _Target) -> httpx.AsyncClient:
+        if t.client is None:
+            headers = {"Authorization": f"Bearer {t.token}"} if t.token else {}
+            # One client and pool per cluster for every caller; its connection cap is the slot cap.
+            t.client = httpx.AsyncClient(
+                base_url=t.url, headers=headers, timeout=httpx.Timeout(self.timeout_s),
                 limits=httpx.Limits(max_connections=self.max_inflight, max_keepalive_connections=32),
                 follow_redirects=False)
-        return self._client
+        return t.client
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        for t in self._targets.values():
+            if t.client is not None:
+                await t.client.aclose()
+                t.client = None
+
+    def _target(self, rel: str) -> tuple[_Target | None, str, str]:
+        """(the cluster's target, the path within its dashboard, the prefix before it)
+        for a path under /ray: ``<cluster>/...`` when that names a bound cluster."""
+        head, _, rest = rel.partition("/")
+        if head and head in self._targets:
+            return self._targets[head], rest, f"{head}/"
+        return self._targets.get(None), rel, ""
 
     # ASGI --------------------------------------------------------------------
 
@@ -147,7 +165,7 @@ class RayProxy:
         if scope["type"] != "http":
             return
         # Starlette's mount sends /ray to /ray/ before this: the app's relative URLs need the slash.
-        rel = scope["path"][len(PREFIX) + 1:]
+        target, rel, where = self._target(scope["path"][len(PREFIX) + 1:])
         method = scope["method"]
         caller: Caller | None = (scope.get("state") or {}).get("caller")
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
@@ -158,7 +176,7 @@ class RayProxy:
             # Location without a fragment inherits the request's).
             root = scope.get("root_path", "")  # a mount's root_path ends in its own prefix
             root = root[:-len(PREFIX)] if root.endswith(PREFIX) else root
-            back = quote(f"{root}{PREFIX}/{rel}", safe="/")
+            back = quote(f"{root}{PREFIX}/{where}{rel}", safe="/")
             return await _reply(send, 303, b"", {"location": f"{root}{SIGN_IN_PAGE}?next={back}",
                                                  "cache-control": "private, no-store"})
         if caller is None:  # only the app's shell is public (api.auth); never trust that it was checked
@@ -173,7 +191,7 @@ class RayProxy:
         if decision.kind is Kind.AUTH_MODE:
             # Raylane authenticates; the app must never ask for Ray's token.
             return await _reply_json(send, 200, {"authentication_mode": "disabled"})
-        if self._url is None:
+        if target is None:
             return await self._refuse(scope, send, caller, 503, "no Ray cluster is attached to this server",
                                       {"retry-after": "30"})
         # The public shell (no caller) counts per client address, not in one shared bucket.
@@ -182,7 +200,7 @@ class RayProxy:
         if full:
             return await self._refuse(scope, send, caller, 429, full, {"retry-after": str(CAP_RETRY_AFTER_S)})
         try:
-            status = await self._serve(scope, receive, send, rel, method, decision, caller)
+            status = await self._serve(target, scope, receive, send, rel, method, decision, caller)
         finally:
             self._release(owner)
         if caller is not None and method in rayscope.READ_METHODS and (
@@ -212,14 +230,14 @@ class RayProxy:
 
     # Serving -----------------------------------------------------------------
 
-    async def _serve(self, scope, receive, send, rel: str, method: str, decision, caller) -> int:
+    async def _serve(self, t: _Target, scope, receive, send, rel: str, method: str, decision, caller) -> int:
         """Answers the request; returns the status sent."""
         try:
-            if decision.kind is Kind.JOB and not await self._visible(decision.job, caller):
+            if decision.kind is Kind.JOB and not await self._visible(t, decision.job, caller):
                 return await _sent(_reply_json(send, 404, {"detail": rayscope.NOT_FOUND}), 404)
             if decision.kind is Kind.LIST_JOBS:
-                return await self._list_jobs(send, caller)
-            return await self._forward(scope, receive, send, rel, method, decision.stream)
+                return await self._list_jobs(t, send, caller)
+            return await self._forward(t, scope, receive, send, rel, method, decision.stream)
         except httpx.TimeoutException:
             return await _sent(_reply_json(send, 504, {"detail": f"Ray's dashboard did not answer within "
                                                                   f"{self.timeout_s:g}s"}), 504)
@@ -227,33 +245,33 @@ class RayProxy:
             return await _sent(_reply_json(send, 502, {"detail": f"Ray's dashboard is unreachable: "
                                                                   f"{type(e).__name__}"}, {"retry-after": "10"}), 502)
 
-    async def _get_json(self, path: str):
-        r = await self._http().get(path, headers={"accept-encoding": "identity"})
+    async def _get_json(self, t: _Target, path: str):
+        r = await self._http(t).get(path, headers={"accept-encoding": "identity"})
         if r.status_code == 404:
             return None
         if r.status_code != 200 or len(r.content) > MAX_FILTERED_BYTES:
             raise httpx.TransportError(f"Ray answered {r.status_code} for {path}")
         return r.json()
 
-    async def _visible(self, job: str, caller: Caller) -> bool:
-        found = await self._get_json(f"api/jobs/{quote(job, safe='')}")
+    async def _visible(self, t: _Target, job: str, caller: Caller) -> bool:
+        found = await self._get_json(t, f"api/jobs/{quote(job, safe='')}")
         return isinstance(found, dict) and rayscope.job_visible(found, caller)
 
-    async def _list_jobs(self, send, caller: Caller) -> int:
-        jobs = await self._get_json("api/jobs/") or []
+    async def _list_jobs(self, t: _Target, send, caller: Caller) -> int:
+        jobs = await self._get_json(t, "api/jobs/") or []
         mine = [j for j in jobs if isinstance(j, dict) and rayscope.job_visible(j, caller)]
-        body = redact(self._token, json.dumps(mine).encode())
+        body = redact(t.token, json.dumps(mine).encode())
         await _reply(send, 200, body, {"content-type": "application/json", "cache-control": "private, no-store"})
         return 200
 
-    async def _forward(self, scope, receive, send, rel: str, method: str, stream: bool) -> int:
+    async def _forward(self, t: _Target, scope, receive, send, rel: str, method: str, stream: bool) -> int:
         qs = scope.get("query_string", b"").decode("latin-1")
         url = quote(rel, safe="/") + (f"?{qs}" if qs else "")
         hdrs = {k: v for k in FORWARDED_REQUEST_HEADERS
                 if (v := _header(scope, k.encode())) is not None}
         hdrs["accept-encoding"] = "identity"  # the redactor reads the bytes as they are
         timeout = httpx.Timeout(self.timeout_s, read=self.stream_max_s if stream else self.timeout_s)
-        client = self._http()
+        client = self._http(t)
         req = client.build_request(method, url, headers=hdrs, timeout=timeout)
         resp = await client.send(req, stream=True)
         try:
@@ -262,7 +280,7 @@ class RayProxy:
             if not rel.startswith("static/"):
                 headers = [h for h in headers if h[0] != b"cache-control"] + [(b"cache-control", b"private, no-store")]
             await send({"type": "http.response.start", "status": resp.status_code, "headers": headers + PAGE_HEADERS})
-            redactor = Redactor(self._token)
+            redactor = Redactor(t.token)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
                 with anyio.move_on_after(self.stream_max_s):

@@ -315,3 +315,49 @@ def test_metrics_are_labelled_by_cluster(api, fleet):
     text = api.get("/metrics").text
     assert 'raylane_cluster_up{cluster="cloud",tier="rented"} 0.0' in text
     assert 'raylane_cluster_lost{cluster="cloud"} 1.0' in text
+
+
+def test_each_cluster_s_dashboard_is_under_ray_slash_its_name(api):
+    """``/ray/<cluster>/...`` goes to that cluster's dashboard with its own token,
+    under the same rules; ``/ray/...`` to the attached cluster's."""
+    import httpx
+
+    import json
+
+    seen: list[tuple[str, str, str | None]] = []
+
+    class Body(httpx.AsyncByteStream):  # streamed as Ray's dashboard's answers are
+        def __init__(self, obj):
+            self.data = json.dumps(obj).encode()
+
+        async def __aiter__(self):
+            yield self.data
+
+    def dashboard(name):
+        def answer(req: httpx.Request) -> httpx.Response:
+            seen.append((name, req.url.path, req.headers.get("authorization")))
+            if req.url.path == "/api/jobs/":
+                return httpx.Response(200, headers={"content-type": "application/json"}, stream=Body([
+                    {"submission_id": "raylane-x-1", "metadata": {"raylane_project": "default"}},
+                    {"submission_id": "other", "metadata": {}}]))
+            return httpx.Response(200, headers={"content-type": "application/json"}, stream=Body({"version": name}))
+        return answer
+
+    proxy = api.app.state.ray_proxy
+    for name in ("onprem", "cloud"):
+        proxy.bind(f"http://{name}.ray.invalid:8265", f"tok-{name}", cluster=name)
+        proxy._targets[name].client = httpx.AsyncClient(base_url=f"http://{name}.ray.invalid:8265",
+                                                        transport=httpx.MockTransport(dashboard(name)),
+                                                        headers={"Authorization": f"Bearer tok-{name}"})
+    proxy.bind("http://onprem.ray.invalid:8265", "tok-onprem")
+    proxy._targets[None].client = proxy._targets["onprem"].client
+    assert api.get("/ray/cloud/api/version").json() == {"version": "cloud"}
+    assert seen[-1] == ("cloud", "/api/version", "Bearer tok-cloud")
+    assert api.get("/ray/api/version").json() == {"version": "onprem"}
+    assert seen[-1] == ("onprem", "/api/version", "Bearer tok-onprem")
+    assert len(api.get("/ray/cloud/api/jobs/").json()) == 2 and seen[-1][0] == "cloud"  # an admin sees every job
+    assert api.get("/ray/cloud/api/jobs/", headers={"Authorization": ""}).status_code == 401
+    n = len(seen)
+    r = api.get("/ray/mars/api/version")  # not a cluster: a path of the attached one, which the rules refuse
+    assert r.status_code == 403 and "'mars/api/version' is not one of the reads that pass" in r.text
+    assert len(seen) == n

@@ -333,10 +333,10 @@ def _backend(url: str, token: str | None, gcs_address: str | None = None) -> Ray
     return RayJobsBackend(url, token, gcs=gcs)
 
 
-def attach_configured_fleet(plane: "ControlPlane") -> tuple[FleetDispatch, str | None] | None:
+def attach_configured_fleet(plane: "ControlPlane") -> tuple[FleetDispatch, dict[str, str | None]] | None:
     """The fleet RAYLANE_FLEET names, attached, when it has several clusters and
-    each can be reached (its ``dashboard_url`` and token); with its attached
-    cluster's token (the dashboard proxy's). None: one cluster, or a fleet file
+    each can be reached (its ``dashboard_url`` and token); with each cluster's
+    token (the dashboard proxy's). None: one cluster, or a fleet file
     without every reach (then jobs run on the attached cluster alone, as before,
     and the log says why)."""
     from raylane.orchestrator.backends.fleet import FleetBackends
@@ -355,7 +355,7 @@ def attach_configured_fleet(plane: "ControlPlane") -> tuple[FleetDispatch, str |
     fd = attach_fleet(plane, f, built.backends, attached)
     plane.dashboard_url = f.cluster(attached).spec.dashboard_url
     plane._fleet_backends = built  # the plan's views use the same backends
-    return fd, f.cluster(attached).spec.read_token()
+    return fd, {c.name: c.spec.read_token() for c in f.members}
 
 
 def close(plane: "ControlPlane") -> None:
