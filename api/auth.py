@@ -108,53 +108,26 @@ class AuthMiddleware:
         if scope["type"] != "http" or is_public(scope["path"]) or is_public_read(scope):
             return await self.app(scope, receive, send)
         app = scope["app"]
-        cp = app.state.cp
-        mutating = scope["method"] not in SAFE_METHODS
         if not app.state.settings.auth_enabled:
             caller: Caller | None = LOCAL_ADMIN
         else:
-            token = _bearer(scope)
-            digest = hash_token(token) if token and len(token) <= MAX_TOKEN_LEN else None
-            gate = app.state.address_gate
-            # A browser on /ray signs in once (api.session); a Bearer token still wins.
-            session = (app.state.sessions.token_id(cookie_from(scope))
-                       if token is None and _under(scope["path"], (RAY_PREFIX,)) else None)
-            if session is not None:
-                # A valid signature cannot be guessed: no address gate to pass.
-                digest = None
-            elif not gate.knows(digest):
-                wait = gate.take(_address(scope))
-                if wait > 0:
-                    await _reply(send, 429, f"too many requests without a valid API token from this address: at most "
-                                            f"{gate.rate:g}/s (bursts of {gate.burst}); retry in {wait:.1f}s",
-                                 {"retry-after": str(math.ceil(wait))})
-                    if mutating:
-                        await app.state.refusals.refused(_entry(scope, None, 429))
-                    return
-            if session is not None:
-                caller = await anyio.to_thread.run_sync(cp.access.caller_by_token_id, session)
-            else:
-                caller = await _authenticate(app, cp, token, digest) if digest else None
-                if caller is not None:
-                    gate.vouch(digest)
-                else:
-                    gate.forget(digest)
+            caller = await _caller(app, scope, send)
+            if caller is _ANSWERED:
+                return
         if caller is None:
-            hint = " (a browser: sign in through /ui first)" if _under(scope["path"], (RAY_PREFIX,)) else ""
-            await _reply(send, 401, "missing, unknown, expired or revoked API token: send "
-                                    f"'Authorization: Bearer <token>'{hint}", {"www-authenticate": "Bearer"})
-            if mutating:
-                await app.state.refusals.refused(_entry(scope, None, 401))
-            return
+            return await _refuse_unknown(app, scope, send)
         if is_admin_only(scope["path"]) and caller.role != Role.ADMIN.value:
-            await _reply(send, 403, "this needs an admin token")
-            if mutating:
-                await audit(cp, scope, caller, 403)
-            return
-        state = scope.setdefault("state", {})
-        state["caller"] = caller
-        if not mutating:
+            return await _refuse_non_admin(app.state.cp, scope, send, caller)
+        scope.setdefault("state", {})["caller"] = caller
+        if scope["method"] in SAFE_METHODS:
             return await self.app(scope, receive, send)
+        await self._audited(scope, receive, send, caller)
+
+    async def _audited(self, scope, receive, send, caller: Caller):
+        """Pass a mutating request on, its audit row written before its answer leaves
+        (or a 500's, when the route raised before answering)."""
+        cp = scope["app"].state.cp
+        state = scope["state"]
         # A route may write its own audit row in its own transaction (a submit:
         # one commit for the job and its row, not two): it builds the row with
         # ``audit_entry`` and sets ``audited`` once that transaction committed.
@@ -177,6 +150,63 @@ class AuthMiddleware:
             if not audited and not state.get("audited"):
                 await audit(cp, scope, caller, 500)
             raise
+
+
+# ``_caller``'s answer when it refused the request itself (the address gate's 429).
+_ANSWERED = object()
+
+
+async def _caller(app, scope, send):
+    """Who sends the request: the ``Caller`` of its Bearer token (or, under /ray, of
+    its session cookie), None when it has no valid one, or ``_ANSWERED`` when the
+    address gate refused it (429, sent)."""
+    cp = app.state.cp
+    token = _bearer(scope)
+    # A browser on /ray signs in once (api.session); a Bearer token still wins.
+    session = (app.state.sessions.token_id(cookie_from(scope))
+               if token is None and _under(scope["path"], (RAY_PREFIX,)) else None)
+    if session is not None:
+        # A valid signature cannot be guessed: no address gate to pass.
+        return await anyio.to_thread.run_sync(cp.access.caller_by_token_id, session)
+    digest = hash_token(token) if token and len(token) <= MAX_TOKEN_LEN else None
+    gate = app.state.address_gate
+    if not gate.knows(digest):
+        wait = gate.take(_address(scope))
+        if wait > 0:
+            await _refuse_too_many(app, scope, send, wait)
+            return _ANSWERED
+    caller = await _authenticate(app, cp, token, digest) if digest else None
+    if caller is not None:
+        gate.vouch(digest)
+    else:
+        gate.forget(digest)
+    return caller
+
+
+async def _refuse_too_many(app, scope, send, wait: float) -> None:
+    """429: this address spent its burst of requests without a valid token."""
+    gate = app.state.address_gate
+    await _reply(send, 429, f"too many requests without a valid API token from this address: at most "
+                            f"{gate.rate:g}/s (bursts of {gate.burst}); retry in {wait:.1f}s",
+                 {"retry-after": str(math.ceil(wait))})
+    if scope["method"] not in SAFE_METHODS:
+        await app.state.refusals.refused(_entry(scope, None, 429))
+
+
+async def _refuse_unknown(app, scope, send) -> None:
+    """401: no token, or one that is unknown, expired or revoked."""
+    hint = " (a browser: sign in through /ui first)" if _under(scope["path"], (RAY_PREFIX,)) else ""
+    await _reply(send, 401, "missing, unknown, expired or revoked API token: send "
+                            f"'Authorization: Bearer <token>'{hint}", {"www-authenticate": "Bearer"})
+    if scope["method"] not in SAFE_METHODS:
+        await app.state.refusals.refused(_entry(scope, None, 401))
+
+
+async def _refuse_non_admin(cp, scope, send, caller: Caller) -> None:
+    """403: an admin-only path with another role's token (a valid token: its own audit row)."""
+    await _reply(send, 403, "this needs an admin token")
+    if scope["method"] not in SAFE_METHODS:
+        await audit(cp, scope, caller, 403)
 
 
 async def _authenticate(app, cp, token: str, digest: str) -> Caller | None:

@@ -146,8 +146,16 @@ def test_a_sweep_for_spot_cpu_at_zero_nodes_runs_on_its_fallback_cpu_with_room()
     full = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0.5})})
     assert [type(d) for d in full] == [Admit] and full[0].placement.node_group == "spot-cpu"
     assert full[0].scale_up == "waiting for the autoscaler: 0 of 1 spot-cpu nodes up"
-    # Its driver still needs room on its own (on-demand) group, scale-up or not.
+    # Its driver needs room on its own (on-demand) group: one the autoscaler may add a node to (cpu's max_nodes
+    # is 4) is waited for too (a rented cluster scales every group from zero) ...
     no_driver = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
+    assert [type(d) for d in no_driver] == [Admit]
+    assert no_driver[0].scale_up == ("waiting for the autoscaler: 0 of 1 spot-cpu nodes up; its driver waits for "
+                                     "group cpu to add a node")
+    # ... but not one at its max_nodes.
+    capped = PROFILE.model_copy(update={"groups": [g.model_copy(update={"max_nodes": 1}) if g.name == "cpu" else g
+                                                   for g in PROFILE.groups]})
+    no_driver = at_zero([job], capped, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
     assert summary(no_driver) == [("Wait", "s", "waiting for 0.1 CPUs in group cpu: 0 free (for the driver)")]
 
 

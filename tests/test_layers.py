@@ -21,7 +21,11 @@ Rules (one direction of calls):
   (every import in a module, a lazy one inside a function too);
 - the client (``client/``, ``raylane/__init__``, and every Raylane module they
   import, followed transitively) imports no server dependency;
-- only ``orchestrator/store/`` and ``migrations/`` import SQLAlchemy.
+- only ``orchestrator/store/`` and ``migrations/`` import SQLAlchemy;
+- each error is defined once: a class named like one of
+  ``orchestrator/domain/errors.py`` anywhere else (the SDK's ``NotFound``, ...)
+  subclasses it, so the SDK and the server do not drift apart in what it means.
+  The client may import ``orchestrator/domain/`` (it imports no server dependency).
 
 And the installed distribution puts only the ``raylane`` namespace into
 site-packages (a wheel built from the tree is read, not installed).
@@ -241,6 +245,57 @@ def test_the_client_imports_no_server_dependency():
               if _top(mod) in SERVER_DEPS]
     assert not broken, "the client install would need a server dependency:\n" + "\n".join(broken)
     assert "orchestrator/domain/specs.py" in client_closure()  # the closure really is followed
+
+
+def class_names(source: str) -> set[str]:
+    return {node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)}
+
+
+def twins(found: dict[str, type], domain: dict[str, type]) -> list[str]:
+    """Classes of ``found`` (a qualified name -> the class) named like a domain error
+    without being one: neither subclasses the other, so the error is defined twice."""
+    out = []
+    for where, cls in sorted(found.items()):
+        mine = domain.get(cls.__name__)
+        if mine is not None and cls is not mine and not (issubclass(cls, mine) or issubclass(mine, cls)):
+            out.append(f"{where} is not {mine.__module__}.{mine.__name__} (neither subclasses the other)")
+    return out
+
+
+def domain_errors() -> dict[str, type]:
+    from raylane.orchestrator.domain import errors
+
+    return {name: obj for name, obj in vars(errors).items()
+            if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__}
+
+
+def test_each_error_is_defined_once():
+    import importlib
+
+    domain = domain_errors()
+    assert {"RaylaneError", "NotFound", "Conflict", "Forbidden", "Unauthorized", "RateLimited"} <= domain.keys()
+    found = {}
+    for rel in source_files():
+        if rel == "orchestrator/domain/errors.py":
+            continue
+        for name in class_names((ROOT / rel).read_text()) & domain.keys():
+            module = importlib.import_module(module_of(rel))
+            found[f"{module.__name__}.{name}"] = getattr(module, name)
+    assert "raylane.client.sdk.errors.NotFound" in found  # the walk reaches the SDK's errors
+    assert not twins(found, domain), "\n".join(twins(found, domain))
+    # Every SDK error, also one the server has no class for (WaitTimeout), is a RaylaneError of the domain.
+    from raylane.client.sdk import errors as sdk
+
+    assert issubclass(sdk.RaylaneError, domain["RaylaneError"])
+
+
+def test_the_twin_check_catches_an_error_defined_twice():
+    domain = domain_errors()
+    again = type("NotFound", (Exception,), {})
+    assert twins({"raylane.client.x.NotFound": again}, domain) == [
+        "raylane.client.x.NotFound is not raylane.orchestrator.domain.errors.NotFound (neither subclasses the other)"]
+    assert twins({"raylane.client.x.NotFound": type("NotFound", (domain["NotFound"],), {}),
+                  "raylane.client.x.Unrelated": type("Unrelated", (Exception,), {})}, domain) == []
 
 
 @pytest.mark.parametrize("rel, source, rule", [

@@ -479,6 +479,23 @@ def test_error_statuses_map_to_typed_errors():
     assert isinstance(v, ValidationFailed) and v.fields == {"resources.num_workers": "too big"}
 
 
+def test_an_sdk_error_is_the_servers_error_of_the_same_name():
+    # One definition per error (tests/test_layers.py): what the server raised, the SDK raises as its subclass,
+    # with the HTTP answer's facts added and its own attributes as before.
+    from raylane.client.sdk import RateLimited, _error_from
+    from raylane.orchestrator.domain import errors as domain
+
+    gone = _error_from(httpx.Response(404, json={"detail": "job j-1 not found"}))
+    assert isinstance(gone, domain.NotFound) and isinstance(gone, raylane.RaylaneError)
+    assert (gone.message, str(gone), gone.status_code, gone.detail, gone.field) == (
+        "job j-1 not found", "job j-1 not found", 404, "job j-1 not found", None)
+    slow = _error_from(httpx.Response(429, json={"detail": "too many submits"}, headers={"Retry-After": "3"}))
+    assert isinstance(slow, RateLimited) and isinstance(slow, domain.RateLimited)
+    assert (slow.status_code, slow.retry_after_s, str(slow)) == (429, 3, "too many submits")
+    assert _error_from(httpx.Response(429, json={"detail": "x"})).retry_after_s is None
+    assert raylane.Conflict("x").status_code is None and issubclass(raylane.Conflict, domain.Conflict)
+
+
 # Functions as jobs -------------------------------------------------------------------------
 
 

@@ -1,12 +1,20 @@
-"""The SDK's errors: one class per answer a caller acts on, and how an HTTP answer becomes one."""
+"""The SDK's errors: one class per answer a caller acts on, and how an HTTP answer becomes one.
+
+An error the server raises (``raylane.orchestrator.domain.errors``) arrives here
+as the SDK's class of the same name, a subclass of the domain's: one definition
+of what each means, the SDK adding what the HTTP answer said (``status_code``,
+``detail``). ``except NotFound`` catches the same error on either side of the wire.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any, Iterable
 
 from pydantic import ValidationError as _PydanticValidationError
 
+from raylane.orchestrator.domain import errors as _domain
 from raylane.orchestrator.domain.views import Job
 from raylane.orchestrator.domain.states import JobStatus
 
@@ -17,18 +25,20 @@ if TYPE_CHECKING:  # pragma: no cover
 # Errors ------------------------------------------------------------------------
 
 
-class RaylaneError(Exception):
+class RaylaneError(_domain.RaylaneError):
     """Base of every error the SDK raises.
 
     Attributes:
         message: what went wrong, ready to show to a user.
         status_code: the HTTP status, when the server answered.
         detail: the ``detail`` of the server's JSON error body, as sent.
+        field: always None here (a 422's fields are in ``ValidationFailed.errors``).
     """
 
     def __init__(self, message: str, *, status_code: int | None = None, detail: Any = None):
-        super().__init__(message)
-        self.message = message
+        # The domain base's own __init__, not the next in the MRO: a domain subclass
+        # may want arguments an HTTP answer does not carry (``RateLimited`` sets its own).
+        _domain.RaylaneError.__init__(self, message)
         self.status_code = status_code
         self.detail = detail
 
@@ -36,11 +46,11 @@ class RaylaneError(Exception):
         return self.message
 
 
-class NotFound(RaylaneError):
+class NotFound(RaylaneError, _domain.NotFound):
     """404: no such job (or one the caller may not see), or no such endpoint."""
 
 
-class Conflict(RaylaneError):
+class Conflict(RaylaneError, _domain.Conflict):
     """409: the job's state forbids the request (cancel a finished job), or an
     Idempotency-Key was reused with a different spec."""
 
@@ -79,7 +89,7 @@ class AmbiguousJobId(RaylaneError):
         self.candidates = candidates
 
 
-class Unauthorized(RaylaneError):
+class Unauthorized(RaylaneError, _domain.Unauthorized):
     """401: no token, or a token the server does not accept (set RAYLANE_TOKEN).
 
     Attributes:
@@ -89,12 +99,21 @@ class Unauthorized(RaylaneError):
     token_sent: bool = False
 
 
-class Forbidden(RaylaneError):
+class Forbidden(RaylaneError, _domain.Forbidden):
     """403: the token is valid but may not do this."""
 
 
-class RateLimited(RaylaneError):
-    """429: this token sent more submits than its rate allows, through every retry."""
+class RateLimited(RaylaneError, _domain.RateLimited):
+    """429: this token sent more submits than its rate allows, through every retry.
+
+    Attributes:
+        retry_after_s: the seconds the server's last ``Retry-After`` asked for (None if it sent none).
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, detail: Any = None,
+                 retry_after_s: int | None = None):
+        super().__init__(message, status_code=status_code, detail=detail)
+        self.retry_after_s = retry_after_s  # type: ignore[assignment]  (an int in the domain's)
 
 
 class ServerError(RaylaneError):
@@ -201,12 +220,19 @@ def _error_from(resp: "httpx.Response") -> RaylaneError:
     elif status == 409:
         cls = Conflict
     elif status == 429:
-        cls = RateLimited
+        return RateLimited(message, status_code=status, detail=detail, retry_after_s=_retry_after_s(resp))
     elif status >= 500:
         cls, message = ServerError, f"server error {status}: {message}"
     else:
         cls = RaylaneError
     return cls(message, status_code=status, detail=detail)
+
+
+def _retry_after_s(resp: "httpx.Response") -> int | None:
+    try:
+        return max(0, math.ceil(float(resp.headers.get("Retry-After", ""))))
+    except (ValueError, OverflowError):  # none, an HTTP date, nan, inf
+        return None
 
 
 def _spec_error(exc: _PydanticValidationError, prefix: str) -> ValidationFailed:

@@ -184,75 +184,116 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
     ``ahead``: per group, jobs already admitted ahead of a scale-up and not yet running.
     ``waiting``: per group, Ray jobs admitted and not yet running, and (key ``(group, True)``)
     active lane jobs (``stats.waiting_by_group``)."""
-    used = {g: dict(r) for g, r in used.items()}
-    ahead = dict(ahead or {})
-    waiting = dict(waiting or {})
-    waiting_need = dict(waiting_need or {})
-    project_used = {k: Usage(u.gpus, u.cpus, u.jobs) for k, u in project_used.items()}
+    taken = _Pass(view, profile, rules, limits,
+                  used={g: dict(r) for g, r in used.items()}, drivers=drivers,
+                  project_used={k: Usage(u.gpus, u.cpus, u.jobs) for k, u in project_used.items()},
+                  ahead=dict(ahead or {}), waiting=dict(waiting or {}), waiting_need=dict(waiting_need or {}))
     out: list[Decision] = []
-    reserved: set[str] = set()  # groups held for a starving job this pass
-    passed_over: dict[str, list[str]] = {}
     for job in queue:
-        try:
-            placement = placement_for(job, profile, view, fast_lane=rules.fast_lane)
-        except Unroutable as e:
-            out.append(Fail(job, e.message))
-            continue
-        group = placement.node_group
-        scale_up = queued = None
-        key = (job.project, group)
-        quota = over_quota(limits.get(key), project_used.get(key), placement.total,
-                           project=job.project, group=group) if key in limits else None
-        if drivers >= rules.max_concurrent_drivers and not placement.lane:
-            reason = f"head-node guard: {drivers} jobs already hold a driver (max {rules.max_concurrent_drivers})"
-        elif quota is not None:
-            reason = quota
-        elif group in reserved:
-            reason = f"waiting: group {group} is reserved for an older job that has waited longest"
-        else:
-            reason, scale_up, placement = _fits(job, placement, view, profile, used, ahead, rules)
-            if reason is not None and not reason.startswith(NEVER) and not passed_over.get(group) and \
-                    _queue_ahead(job, placement, view, profile, rules, waiting, waiting_need.get(group, 0.0)):
-                queued, reason = f"queued ahead in Ray until a running job ends ({reason})", None
-            group = placement.node_group
-            if reason is None and placement.driver_label_selector.get("ray.io/node-group") != group:
-                dgroup = placement.driver_label_selector["ray.io/node-group"]
-                reason = shortfall(placement.driver_resources, free(view, used, dgroup), dgroup)
-                if reason and _driver_group_scales(placement, view, profile, used, ahead, rules, dgroup):
-                    # A cluster that scales from zero (a rented one) adds the driver's node too.
-                    scale_up, reason = (f"{scale_up}; " if scale_up else "") + \
-                        f"its driver waits for group {dgroup} to add a node", None
-                if reason:
-                    reason += " (for the driver)"
-        if reason is not None and reason.startswith(NEVER):
-            out.append(Fail(job, reason[len(NEVER):]))
-            continue
-        if reason is not None:
-            if job.status_reason != reason:
-                out.append(Wait(job, reason))
-            if reason is quota:
-                # Its own project holds the room: it is not passed over by
-                # others and must not reserve the group against them.
-                continue
-            passed_over.setdefault(group, []).append(job.id)
-            if job.skips >= rules.starvation_skips and group not in reserved:
-                reserved.add(group)
-            continue
-        # Everyone of lower priority order that waited in this group was passed over by a later job.
-        out.append(Admit(job, placement, passed_over.get(group, []), scale_up, queued))
-        passed_over[group] = []
-        if scale_up is not None:
-            ahead[group] = ahead.get(group, 0) + 1
-        wkey = (group, bool(placement.lane))  # Ray jobs waiting to start; lane jobs active
-        waiting[wkey] = waiting.get(wkey, 0) + 1
-        if not placement.lane:
-            waiting_need[group] = max(waiting_need.get(group, 0.0), placement.total.get("CPU", 0))
-        for k, v in placement.total.items():
-            used.setdefault(group, {})[k] = used.get(group, {}).get(k, 0) + v
-        drivers += 0 if placement.lane else 1
-        if key in limits:
-            project_used.setdefault(key, Usage()).add(placement.total)
+        decision = taken.one(job)
+        if decision is not None:
+            out.append(decision)
     return out
+
+
+@dataclass
+class _Pass:
+    """What one ``decide`` pass has taken so far (the callers' numbers, copied, plus
+    its own admissions), and the groups it reserved or passed jobs over in."""
+
+    view: ClusterView
+    profile: Profile
+    rules: Rules
+    limits: Mapping[tuple[str, str], Limits]
+    used: Held
+    drivers: int
+    project_used: dict[tuple[str, str], Usage]
+    ahead: dict[str, int]
+    waiting: dict[tuple[str, bool], int]
+    waiting_need: dict[str, float]
+    reserved: set[str] = field(default_factory=set)  # groups held for a starving job this pass
+    passed_over: dict[str, list[str]] = field(default_factory=dict)
+
+    def one(self, job: Queued) -> Decision | None:
+        """The decision for ``job``, the pass's tallies updated; None when it keeps waiting for the same reason."""
+        try:
+            placement = placement_for(job, self.profile, self.view, fast_lane=self.rules.fast_lane)
+        except Unroutable as e:
+            return Fail(job, e.message)
+        key = (job.project, placement.node_group)
+        quota = over_quota(self.limits.get(key), self.project_used.get(key), placement.total,
+                           project=job.project, group=placement.node_group) if key in self.limits else None
+        scale_up = queued = None
+        reason = self._held_back(placement, quota)
+        if reason is None:
+            reason, scale_up, queued, placement = self._room_for(job, placement)
+        if reason is not None and reason.startswith(NEVER):
+            return Fail(job, reason[len(NEVER):])
+        if reason is not None:
+            return self._wait(job, placement.node_group, reason, own_quota=reason is quota)
+        return self._admit(job, placement, key, scale_up, queued)
+
+    def _held_back(self, placement: Placement, quota: str | None) -> str | None:
+        """Why the job waits whatever room its group has: the head-node guard, its
+        project's quota, or its group reserved for a starving job."""
+        if self.drivers >= self.rules.max_concurrent_drivers and not placement.lane:
+            return (f"head-node guard: {self.drivers} jobs already hold a driver "
+                    f"(max {self.rules.max_concurrent_drivers})")
+        if quota is not None:
+            return quota
+        if placement.node_group in self.reserved:
+            return f"waiting: group {placement.node_group} is reserved for an older job that has waited longest"
+        return None
+
+    def _room_for(self, job: Queued, placement: Placement) -> tuple[str | None, str | None, str | None, Placement]:
+        """(why the job waits, or None; the scale-up reason when admitted ahead of one;
+        where it is queued ahead in Ray; the placement it is admitted with)."""
+        reason, scale_up, placement = _fits(job, placement, self.view, self.profile, self.used, self.ahead, self.rules)
+        group = placement.node_group  # (a fallback group only when it fits: reason is None)
+        queued = None
+        if reason is not None and not reason.startswith(NEVER) and not self.passed_over.get(group) and \
+                _queue_ahead(job, placement, self.view, self.profile, self.rules, self.waiting,
+                             self.waiting_need.get(group, 0.0)):
+            queued, reason = f"queued ahead in Ray until a running job ends ({reason})", None
+        if reason is None and placement.driver_label_selector.get(NODE_GROUP_LABEL) != group:
+            dgroup = placement.driver_label_selector[NODE_GROUP_LABEL]
+            reason = shortfall(placement.driver_resources, free(self.view, self.used, dgroup), dgroup)
+            if reason and _driver_group_scales(placement, self.view, self.profile, self.used, self.ahead,
+                                               self.rules, dgroup):
+                # A cluster that scales from zero (a rented one) adds the driver's node too.
+                scale_up, reason = (f"{scale_up}; " if scale_up else "") + \
+                    f"its driver waits for group {dgroup} to add a node", None
+            if reason:
+                reason += " (for the driver)"
+        return reason, scale_up, queued, placement
+
+    def _wait(self, job: Queued, group: str, reason: str, *, own_quota: bool) -> Wait | None:
+        if not own_quota:
+            # (Over its own project's quota, the job is not passed over by
+            # others and must not reserve the group against them.)
+            self.passed_over.setdefault(group, []).append(job.id)
+            if job.skips >= self.rules.starvation_skips:
+                self.reserved.add(group)
+        return Wait(job, reason) if job.status_reason != reason else None
+
+    def _admit(self, job: Queued, placement: Placement, key: tuple[str, str], scale_up: str | None,
+               queued: str | None) -> Admit:
+        group = placement.node_group
+        # Everyone of lower priority order that waited in this group was passed over by a later job.
+        admit = Admit(job, placement, self.passed_over.get(group, []), scale_up, queued)
+        self.passed_over[group] = []
+        if scale_up is not None:
+            self.ahead[group] = self.ahead.get(group, 0) + 1
+        wkey = (group, bool(placement.lane))  # Ray jobs waiting to start; lane jobs active
+        self.waiting[wkey] = self.waiting.get(wkey, 0) + 1
+        if not placement.lane:
+            self.waiting_need[group] = max(self.waiting_need.get(group, 0.0), placement.total.get("CPU", 0))
+        for k, v in placement.total.items():
+            self.used.setdefault(group, {})[k] = self.used.get(group, {}).get(k, 0) + v
+        self.drivers += 0 if placement.lane else 1
+        if key in self.limits:
+            self.project_used.setdefault(key, Usage()).add(placement.total)
+        return admit
 
 
 NEVER = "never: "  # a _fits reason with this prefix fails the job instead of keeping it waiting
