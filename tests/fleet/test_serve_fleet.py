@@ -2,7 +2,9 @@
 starts both clusters of the fleet as its own, shows the fleet and plans across
 it with both clusters read live, runs a job on ``onprem`` and one pinned to
 ``cloud`` there (after its scale-up from zero), each attempt and Ray job naming
-its cluster, and, SIGKILLed, leaves no process of either cluster behind (each
+its cluster; with cloud's processes paused (SIGSTOP) past the grace, a job
+running there is placed again on onprem and finishes, and once cloud answers
+its given-up attempt is stopped there; and, SIGKILLed, leaves no process of either cluster behind (each
 cluster's watchdog)."""
 
 from __future__ import annotations
@@ -25,6 +27,30 @@ from tests.helpers import wait_for
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 START_TIMEOUT_S = 300  # a server and two clusters (four Ray nodes) on a loaded 2-core machine
 ADMIN = "fleet-test-admin-token-0123456789"
+GRACE_S = 15  # RAYLANE_FLEET_CLUSTER_GRACE_S: a paused cluster is lost this soon (the default is a minute)
+# Sleeps on its first attempt (on cloud, then paused), ends at once on the next (on onprem).
+SLEEPER = "python -c 'import os, time; time.sleep(3600 if os.environ[\"RAYLANE_ATTEMPT\"] == \"1\" else 0)'"
+
+
+def cluster_pids(st: dict) -> list[int]:
+    """Every process of one cluster of the local fleet: its nodes' (by temp dir) and its autoscaler's (by GCS)."""
+    pids = set(nodeprocs.naming(st["gcs_address"]))
+    for p in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            if st["temp_dir"].encode() in Path(f"/proc/{p}/cmdline").read_bytes():
+                pids.add(p)
+        except OSError:
+            pass
+    pids.discard(os.getpid())
+    return sorted(pids)
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
 
 
 def leftovers(states: list[dict]) -> list[int]:
@@ -41,7 +67,8 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(t
     url = f"http://127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLANE_")}
     env.update({"RAYLANE_DATA_DIR": str(data), "RAYLANE_FLEET": "local-hybrid", "RAYLANE_HOST": "127.0.0.1",
-                "RAYLANE_PORT": url.rsplit(":", 1)[1], "RAYLANE_ADMIN_TOKEN": ADMIN, "RAYLANE_SUBMIT_RATE_PER_S": "0"})
+                "RAYLANE_PORT": url.rsplit(":", 1)[1], "RAYLANE_ADMIN_TOKEN": ADMIN, "RAYLANE_SUBMIT_RATE_PER_S": "0",
+                "RAYLANE_FLEET_CLUSTER_GRACE_S": str(GRACE_S)})
     log_path = tmp_path / "serve.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve", "--local-cluster"], env=env,
@@ -102,6 +129,42 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(t
         assert ray_job["metadata"]["raylane_cluster"] == "cloud"
         ready = api.get("/readyz").json()
         assert {n: c["ok"] for n, c in ready["clusters"].items()} == {"onprem": True, "cloud": True}
+
+        # cloud unreachable while its job keeps running (every process paused) past the grace: the job is
+        # placed again on onprem; once cloud answers, the attempt given up there is stopped, and the job's
+        # status and result are its onprem attempt's.
+        hold = api.post("/v1/jobs", json={"name": "hold", "kind": "command", "entrypoint": "sleep 3600",
+                                          "resources": {"gpus_per_worker": 2, "cpus_per_worker": 1},
+                                          "placement": {"cluster": "onprem"}}).json()
+        wait_for(lambda: api.get(f"/v1/jobs/{hold['id']}").json()["status"] == "RUNNING", timeout=120,
+                 what="onprem's GPUs held")
+        r = api.post("/v1/jobs", json={"name": "moved", "kind": "command", "entrypoint": SLEEPER,
+                                       "resources": {"gpus_per_worker": 1, "cpus_per_worker": 1}})
+        assert r.status_code == 201, r.text
+        mid = r.json()["id"]
+        job = wait_for(lambda: (j := api.get(f"/v1/jobs/{mid}").json())["status"] == "RUNNING" and j,
+                       timeout=300, what="the GPU job running on cloud after its scale-up")
+        assert job["placement"]["cluster"] == "cloud", job["placement"]
+        paused = cluster_pids(states[1])
+        signal_all(paused, signal.SIGSTOP)
+        try:
+            first = wait_for(lambda: (a := api.get(f"/v1/jobs/{mid}/attempts").json())[0]["status"] == "LOST" and a[0],
+                             timeout=GRACE_S + 120, what="cloud lost past the grace")
+            assert first["cause"] == "CLUSTER_LOST" and first["cluster"] == "cloud", first
+            assert api.get("/readyz").json()["clusters"]["cloud"]["lost"] is True
+            assert api.post(f"/v1/jobs/{hold['id']}/cancel").status_code == 200  # onprem's GPUs free up
+            job = wait_for(lambda: (j := api.get(f"/v1/jobs/{mid}").json())["status"] in ("SUCCEEDED", "FAILED")
+                           and j, timeout=180, what="the moved job to end on onprem")
+        finally:
+            signal_all(paused, signal.SIGCONT)
+        assert job["status"] == "SUCCEEDED" and job["placement"]["cluster"] == "onprem", job
+        ray_job = lambda: httpx.get(f"{states[1]['dashboard_url']}/api/jobs/{first['submission_id']}",  # noqa: E731
+                                    headers={"Authorization": f"Bearer {cloud_token}"}, timeout=10).json()
+        wait_for(lambda: ray_job().get("status") in ("STOPPED", "FAILED"), timeout=120,
+                 what="the given-up attempt stopped on cloud once it answers")
+        attempts = api.get(f"/v1/jobs/{mid}/attempts").json()
+        assert [(a["cluster"], a["status"]) for a in attempts] == [("cloud", "LOST"), ("onprem", "SUCCEEDED")]
+        assert api.get(f"/v1/jobs/{mid}").json()["status"] == "SUCCEEDED"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the server dies without a word
