@@ -361,3 +361,17 @@ def test_each_cluster_s_dashboard_is_under_ray_slash_its_name(api):
     r = api.get("/ray/mars/api/version")  # not a cluster: a path of the attached one, which the rules refuse
     assert r.status_code == 403 and "'mars/api/version' is not one of the reads that pass" in r.text
     assert len(seen) == n
+
+
+def test_the_report_prices_each_attempt_on_the_cluster_it_ran_on(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    rays["onprem"].finish(submission_id(a["id"], 1))
+    rays["cloud"].finish(submission_id(b["id"], 1))
+    run_until(fd, lambda: job(api, b["id"])["status"] == job(api, a["id"])["status"] == "SUCCEEDED", "both ended")
+    f = api.get("/v1/report").json()["fleet"]
+    assert {c["name"]: c["attempts"] for c in f["clusters"]} == {"onprem": 1, "cloud": 1}
+    spend = f["rented_spend"]
+    assert [(r["cluster"], r["market"], r["attempts"]) for r in spend] == [("cloud", "SPOT", 1)]
+    assert spend[0]["cost"] > 0 and f["cost"]["rented"] == spend[0]["cost"]
+    assert not any("do not record their cluster" in n for n in f["notes"])

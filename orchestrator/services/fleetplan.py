@@ -194,13 +194,26 @@ def guard(cp: "ControlPlane", route_one):
 
 
 def economics(cp: "ControlPlane", rows: list, *, start, end) -> dict:
-    """``/v1/report``'s ``fleet`` section from a window's usage sums (``store.usage.sums``).
-    Attempts do not record their cluster yet: every one is counted on the attached
-    cluster, which is where the dispatcher sent it."""
+    """``/v1/report``'s ``fleet`` section. Dispatching across a fleet: each attempt
+    priced on the groups of the cluster it ran on (``attempts.cluster``; NULL: the
+    attached one). Else from the window's usage sums (``store.usage.sums``), every
+    attempt on the attached cluster, where the dispatcher sent it."""
     from raylane.orchestrator.domain import costs, fleetcosts
 
     f = fleet(cp)
     here = f.cluster(attached(cp))
+    hours = (end - start).total_seconds() / 3600
+    if getattr(cp, "fleet_dispatch", None) is not None:
+        now = utcnow()
+        by_cluster: dict[str, list] = {}
+        with db.read(cp.sessions) as s:
+            window = store_fleet.window_attempts(s, start=start, end=end)
+        for cluster, u in window:
+            member = f.cluster(cluster or here.name) or here
+            c = costs.attempt_cost(u, member.profile, start=start, end=end, now=min(now, end))
+            if c.hours > 0:
+                by_cluster.setdefault(member.name, []).append(c)
+        return fleetcosts.report(by_cluster, f, hours=hours, target=cp.settings.break_even_utilisation)
     items = [costs.key_cost(r.usage, r.seconds, here.profile, r.attempts) for r in rows]
     out = fleetcosts.report({here.name: items}, f, hours=(end - start).total_seconds() / 3600,
                             target=cp.settings.break_even_utilisation)

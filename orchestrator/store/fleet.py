@@ -160,3 +160,24 @@ def jobs_by_cluster(session: Session, *, attached: str) -> dict[tuple[str, str],
         key = (cluster or attached, status)
         out[key] = out.get(key, 0) + n
     return out
+
+
+def window_attempts(session: Session, *, start: datetime, end: datetime) -> list[tuple[str | None, "AttemptUsage"]]:
+    """(cluster, usage) of every attempt that may have held resources within
+    [start, end): created before its end, not ended before its start. The fleet
+    report prices each on its own cluster's groups; a fleet's attempts in a window
+    are a few thousand at most (the single-cluster report reads sums per key
+    instead, ``store.usage.sums``)."""
+    from raylane.orchestrator.domain.costs import AttemptUsage
+
+    rows = session.execute(
+        select(attempts.c.cluster, attempts.c.job_id, attempts.c.number, attempts.c.node_group, attempts.c.market,
+               attempts.c.resources, attempts.c.status, attempts.c.cause, attempts.c.created_at,
+               attempts.c.started_at, attempts.c.ended_at, jobs.c.project, jobs.c.kind, jobs.c.name)
+        .join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(attempts.c.created_at < end, or_(attempts.c.ended_at.is_(None), attempts.c.ended_at >= start)))
+    return [(r.cluster, AttemptUsage(job_id=r.job_id, project=r.project, kind=r.kind, name=r.name, number=r.number,
+                                     node_group=r.node_group, market=r.market, resources=r.resources or {},
+                                     status=r.status, cause=r.cause, created_at=r.created_at,
+                                     started_at=r.started_at, ended_at=r.ended_at))
+            for r in rows]
