@@ -375,3 +375,18 @@ def test_the_report_prices_each_attempt_on_the_cluster_it_ran_on(api, fleet):
     assert [(r["cluster"], r["market"], r["attempts"]) for r in spend] == [("cloud", "SPOT", 1)]
     assert spend[0]["cost"] > 0 and f["cost"]["rented"] == spend[0]["cost"]
     assert not any("do not record their cluster" in n for n in f["notes"])
+
+
+def test_get_fleet_shows_each_cluster_s_state_and_what_runs_where(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)
+    api.post("/v1/jobs", json={**TRAIN, "placement": {"cluster": "onprem"}})
+    turn(fd)
+    f = api.get("/v1/fleet").json()
+    assert f["dispatching"] is True and f["placing"] == 0
+    got = {c["name"]: (c["state"], c["active_jobs"], c["queued_jobs"]) for c in f["clusters"]}
+    assert got == {"onprem": ("reachable", 1, 1), "cloud": ("reachable", 1, 0)}
+    _outage(fd, rays["cloud"], 61)
+    turn(fd)
+    f = api.get("/v1/fleet").json()
+    assert {c["name"]: c["state"] for c in f["clusters"]} == {"onprem": "reachable", "cloud": "lost"}

@@ -149,3 +149,33 @@ def test_the_proxy_sends_only_browsers_without_a_session_to_sign_in(server_facto
     assert r.status_code != 303  # signed in: Ray's page (here: nothing answers at Ray's address)
     r = httpx.get(f"{srv.url}/ray/", headers={**html, **srv.headers}, timeout=30)
     assert r.status_code != 303
+
+
+def test_the_node_groups_page_shows_the_fleet_and_what_runs_where(server_factory, tmp_path, page):
+    """RAYLANE_FLEET=local-hybrid: the page lists both clusters, their tier, state,
+    jobs and groups (no Ray here: jobs run nowhere, the jobs are written as the
+    loops would have)."""
+    from raylane.orchestrator.store.tables import jobs
+    from tests.test_ui_browser import _plane as plane_of
+
+    srv, url = _server(server_factory, tmp_path, RAYLANE_FLEET="local-hybrid")
+    api = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {srv.token}"}, timeout=30)
+    ids = [api.post("/v1/jobs", json={"name": f"j{i}", "kind": "command", "entrypoint": "true"}).json()["id"]
+           for i in range(3)]
+    cp = plane_of(url, tmp_path)
+    try:
+        with db.transaction(cp.sessions) as s:
+            s.execute(jobs.update().where(jobs.c.id == ids[0]).values(cluster="cloud", status="RUNNING"))
+            s.execute(jobs.update().where(jobs.c.id == ids[1]).values(cluster="cloud"))
+    finally:
+        cp.close()
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{srv.url}/ui/?token={srv.token}#/nodes")
+    page.wait_for_selector("#fleet")
+    rows = {r.get_attribute("data-cluster"): r.inner_text() for r in page.locator("#fleet tbody tr").all()}
+    assert set(rows) == {"onprem", "cloud"}
+    assert "owned" in rows["onprem"] and "(attached)" in rows["onprem"] and "$12.00/h fixed" in rows["onprem"]
+    assert "rented" in rows["cloud"] and "1 active, 1 queued" in rows["cloud"] and "gpu-spot (2 GPU) 0-1" in rows["cloud"]
+    assert "0 active, 1 queued" in rows["onprem"]
+    assert "lacks the other clusters' reach" in page.locator("#fleet-box").inner_text()
+    shot(page, "ui-fleet.png")

@@ -61,12 +61,21 @@ class FleetClusterView(BaseModel):
     tier: Literal["owned", "rented"]
     cost: dict[str, Any]
     dashboard_url: str | None
-    attached: bool = Field(description="Jobs are dispatched here (one cluster until dispatch across clusters lands)")
+    attached: bool = Field(description="The cluster the dashboard proxy (/ray/), node views and warm lanes use; "
+                                       "jobs are dispatched to every cluster when each has its reach")
+    state: str = Field(description="reachable, unreachable, lost (unreachable past the grace: its jobs were placed "
+                                   "elsewhere), or not dispatched to (no reach, or jobs run on the attached cluster "
+                                   "alone)")
+    active_jobs: int = Field(description="Jobs dispatching or running there")
+    queued_jobs: int = Field(description="Queued jobs nominated to it")
     groups: list[FleetGroupView]
 
 
 class FleetView(BaseModel):
     name: str
+    dispatching: bool = Field(description="Jobs are placed across the clusters (each has its reach); else they run "
+                                          "on the attached cluster alone")
+    placing: int = Field(description="Queued jobs waiting for the placer to nominate a cluster")
     clusters: list[FleetClusterView]
 
 
@@ -76,9 +85,11 @@ def fleet(cp: CP, caller: CallerDep) -> FleetView:
     node groups. No token and no GCS address: those are operators' (docs/fleet.md)."""
     f = fleetplan.fleet(cp)
     here = fleetplan.attached(cp)
-    return FleetView(name=f.name, clusters=[
+    live = fleetplan.live(cp, here)
+    return FleetView(name=f.name, dispatching=live.dispatching, placing=live.placing, clusters=[
         FleetClusterView(name=c.name, tier=c.tier, cost=c.spec.cost.model_dump(), dashboard_url=c.spec.dashboard_url,
-                         attached=c.name == here,
+                         attached=c.name == here, state=live.states.get(c.name, "not dispatched to"),
+                         active_jobs=live.active.get(c.name, 0), queued_jobs=live.queued.get(c.name, 0),
                          groups=[FleetGroupView(name=g.name, market=g.market, gpus=g.gpus, cpus=g.cpus,
                                                 min_nodes=g.min_nodes, max_nodes=g.max_nodes,
                                                 price_per_hour=g.price_per_hour) for g in c.profile.workers])

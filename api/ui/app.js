@@ -590,11 +590,36 @@ function capBar(used, cap) {
     h("span", { style: `width:${(frac * 100).toFixed(1)}%` })), h("span", { class: "muted" }, `${num(used)} / ${num(cap)}`));
 }
 
+// A fleet of several clusters (GET /v1/fleet): each cluster, its tier and state, what runs there, its groups.
+function fleetPanel(f) {
+  if (!f || f.clusters.length < 2) return null;
+  const note = f.dispatching
+    ? `Jobs are placed across the clusters${f.placing ? `; ${f.placing} waiting to be placed` : ""}.`
+    : "Jobs run on the attached cluster alone: the fleet file lacks the other clusters' reach.";
+  return panel(`Fleet ${f.name}`, h("p", { class: "muted" }, note), h("table", { id: "fleet" },
+    h("thead", {}, h("tr", {}, ["Cluster", "Tier", "State", "Jobs", "Groups", "Cost"].map(c => h("th", {}, c)))),
+    h("tbody", {}, f.clusters.map(c => h("tr", { "data-cluster": c.name },
+      h("td", {}, h("b", {}, c.name), c.attached ? h("span", { class: "muted" }, " (attached)") : null),
+      h("td", {}, c.tier), h("td", { class: "cluster-" + c.state.replace(/ /g, "-") }, c.state),
+      h("td", {}, `${c.active_jobs} active, ${c.queued_jobs} queued`),
+      h("td", {}, c.groups.map(g => `${g.name}${g.gpus ? ` (${g.gpus} GPU)` : ""} ${g.min_nodes}-${g.max_nodes}`).join(", ")),
+      h("td", {}, c.cost.model === "fixed" ? `${money(c.cost.per_hour)}/h fixed` : "per node-hour"))))));
+}
+
 function nodesView(view) {
   const body = h("div", { id: "node-groups" });
-  view.append(h("h1", {}, "Node groups"), h("p", { class: "muted" }, "Capacity from Ray's live node list; use is what Raylane's active jobs hold."), body);
+  const fleetBox = h("div", { id: "fleet-box" });
+  view.append(h("h1", {}, "Node groups"), fleetBox, h("p", { class: "muted" }, "Capacity from Ray's live node list; use is what Raylane's active jobs hold."), body);
   const seq = viewSeq;
+  async function loadFleet() {
+    let f;
+    try { f = await api("/v1/fleet"); } catch (e) { return; }  // the groups below say what is wrong
+    if (seq !== viewSeq) return;
+    const p = fleetPanel(f);
+    if (p) fill(fleetBox, p); else fill(fleetBox);
+  }
   async function load() {
+    loadFleet();  // beside the groups, on the same poll
     let groups;
     try { groups = await api("/v1/node-groups"); } catch (e) {
       if (seq !== viewSeq) return;

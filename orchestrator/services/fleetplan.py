@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raylane.orchestrator.backends.fleet import FleetBackends
@@ -220,4 +221,46 @@ def economics(cp: "ControlPlane", rows: list, *, start, end) -> dict:
     if len(f.members) > 1:
         out["notes"].append(f"attempts do not record their cluster yet: all are counted on {here.name}, the "
                             "cluster jobs are dispatched to")
+    return out
+
+
+@dataclass
+class Live:
+    """What ``GET /v1/fleet`` shows of each cluster now."""
+
+    dispatching: bool
+    placing: int
+    states: dict[str, str]
+    active: dict[str, int]
+    queued: dict[str, int]
+
+
+def live(cp: "ControlPlane", here: str) -> Live:
+    """Each cluster's state (its reachability; ``lost`` when the placer gave up on
+    it) and the jobs on it, from the store (NULL: the attached cluster)."""
+    from raylane.orchestrator.backends.reachability import REACHABLE, UNREACHABLE
+    from raylane.orchestrator.domain.states import ACTIVE, QUEUED
+
+    fd = getattr(cp, "fleet_dispatch", None)
+    states: dict[str, str] = {}
+    if fd is not None:
+        for name, m in fd.members.items():
+            seen = m.backend.reachability.now().state
+            states[name] = "lost" if name in fd.placer.lost else \
+                {REACHABLE: "reachable", UNREACHABLE: "unreachable"}.get(seen, "unknown")
+    elif cp.backend is not None:
+        seen = cp.backend.reachability.now().state
+        states[here] = {REACHABLE: "reachable", UNREACHABLE: "unreachable"}.get(seen, "unknown")
+    with db.read(cp.sessions) as s:
+        counts = store_fleet.jobs_by_cluster(s, attached=here)
+    active = {s.value for s in ACTIVE}
+    queued = {s.value for s in QUEUED}
+    out = Live(fd is not None, 0, states, {}, {})
+    for (cluster, status), n in counts.items():
+        if cluster == store_fleet.TO_PLACE:
+            out.placing += n if status in queued else 0
+        elif status in active:
+            out.active[cluster] = out.active.get(cluster, 0) + n
+        elif status in queued:
+            out.queued[cluster] = out.queued.get(cluster, 0) + n
     return out
