@@ -390,3 +390,18 @@ def test_get_fleet_shows_each_cluster_s_state_and_what_runs_where(api, fleet):
     turn(fd)
     f = api.get("/v1/fleet").json()
     assert {c["name"]: c["state"] for c in f["clusters"]} == {"onprem": "reachable", "cloud": "lost"}
+
+
+def test_node_groups_and_nodes_by_cluster_count_each_cluster_s_own_jobs(api, fleet):
+    fd, rays = fleet
+    a, b = _two_running(api, fd, rays)  # a 2-GPU job on onprem's gpu, one on cloud's gpu-spot
+    onprem = {g["name"]: g for g in api.get("/v1/node-groups").json()}
+    assert onprem["gpu"]["used_by_raylane"].get("GPU") == 2 and onprem["gpu"]["active_jobs"] == 1
+    cloud = {g["name"]: g for g in api.get("/v1/node-groups", params={"cluster": "cloud"}).json()}
+    assert cloud["gpu-spot"]["used_by_raylane"].get("GPU") == 2 and cloud["gpu-spot"]["alive_nodes"] == 1
+    assert cloud["gpu"]["used_by_raylane"] == {} and cloud["gpu"]["active_jobs"] == 0  # not onprem's gpu job
+    nodes = api.get("/v1/cluster", params={"cluster": "cloud"}).json()["nodes"]
+    assert {n["node_group"] for n in nodes if n["state"] == "ALIVE"} == {"head", "gpu-spot"}
+    r = api.get("/v1/node-groups", params={"cluster": "mars"})
+    assert r.status_code == 422 and "no cluster 'mars'" in r.text
+    assert api.get("/v1/node-groups", params={"cluster": "Bad Name"}).status_code == 422

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from raylane.api.deps import CP, CallerDep, ReaderDep
 from raylane.orchestrator.domain import policy
+from raylane.orchestrator.domain.fleet import CLUSTER_NAME
 from raylane.orchestrator.domain.kinds import KINDS
 from raylane.orchestrator.domain.views import NodeGroupStatus, Placement
 from raylane.orchestrator.domain.specs import JobSpec
@@ -96,15 +97,18 @@ def fleet(cp: CP, caller: CallerDep) -> FleetView:
         for c in f.members])
 
 
+ClusterParam = Query(None, pattern=CLUSTER_NAME, description="A fleet's cluster by name; unset: the attached one")
+
+
 @router.get("/node-groups", response_model=list[NodeGroupStatus])
-def node_groups(cp: CP, caller: CallerDep) -> list[NodeGroupStatus]:
-    return cp.node_groups()
+def node_groups(cp: CP, caller: CallerDep, cluster: str | None = ClusterParam) -> list[NodeGroupStatus]:
+    return cp.node_groups(cluster)
 
 
 @router.get("/cluster")
-def cluster(cp: CP, caller: CallerDep) -> dict[str, Any]:
+def cluster(cp: CP, caller: CallerDep, cluster: str | None = ClusterParam) -> dict[str, Any]:
     """Ray's nodes (alive and dead, with their node-group labels) and the dashboard URL."""
-    return cp.cluster()
+    return cp.cluster(cluster)
 
 
 @router.get("/kinds", response_model=list[KindView])

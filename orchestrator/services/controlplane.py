@@ -398,15 +398,44 @@ class ControlPlane:
         if self.backend is None:
             raise Invalid("no Ray cluster is attached (set RAYLANE_DASHBOARD_URL or run `raylane-server serve --local-cluster`)")
 
-    def node_groups(self) -> list[NodeGroupStatus]:
+    def _member(self, cluster: str | None):
+        """(backend, profile, store scope) of a fleet's cluster by name (None: the
+        attached one, the only one without a fleet)."""
+        fd = getattr(self, "fleet_dispatch", None)
+        if fd is None:
+            if cluster is not None:
+                from raylane.orchestrator.services import fleetplan
+
+                here = fleetplan.attached(self)
+                if cluster != here:
+                    raise Invalid(f"Raylane reaches one cluster here, {here}; not {cluster!r}", field="cluster")
+            return self.backend, self.profile, None
+        if cluster is not None and cluster not in fd.members:
+            raise Invalid(f"no cluster {cluster!r} in fleet {fd.fleet.name}; its clusters: {', '.join(fd.members)}",
+                          field="cluster")
+        m = fd.members[cluster or fd.attached]
+        return m.backend, m.profile, m.scope
+
+    def node_groups(self, cluster: str | None = None) -> list[NodeGroupStatus]:
+        """Each node group of the cluster (a fleet's by name; None: the attached one)
+        with its live nodes and what Raylane's jobs there hold."""
         self._require_ray()
-        self._view_cache = None
-        view = self.cluster_view() or {}
+        backend, profile, scope = self._member(cluster)
+        if backend is self.backend:
+            self._view_cache = None
+            view = self.cluster_view() or {}
+        else:
+            from raylane.orchestrator.backends.base import RayUnavailable
+
+            try:
+                view = backend.cluster_view()
+            except RayUnavailable:
+                view = {}
         with db.read(self.sessions) as s:
-            used, _ = stats.used_by_active(s)
-            counts, queued = stats.jobs_per_group(s)
+            used, _ = stats.used_by_active(s, scope)
+            counts, queued = stats.jobs_per_group(s, scope)
         out = []
-        for g in self.profile.groups:
+        for g in profile.groups:
             st = view.get(g.name)
             out.append(NodeGroupStatus(
                 name=g.name, role=g.role, market=g.market,
@@ -419,10 +448,11 @@ class ControlPlane:
             ))
         return out
 
-    def cluster(self) -> dict[str, Any]:
+    def cluster(self, cluster: str | None = None) -> dict[str, Any]:
         self._require_ray()
-        nodes = self.backend.nodes()
-        return {"dashboard_url": self.link, "profile": self.profile.name,
+        backend, profile, _ = self._member(cluster)
+        nodes = backend.nodes()
+        return {"dashboard_url": self.link, "profile": profile.name,
                 "nodes": [{"node_id": n.node_id, "state": n.state, "node_group": n.group, "market": n.market,
                            "is_head": n.is_head, "resources": n.resources_total, "draining": n.draining,
                            "death_reason": n.death_reason} for n in nodes]}

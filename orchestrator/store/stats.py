@@ -80,11 +80,11 @@ def ahead_by_group(session: Session, scope: Scope | None = None) -> dict[str, in
         .group_by(_attempt_group)).all())
 
 
-def jobs_per_group(session: Session) -> tuple[dict[str, int], dict[str, int]]:
-    """(active, queued) job counts per node group."""
+def jobs_per_group(session: Session, scope: Scope | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """(active, queued) job counts per node group (``scope``: on one cluster of a fleet)."""
     def count(statuses):
         return dict(session.execute(select(jobs.c.node_group, func.count()).where(
-            jobs.c.status.in_([x.value for x in statuses])).group_by(jobs.c.node_group)).all())
+            jobs.c.status.in_([x.value for x in statuses]), jobs_on(scope)).group_by(jobs.c.node_group)).all())
     return count(ACTIVE), count(QUEUED)
 
 
