@@ -405,3 +405,14 @@ def test_node_groups_and_nodes_by_cluster_count_each_cluster_s_own_jobs(api, fle
     r = api.get("/v1/node-groups", params={"cluster": "mars"})
     assert r.status_code == 422 and "no cluster 'mars'" in r.text
     assert api.get("/v1/node-groups", params={"cluster": "Bad Name"}).status_code == 422
+
+
+def test_a_no_rent_project_s_job_pinned_to_a_rented_cluster_is_refused_at_submit(api, cp, fleet):
+    cp.settings = cp.settings.model_copy(update={"fleet_no_rent_projects": ["default"]})
+    for placement, field in (({"cluster": "cloud"}, "placement.cluster"), ({"tier": "rented"}, "placement.tier")):
+        r = api.post("/v1/jobs", json={**TRAIN, "placement": placement})
+        assert r.status_code == 403, r.text
+        assert "may not run jobs on rented clusters" in r.text and field in r.text
+        r = api.post("/v1/jobs/batch", json={"jobs": [{**TRAIN, "placement": placement}]})
+        assert r.status_code == 403, r.text
+    assert api.post("/v1/jobs", json={**TRAIN, "placement": {"cluster": "onprem"}}).status_code == 201

@@ -281,7 +281,7 @@ def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: Ren
         if all(not c.owned for c in members):
             field_ = "placement.cluster" if pin_cluster != "auto" else "placement.tier"
             raise Forbidden(f"project {rent.project} may not run jobs on rented clusters "
-                            f"(RAYLANE_FLEET_NO_RENT_PROJECTS), and this job can only go to one", field=field_)
+                            f"(RAYLANE_FLEET_NO_RENT_PROJECTS), and this job's {field_} sends it to one", field=field_)
 
     candidates: list[Candidate] = []
     excluded: list[str] = []

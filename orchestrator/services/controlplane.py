@@ -200,7 +200,7 @@ class ControlPlane:
                audit: Callable[[Job, bool], dict[str, Any]] | None = None) -> tuple[Job, bool]:
         """Store the job; ``audit(job, created)``: the request's audit row, written in
         the same transaction (one commit for both, instead of one each)."""
-        placement = self._prepare(spec)
+        placement = self._prepare(spec, project)
         job, created = self._write(self._submit_unit(spec, project, actor, idempotency_key, placement, audit),
                                    isolated=_refusable(spec, idempotency_key))
         if created:
@@ -213,9 +213,9 @@ class ControlPlane:
         they need no I/O (no package to claim, Ray's view fresh in the cache),
         else in a worker thread; the unit goes to ``async_writes``."""
         if self._prepares_in_memory(spec):
-            placement = self._prepare(spec)
+            placement = self._prepare(spec, project)
         else:
-            placement = await asyncio.to_thread(self._prepare, spec)
+            placement = await asyncio.to_thread(self._prepare, spec, project)
         job, created = await self.async_writes.run_async(
             self._submit_unit(spec, project, actor, idempotency_key, placement, audit),
             isolated=_refusable(spec, idempotency_key), committed=self._wake_if_created)
@@ -225,14 +225,28 @@ class ControlPlane:
         if result[1]:
             self.new_work.set()
 
+    def _check_fleet_pins(self, spec: JobSpec, project: str | None) -> None:
+        """On a fleet: a job pinned (``placement.cluster`` / ``tier``) where its project
+        may not run (a rented cluster, RAYLANE_FLEET_NO_RENT_PROJECTS) is refused at
+        submit (403, the field named), not left waiting for ever."""
+        if getattr(self, "fleet_dispatch", None) is None or project is None or \
+                (spec.placement.cluster == "auto" and spec.placement.tier == "auto"):
+            return
+        from raylane.orchestrator.domain import placement as fleet_placement
+        from raylane.orchestrator.services import fleetdispatch
+
+        fleet_placement.place(spec, self.fleet_dispatch.fleet, None,
+                              rent=fleetdispatch.rent_policy(self, project, {}))
+
     def _prepares_in_memory(self, spec: JobSpec) -> bool:
         # A router set without Ray (tests, the CLI's local commands) is a pure function.
         fresh = self.backend is None or (self._view_cache is not None
                                          and time.monotonic() - self._view_cache[0] < VIEW_CACHE_S - PREPARE_MARGIN_S)
         return fresh and not self.packages.names_any(spec)
 
-    def _prepare(self, spec: JobSpec) -> Placement | None:
+    def _prepare(self, spec: JobSpec, project: str | None = None) -> Placement | None:
         policy.check(spec, self.settings)
+        self._check_fleet_pins(spec, project)
         self.packages.claim_for(spec)
         return self._route(spec)
 
@@ -263,6 +277,7 @@ class ControlPlane:
             raise Invalid(f"at most {self.settings.max_batch_jobs} jobs in one batch, got {len(specs)}", field="jobs")
         for i, spec in enumerate(specs):
             policy.check(spec, self.settings, where=f"jobs[{i}]")
+            self._check_fleet_pins(spec, project)
             self.packages.claim_for(spec)
         placements = self._route_many(specs)
         with db.transaction(self.sessions) as s:
@@ -281,6 +296,7 @@ class ControlPlane:
             raise Invalid(f"member names '<name>-<index>' must fit {MAX_NAME_LEN} characters", field="name")
         member = store_arrays.member_spec(spec, "arr_" + "0" * 16, spec.array.size - 1)
         policy.check(member, self.settings)
+        self._check_fleet_pins(member, project)
         self.packages.claim_for(spec)
         placement = self._route(member)
         array_id = "arr_" + secrets.token_hex(8)

@@ -322,8 +322,12 @@ def cluster_lost(s: Session, scope: Scope, message: str) -> list[str]:
     are stopped there when the cluster answers (``unfenced``). The jobs' ids."""
     ids = []
     for job_id, number in s.execute(_ON_CLUSTER.where(attempts_on(scope))).all():
-        attempt_ended(s, job_id, number, status=AttemptStatus.LOST, cause=FailureCause.CLUSTER_LOST,
-                      message=message, headline=message, elsewhere=True)
+        try:
+            with s.begin_nested():  # one that moved since (another replica, a cancel) is left to its mover
+                attempt_ended(s, job_id, number, status=AttemptStatus.LOST, cause=FailureCause.CLUSTER_LOST,
+                              message=message, headline=message, elsewhere=True)
+        except InvalidTransition:
+            continue
         ids.append(job_id)
     return ids
 
