@@ -54,7 +54,8 @@ price, plus the rented head); total cost (the owned cluster's fixed cost for
 the 24 hours, when the policy has it, plus rented); wait from arrival to the
 first start in Ray, p50 / p95 by priority, in virtual minutes; jobs retried
 (more than one attempt) and finished. The day runs on past 24 h until every
-job ends (at most ``DRAIN_S`` more), so late jobs' waits count too.
+job ends (at most ``DRAIN_S`` more), so late jobs' waits count too; a job
+still not started then counts its wait until the end (a lower bound).
 
 The last line printed is one JSON object keyed ``owned``, ``rented``,
 ``hybrid`` and ``goals`` (issue 45: the hybrid's total cost at most 0.8x
@@ -160,7 +161,8 @@ def trace(seed: int, *, share: float = 1.0, day_s: int = DAY_S) -> list[TraceJob
                 spec = {"name": name, "kind": "sweep", "entrypoint": "examples.sweep:objective",
                         "resources": {"cpus_per_worker": 1},
                         "sweep": {"metric": "loss", "mode": "min", "num_samples": 4 * trials,
-                                  "max_concurrent_trials": trials, "search_space": {"lr": {"loguniform": [1e-5, 1e-2]}}}}
+                                  "max_concurrent_trials": trials,
+                                  "search_space": {"lr": {"loguniform": [1e-5, 1e-2]}}}}
                 jobs.append(TraceJob(at, cls, _priority(rng, 0.2, 0.5), _lognormal_s(rng, 45, 15, 150), 0, spec))
             elif cls == "batch":
                 gpu = rng.random() < 0.5
@@ -199,12 +201,12 @@ class SimCluster:
     """One cluster's nodes and Ray's queue, around its ``FakeRay``: what Ray and its
     autoscaler would do with the attempts Raylane submits (docstring above)."""
 
-    def __init__(self, cluster, ray, *, rng: random.Random, demand: dict[str, tuple[str, dict[str, float]]],
+    def __init__(self, cluster, ray, *, rng: random.Random, demand: dict[str, dict[str, float]],
                  durations: dict[str, int], starts: dict[str, int]):
         self.cluster = cluster
         self.ray = ray
         self.rng = rng
-        self.demand = demand  # job id -> (node group, resources held there)
+        self.demand = demand  # job id -> what it holds on its node (its placement's total)
         self.durations = durations  # job id -> seconds it runs
         self.starts = starts  # job id -> the virtual second its first attempt started (shared by the clusters)
         self.scales = {g.name for g in cluster.profile.workers if g.max_nodes > g.min_nodes}
@@ -272,7 +274,7 @@ class SimCluster:
             if j.job.status != "PENDING":
                 continue
             job_id = j.submission.metadata["raylane_job_id"]
-            group, need = j.submission.metadata["raylane_node_group"], self.demand[job_id][1]
+            group, need = j.submission.metadata["raylane_node_group"], self.demand[job_id]  # the group it was placed on
             nid = next((nid for nid, n in self.nodes.items() if n.alive and n.group == group
                         and all(n.free.get(k, 0.0) >= v - 1e-9 for k, v in need.items())), None)
             if nid is None:
@@ -309,7 +311,7 @@ class SimCluster:
         if sid in node.jobs:
             node.jobs.discard(sid)
             job_id = self.ray.jobs[sid].submission.metadata["raylane_job_id"]
-            for k, v in self.demand[job_id][1].items():
+            for k, v in self.demand[job_id].items():
                 node.free[k] = node.free.get(k, 0.0) + v
             if not node.jobs:
                 node.idle_since_s = now
@@ -343,9 +345,8 @@ def _patch_clock(clock: VirtualClock) -> None:
 
     real = transitions.__dict__.setdefault("_bench_real_utcnow", transitions.utcnow)
     for name, mod in list(sys.modules.items()):
-        if name.startswith("raylane.") and getattr(mod, "utcnow", None) in (real,) and mod is not None:
-            mod.utcnow = clock
-        elif name.startswith("raylane.") and isinstance(getattr(mod, "utcnow", None), VirtualClock):
+        if name.startswith("raylane.") and mod is not None and \
+                (getattr(mod, "utcnow", None) is real or isinstance(getattr(mod, "utcnow", None), VirtualClock)):
             mod.utcnow = clock
 
 
@@ -392,7 +393,7 @@ def run_policy(policy: str, jobs: list[TraceJob], *, seed: int, tick_s: int, tmp
     try:
         rays = {c.name: FakeRay(c.profile, name=c.name) for c in fleet.members}
         fd = fleetdispatch.attach_fleet(plane, fleet, rays, POLICIES[policy][0])
-        demand: dict[str, tuple[str, dict[str, float]]] = {}
+        demand: dict[str, dict[str, float]] = {}
         durations: dict[str, int] = {}
         starts: dict[str, int] = {}
         sims = {c.name: SimCluster(c, rays[c.name], rng=random.Random(f"{seed}/{policy}/{c.name}"), demand=demand,
@@ -414,7 +415,7 @@ def run_policy(policy: str, jobs: list[TraceJob], *, seed: int, tick_s: int, tmp
                 job, _ = plane.submit(JobSpec.model_validate(tj.spec), project="default", actor="bench")
                 by_id[job.id] = tj
                 durations[job.id] = tj.duration_s
-                demand[job.id] = (job.placement.node_group, dict(job.placement.total))
+                demand[job.id] = dict(job.placement.total)  # the same on every group it may go to: same shapes
             t = t_next
             clock.now = START + timedelta(seconds=t)
             for sim in sims.values():
@@ -435,10 +436,8 @@ def run_policy(policy: str, jobs: list[TraceJob], *, seed: int, tick_s: int, tmp
                 if any(tj.gpus and jid not in starts for jid, tj in by_id.items()):
                     wait_ticks += 1
                     owned_gpu_held_waiting += held
-            if not pending and t >= DAY_S and _all_ended(plane, by_id):
+            if not pending and t >= DAY_S and _all_ended(plane):
                 break
-        # The node group Raylane placed each job on (nominated placement, not the submit-time preview)
-        # is what SimCluster used; this re-reads the outcome from the database.
         return _figures(policy, plane, fleet, sims, by_id, starts, owned_gpus=owned_gpus, gpu_ticks=gpu_ticks,
                         owned_gpu_held=owned_gpu_held, wait_ticks=wait_ticks,
                         owned_gpu_held_waiting=owned_gpu_held_waiting, ended_s=t)
@@ -447,31 +446,31 @@ def run_policy(policy: str, jobs: list[TraceJob], *, seed: int, tick_s: int, tmp
         plane.close()
 
 
-def _all_ended(plane, by_id: dict) -> bool:
-    from raylane.orchestrator.store import db
-    from raylane.orchestrator.store.tables import jobs as jobs_t
+def _all_ended(plane) -> bool:
     from sqlalchemy import func, select
 
-    from raylane.orchestrator.domain.states import JobStatus
+    from raylane.orchestrator.domain.states import TERMINAL
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.tables import jobs as jobs_t
 
-    terminal = [s.value for s in JobStatus if s.is_terminal()]
     with db.read(plane.sessions) as s:
-        left = s.execute(select(func.count()).select_from(jobs_t).where(jobs_t.c.status.not_in(terminal))).scalar()
+        left = s.execute(select(func.count()).select_from(jobs_t)
+                         .where(jobs_t.c.status.not_in([x.value for x in TERMINAL]))).scalar()
     return left == 0
 
 
 def _figures(policy, plane, fleet, sims, by_id, starts, *, owned_gpus, gpu_ticks, owned_gpu_held, wait_ticks,
              owned_gpu_held_waiting, ended_s) -> dict:
+    from sqlalchemy import select
+
     from raylane.orchestrator.store import db
     from raylane.orchestrator.store.tables import jobs as jobs_t
-    from sqlalchemy import select
 
     with db.read(plane.sessions) as s:
         rows = {r.id: r for r in s.execute(select(jobs_t.c.id, jobs_t.c.status, jobs_t.c.attempts))}
     waits: dict[str, list[float]] = {p: [] for p in PRIORITIES}
-    for jid, tj in by_id.items():
-        if jid in starts:
-            waits[tj.priority].append((starts[jid] - tj.at_s) / 60)
+    for jid, tj in by_id.items():  # a job never started counts its wait until the run ended (a lower bound)
+        waits[tj.priority].append((starts.get(jid, ended_s) - tj.at_s) / 60)
     everyone = [w for ws in waits.values() for w in ws]
     rented_node_h = rented_gpu_h = rented_cost = 0.0
     for c in fleet.members:
@@ -495,6 +494,9 @@ def _figures(policy, plane, fleet, sims, by_id, starts, *, owned_gpus, gpu_ticks
         "owned_gpu_util_while_waiting": (round(owned_gpu_held_waiting / (wait_ticks * owned_gpus), 3)
                                          if owned_gpus and wait_ticks else None),
         "gpu_wait_share_of_day": round(wait_ticks / gpu_ticks, 3) if gpu_ticks else None,
+        "never_started": sum(1 for jid in by_id if jid not in starts),
+        "rented_node_hours_by_group": {f"{c.name}/{g}": round(sec / 3600, 2) for c in fleet.members if not c.owned
+                                       for g, sec in sorted(sims[c.name].billed_s.items())},
         "rented_gpu_node_hours": round(rented_node_h, 2),
         "rented_gpu_hours": round(rented_gpu_h, 2),
         "rented_cost": round(rented_cost, 2),
@@ -518,12 +520,13 @@ def goals(res: dict) -> dict:
                                   "met": cost_ratio is not None and cost_ratio <= 0.8},
         "hybrid_p95_wait_vs_owned": {"ratio": round(wait_ratio, 3) if wait_ratio is not None else None,
                                      "goal": "<= 0.5", "met": wait_ratio is not None and wait_ratio <= 0.5},
-        "hybrid_owned_gpu_util_while_waiting": {"value": util, "goal": ">= 0.7", "met": util is not None and util >= 0.7},
+        "hybrid_owned_gpu_util_while_waiting": {"value": util, "goal": ">= 0.7",
+                                                "met": util is not None and util >= 0.7},
     }
 
 
 def table(res: dict) -> str:
-    rows = [("jobs finished / all", lambda f: f"{f['finished']} / {f['jobs']}"),
+    rows = [("jobs finished / all (never started)", lambda f: f"{f['finished']} / {f['jobs']} ({f['never_started']})"),
             ("jobs retried (spot reclaims)", lambda f: f"{f['retried']} ({f['spot_reclaims']})"),
             ("owned GPU util, day", lambda f: _pct(f["owned_gpu_util"])),
             ("owned GPU util, while GPU work waits", lambda f: _pct(f["owned_gpu_util_while_waiting"])),
@@ -533,7 +536,8 @@ def table(res: dict) -> str:
             ("owned fixed cost $ (24 h)", lambda f: f"{f['owned_fixed_cost']:.2f}"),
             ("total cost $", lambda f: f"{f['total_cost']:.2f}")]
     for p in [*PRIORITIES, "all"]:
-        rows.append((f"wait p50 / p95 min, {p}", lambda f, p=p: f"{f['wait_min'][p]['p50']} / {f['wait_min'][p]['p95']}"))
+        rows.append((f"wait p50 / p95 min, {p}",
+                     lambda f, p=p: f"{f['wait_min'][p]['p50']} / {f['wait_min'][p]['p95']}"))
     width = max(len(r[0]) for r in rows)
     lines = [f"{'':{width}}  " + "".join(f"{p:>16}" for p in POLICIES)]
     for name, fmt in rows:
@@ -548,7 +552,8 @@ def _pct(x) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=45)
-    ap.add_argument("--quick", action="store_true", help="a quarter of the jobs, a pass every 4 virtual minutes (~1 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a quarter of the jobs, a pass every 4 virtual minutes (seconds, for a smoke run)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     share, tick_s = (0.25, QUICK_TICK_S) if args.quick else (1.0, TICK_S)
