@@ -87,6 +87,9 @@ class Settings(BaseSettings):
                                          "(every call failing, a last check included) is lost: its attempts end "
                                          "CLUSTER_LOST and their jobs are placed on another cluster. Shorter outages "
                                          "restart nothing.")
+    fleet_renominate_s: float = Field(60.0, gt=0, le=86400, description="A queued job's nomination is judged again "
+                                      "this often: when another cluster would start it sooner now (its rented group "
+                                      "filled up, owned capacity freed), it moves there.")
     fleet_no_rent_projects: list[str] = Field([], description="Projects whose jobs never run on a rented cluster "
                                               "(JSON list); they wait for owned capacity.")
     fleet_rented_spend_cap: dict[str, float] = Field({}, description="Most a project's running attempts may cost an "

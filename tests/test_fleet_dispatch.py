@@ -32,7 +32,9 @@ def settings(settings):
 
 
 @pytest.fixture
-def fleet(cp):
+def fleet(cp, monkeypatch):
+    # The loops are turned far faster than real time here: the placer reads each cluster's nodes every pass.
+    monkeypatch.setattr(fleetdispatch, "VIEW_CACHE_S", 0.0)
     f = configured("local-hybrid", Profile.load(None))
     rays = {c.name: FakeRay(c.profile, name=c.name) for c in f.members}
     for g in f.cluster("cloud").profile.workers:  # cloud scales from zero: no worker node until a job asks
@@ -416,3 +418,28 @@ def test_a_no_rent_project_s_job_pinned_to_a_rented_cluster_is_refused_at_submit
         r = api.post("/v1/jobs/batch", json={"jobs": [{**TRAIN, "placement": placement}]})
         assert r.status_code == 403, r.text
     assert api.post("/v1/jobs", json={**TRAIN, "placement": {"cluster": "onprem"}}).status_code == 201
+
+
+def test_a_queued_job_moves_when_another_cluster_would_start_it_sooner(api, cp, fleet):
+    """Judged again every RAYLANE_FLEET_RENOMINATE_S: a job waiting in cloud's queue
+    (its spot group's one node taken) moves to onprem once onprem's GPUs free."""
+    fd, rays = fleet
+    cp.settings = cp.settings.model_copy(update={"fleet_renominate_s": 0.01})
+    a, b = _two_running(api, fd, rays)  # onprem's gpu and cloud's one gpu-spot node both taken
+    c = api.post("/v1/jobs", json=TRAIN).json()
+    turn(fd, 3)
+    jc = job(api, c["id"])
+    # cloud's gpu-spot is at max_nodes: on demand next, sent ahead of its scale-up
+    assert (jc["status"], jc["placement"]["cluster"], jc["placement"]["node_group"]) == ("DISPATCHING", "cloud", "gpu")
+    assert "cloud gpu-spot: 1 of 1 nodes busy (max_nodes): waits in its queue" in " | ".join(jc["placement"]["reasons"])
+    # on-demand cloud gpu is taken by c ahead of its scale-up; d waits: everything is full
+    d = api.post("/v1/jobs", json=TRAIN).json()
+    turn(fd, 3)
+    before = job(api, d["id"])["placement"]
+    assert job(api, d["id"])["status"] == "PENDING"
+    rays["onprem"].finish(submission_id(a["id"], 1))
+    run_until(fd, lambda: job(api, d["id"])["placement"]["cluster"] == "onprem", "d moved to onprem")
+    events = " | ".join(e["reason"] or "" for e in api.get(f"/v1/jobs/{d['id']}/events").json())
+    assert f"moved from {before['cluster']} {before['node_group']}" in events and "onprem gpu: room now" in events
+    run_until(fd, lambda: submission_id(d["id"], 1) in submitted_to(rays["onprem"]), "d runs on onprem")
+    assert submission_id(d["id"], 1) not in submitted_to(rays["cloud"])

@@ -1,5 +1,6 @@
 """jobs.cluster, a fleet's nominee (the one cluster whose dispatcher may admit the
-job now; NULL: the deployment's one cluster), and attempts.fenced_at (an attempt
+job now; NULL: the deployment's one cluster) and jobs.nominated_at (when the placer
+last nominated it or judged the nomination still best), and attempts.fenced_at (an attempt
 given up with its lost cluster, stopped there once the cluster answered again).
 Both NULL for every row written before: a deployment of one cluster never sets them.
 
@@ -20,6 +21,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table('jobs') as batch_op:
         batch_op.add_column(sa.Column('cluster', sa.String(length=32), nullable=True))
+        batch_op.add_column(sa.Column('nominated_at', sa.DateTime(timezone=True), nullable=True))
     with op.batch_alter_table('attempts') as batch_op:
         batch_op.add_column(sa.Column('fenced_at', sa.DateTime(timezone=True), nullable=True))
 
@@ -28,4 +30,5 @@ def downgrade() -> None:
     with op.batch_alter_table('attempts') as batch_op:
         batch_op.drop_column('fenced_at')
     with op.batch_alter_table('jobs') as batch_op:
+        batch_op.drop_column('nominated_at')
         batch_op.drop_column('cluster')

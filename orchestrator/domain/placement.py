@@ -25,7 +25,8 @@ The order (issue 45, item 3), ranks in ``Rank``:
    (``avoid_spot``) or asked for a market;
 4. rented on demand;
 5. owned, without room and not soon: it still runs the job when nothing else
-   may (renting forbidden or capped, or no rented cluster fits).
+   may (renting forbidden or capped, or no rented cluster fits);
+6. rented, its group at ``max_nodes`` with no room: a place in its queue.
 
 Within a rank: cheaper first (a rented group's price for the job, an hour),
 then the fleet file's order.
@@ -60,6 +61,7 @@ class Rank(IntEnum):
     RENTED_SPOT = 3
     RENTED_ON_DEMAND = 4
     OWNED_LATER = 5
+    RENTED_FULL = 6  # a rented group at its max_nodes with no room: its queue, after every other
 
 
 @dataclass
@@ -245,8 +247,11 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
         state = f"room now on {g_now.alive_nodes} node{'s' if g_now.alive_nodes != 1 else ''}"
     else:
         alive = g_now.alive_nodes if g_now else 0
-        state = (f"scale-up from {alive} node{'s' if alive != 1 else ''}" if alive < group.max_nodes
-                 else f"{alive} of {group.max_nodes} nodes busy (max_nodes)")
+        if alive < group.max_nodes:
+            state = f"scale-up from {alive} node{'s' if alive != 1 else ''}"
+        else:
+            state = f"{alive} of {group.max_nodes} nodes busy (max_nodes): waits in its queue"
+            rank = Rank.RENTED_FULL
     market = "spot" if group.is_spot else "on demand"
     return Candidate(cluster.name, cluster.tier, group.name, group.market, rank, price, p,
                      f"{name}: {state}, ${price:.2f}/h {market}")

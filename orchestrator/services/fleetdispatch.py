@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from raylane.orchestrator.backends.base import RayBackend, RayUnavailable
@@ -275,49 +275,93 @@ class FleetPlacer(LoopService):
 
     def run_once(self) -> None:
         lost = self.check_lost()
+        settings = self.plane.settings
+        at = utcnow()
+        rejudge_before = at - timedelta(seconds=settings.fleet_renominate_s)
         with db.read(self.plane.sessions) as s:
-            if not store_fleet.to_place(s, lost=set(lost), limit=1):
+            if not store_fleet.to_place(s, lost=set(lost), limit=1) and \
+                    not store_fleet.nominated_before(s, before=rejudge_before, limit=1):
                 return
         woken: set[str] = set()
-        settings = self.plane.settings
         with db.transaction(self.plane.sessions) as s:
-            jobs = store_fleet.to_place(s, lost=set(lost))
-            moved = store_fleet.moved_from(s, [j.id for j in jobs])
             now, spend = self.fleet_now(s)
-            at = utcnow()
-            for job in jobs:
-                spec = JobSpec.from_stored(job.spec)
-                skip = {c: f"lost (unreachable since {t:%H:%M:%S} UTC)" for c, t in lost.items()}
-                for c in moved.get(job.id, ()):
-                    skip.setdefault(c, "its scale-up for this job did not come in time")
-                try:
-                    fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
-                                               owned_soon_s=settings.fleet_owned_soon_s, skip=skip)
-                except NoCandidate as e:
-                    if all(c in moved.get(job.id, ()) and c not in lost for c in e.skipped):
-                        store_fleet.fail_unplaced(s, job, reason=f"no cluster of its candidates scaled up in "
-                                                  f"time: {e.message}", now=at)
-                    else:
-                        store_fleet.wait_unplaced(s, job, reason=f"waits for a cluster: {e.message}", now=at)
-                    continue
-                except (Unroutable, Forbidden) as e:  # the fleet or the policy changed since submit
-                    store_fleet.wait_unplaced(s, job, reason=f"no cluster may run it now: {e}", now=at)
-                    continue
-                n = fp.nominee
-                if n is None:
-                    store_fleet.wait_unplaced(s, job, reason="; ".join(fp.reasons), now=at)
-                    continue
-                p = self._lane_placement(spec, n)
-                p = p.model_copy(update={"reasons": [*fp.reasons, *p.reasons]})
-                if store_fleet.nominate(s, job, cluster=n.cluster, placement=p.model_dump(mode="json"),
-                                        reason=f"{fp.reasons[0]}: {n.reason}", now=at):
-                    woken.add(n.cluster)
-                    if n.cluster in now and n.group in now[n.cluster]:  # what the next job of this pass sees
-                        held = now[n.cluster][n.group].held
-                        for k, v in p.total.items():
-                            held[k] = held.get(k, 0.0) + v
+            self._place(s, store_fleet.to_place(s, lost=set(lost)), lost, now, spend, woken)
+            self._rejudge(s, store_fleet.nominated_before(s, before=rejudge_before), lost, now, spend, woken)
         for name in woken:
             self.fd.members[name].dispatcher.wake.set()
+
+    def _skip(self, job_id: str, lost: dict[str, datetime], moved: dict[str, set[str]]) -> dict[str, str]:
+        """The clusters left out for this job now, each with why."""
+        skip = {c: f"lost (unreachable since {t:%H:%M:%S} UTC)" for c, t in lost.items()}
+        for c in moved.get(job_id, ()):
+            skip.setdefault(c, "its scale-up for this job did not come in time")
+        return skip
+
+    def _nominate(self, s, job, spec: JobSpec, fp, now: FleetNow, woken: set[str], reason: str) -> None:
+        n = fp.nominee
+        p = self._lane_placement(spec, n)
+        p = p.model_copy(update={"reasons": [*fp.reasons, *p.reasons]})
+        if store_fleet.nominate(s, job, cluster=n.cluster, placement=p.model_dump(mode="json"), reason=reason,
+                                now=utcnow()):
+            woken.add(n.cluster)
+            if n.cluster in now and n.group in now[n.cluster]:  # what the next job of this pass sees
+                held = now[n.cluster][n.group].held
+                for k, v in p.total.items():
+                    held[k] = held.get(k, 0.0) + v
+
+    def _place(self, s, jobs: list, lost: dict[str, datetime], now: FleetNow, spend: dict[str, float],
+               woken: set[str]) -> None:
+        """Nominate a cluster for each job to be placed."""
+        settings = self.plane.settings
+        moved = store_fleet.moved_from(s, [j.id for j in jobs])
+        at = utcnow()
+        for job in jobs:
+            spec = JobSpec.from_stored(job.spec)
+            try:
+                fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
+                                           owned_soon_s=settings.fleet_owned_soon_s,
+                                           skip=self._skip(job.id, lost, moved))
+            except NoCandidate as e:
+                if all(c in moved.get(job.id, ()) and c not in lost for c in e.skipped):
+                    store_fleet.fail_unplaced(s, job, reason=f"no cluster of its candidates scaled up in "
+                                              f"time: {e.message}", now=at)
+                else:
+                    store_fleet.wait_unplaced(s, job, reason=f"waits for a cluster: {e.message}", now=at)
+                continue
+            except (Unroutable, Forbidden) as e:  # the fleet or the policy changed since submit
+                store_fleet.wait_unplaced(s, job, reason=f"no cluster may run it now: {e}", now=at)
+                continue
+            if fp.nominee is None:
+                store_fleet.wait_unplaced(s, job, reason="; ".join(fp.reasons), now=at)
+                continue
+            self._nominate(s, job, spec, fp, now, woken, f"{fp.reasons[0]}: {fp.nominee.reason}")
+
+    def _rejudge(self, s, jobs: list, lost: dict[str, datetime], now: FleetNow, spend: dict[str, float],
+                 woken: set[str]) -> None:
+        """Queued jobs nominated a while ago and not admitted: each moves when another
+        (cluster, group) now ranks strictly better than where it waits (its rented
+        group filled up, owned capacity freed, the owned wait is no longer soon);
+        else its nomination is kept until the next judgement."""
+        settings = self.plane.settings
+        moved = store_fleet.moved_from(s, [j.id for j in jobs])
+        kept = []
+        for job in jobs:
+            spec = JobSpec.from_stored(job.spec)
+            try:
+                fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
+                                           owned_soon_s=settings.fleet_owned_soon_s,
+                                           skip=self._skip(job.id, lost, moved))
+            except (NoCandidate, Unroutable, Forbidden):
+                kept.append(job.id)
+                continue
+            n = fp.nominee
+            here = next((c for c in fp.candidates if c.cluster == job.cluster and c.group == job.node_group), None)
+            if n is None or here is None or n is here or n.rank >= here.rank:
+                kept.append(job.id)
+                continue
+            self._nominate(s, job, spec, fp, now, woken,
+                           f"moved from {job.cluster} {job.node_group} ({here.reason}): {fp.reasons[0]}: {n.reason}")
+        store_fleet.still_best(s, kept, now=utcnow())
 
 
 def _backend(url: str, token: str | None, gcs_address: str | None = None) -> RayBackend:

@@ -112,7 +112,7 @@ def nominate(session: Session, job: ToPlace, *, cluster: str, placement: dict, r
     done = session.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.status == job.status.value,
                                               _same(jobs.c.cluster, job.cluster))
                            .values(cluster=cluster, placement=placement, node_group=placement.get("node_group"),
-                                   status_reason=reason, updated_at=now)).rowcount
+                                   status_reason=reason, updated_at=now, nominated_at=now)).rowcount
     if done:
         record_event(session, job.id, status=job.status, reason=reason, actor="fleet", now=now)
     return bool(done)
@@ -181,3 +181,27 @@ def window_attempts(session: Session, *, start: datetime, end: datetime) -> list
                                      status=r.status, cause=r.cause, created_at=r.created_at,
                                      started_at=r.started_at, ended_at=r.ended_at))
             for r in rows]
+
+
+@dataclass(frozen=True)
+class Nominated(ToPlace):
+    node_group: str | None = None
+
+
+def nominated_before(session: Session, *, before: datetime, limit: int = PLACE_BATCH) -> list[Nominated]:
+    """Queued jobs nominated to a cluster before ``before`` and not admitted since,
+    in admission order: the placer judges again whether another cluster would start
+    them sooner (a rented group that filled up, owned capacity that freed)."""
+    rows = session.execute(select(jobs.c.id, jobs.c.project, jobs.c.status, jobs.c.spec, jobs.c.cluster,
+                                  jobs.c.status_reason, jobs.c.node_group)
+                           .where(jobs.c.status.in_(_QUEUED), jobs.c.cluster.is_not(None), jobs.c.cluster != TO_PLACE,
+                                  jobs.c.nominated_at < before)
+                           .order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit)).all()
+    return [Nominated(r.id, r.project, JobStatus(r.status), r.spec, r.cluster, r.status_reason, r.node_group)
+            for r in rows]
+
+
+def still_best(session: Session, job_ids: list[str], *, now: datetime) -> None:
+    """These jobs' nominations were judged again and kept."""
+    if job_ids:
+        session.execute(update(jobs).where(jobs.c.id.in_(job_ids)).values(nominated_at=now))

@@ -92,6 +92,8 @@ jobs = Table(
     # job now. NULL: the deployment's one (attached) cluster; TO_PLACE (store.fleet):
     # to be placed again (its cluster was lost, or its scale-up there timed out).
     Column("cluster", String(32), nullable=True),
+    # When the placer last nominated the job, or judged its nomination still the best.
+    Column("nominated_at", UTCDateTime(), nullable=True),
     # A retried submit with the same key returns the same job (per project).
     UniqueConstraint("project", "idempotency_key"),
 )
