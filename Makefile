@@ -23,13 +23,16 @@ run: export RAYLANE_POLICY_WORKING_DIR_ROOTS := $(RAYLANE_POLICY_WORKING_DIR_ROO
 run: $(STAMP)
 	$(BIN)/raylane-server serve --local-cluster
 
-# The whole suite: the tests that need or start a Ray cluster (marker `cluster`,
-# set by tests/conftest.py) in one process, one cluster at a time, beside the
-# rest in TEST_WORKERS worker processes (pytest-xdist, a file at a time). Most
-# tests wait (on Ray, a server, a database) more than they compute, so the two
-# halves side by side on 2 cores finish sooner than one after the other; two
-# 5-node clusters at once do not (docs/testing.md). Each half prints its own
-# summary (--output-sync); make fails if either does.
+# The whole suite in two processes side by side (docs/testing.md):
+# - test-clusters: the tests that use a shared Ray cluster (marker `cluster`, set
+#   by tests/conftest.py), one cluster at a time, the local fleet's first;
+# - test-rest: the tests that need no cluster, in TEST_WORKERS worker processes
+#   (pytest-xdist, a file at a time), then those that start a cluster of their
+#   own (`own_cluster`), one at a time, by when the shared ones are mostly done.
+# Most tests wait (on Ray, a server, a database) more than they compute, so the
+# two side by side on 2 cores finish sooner than one after the other; two 5-node
+# clusters at once for long do not. Each prints its own summary (--output-sync);
+# make fails if either does, and test-rest runs its second part either way.
 # The browser tests (tests/test_ui_browser.py) drive Debian's chromium.
 TEST_WORKERS ?= 2
 test: $(STAMP)
@@ -37,10 +40,12 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-clusters test-rest
 
 test-clusters: $(STAMP)
-	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "cluster and not own_cluster" $(PYTEST_ARGS)
 
 test-rest: $(STAMP)
-	$(BIN)/python -m pytest -m "not cluster" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not cluster" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rest=$$?; \
+	$(BIN)/python -m pytest -m own_cluster $(PYTEST_ARGS); own=$$?; \
+	test $$rest -eq 0 -o $$rest -eq 5 && test $$own -eq 0 -o $$own -eq 5  # 5: PYTEST_ARGS selected none here
 
 # The inner loop: no Ray cluster, no server or CLI subprocess, no browser
 # (the `process` marker is set from what a test calls; tests/conftest.py).

@@ -285,6 +285,17 @@ def _needs_a_cluster(item, module_helpers: dict[str, object]) -> bool:
     return bool(item.get_closest_marker("ray")) or _starts(item, module_helpers, CLUSTER_SOURCE)
 
 
+# The package-scoped clusters tests share (tests/ray, tests/ray_autoscale). A
+# ``cluster`` test using neither starts its own (``own_cluster``): ``make test``
+# runs those after the rest, in the rest's process, while the shared ones run
+# beside: the two processes overlap their clusters for a minute or two, not for
+# the whole run (docs/testing.md). The local fleet's tests (two clusters each)
+# stay with the shared ones: their process runs them first, while the rest's
+# process starts no cluster.
+SHARED_CLUSTERS = {"ray_cluster", "autoscaling_cluster"}
+FIRST_IN_LINE = ("tests/fleet/",)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the markers set here
 def pytest_collection_modifyitems(config, items):
     helpers: dict[object, dict[str, object]] = {}
@@ -294,6 +305,9 @@ def pytest_collection_modifyitems(config, items):
             helpers[mod] = _module_helpers(mod) if mod is not None else {}
         if _needs_a_cluster(item, helpers[mod]):
             item.add_marker(pytest.mark.cluster)
+            if not SHARED_CLUSTERS & set(getattr(item, "fixturenames", ())) and \
+                    not item.nodeid.startswith(FIRST_IN_LINE):
+                item.add_marker(pytest.mark.own_cluster)
         if not item.get_closest_marker("process") and _starts(item, helpers[mod], PROCESS_SOURCE):
             item.add_marker(pytest.mark.process)
 
