@@ -100,7 +100,13 @@ def fresh_pg_database(template: str) -> str:
     return _pg_url(name)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# ``make test`` runs every database test on both; ``make test-fast`` (the inner
+# loop) on SQLite alone unless RAYLANE_TEST_PG=1 (docs/testing.md).
+DB_KINDS = ["sqlite"] if os.environ.get("RAYLANE_TEST_TIER") == "fast" and \
+    os.environ.get("RAYLANE_TEST_PG") != "1" else ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=DB_KINDS)
 def db_url(request, tmp_path):
     """A migrated, empty database of each kind."""
     if request.param == "sqlite":
