@@ -22,6 +22,8 @@ def upgrade() -> None:
     with op.batch_alter_table('jobs') as batch_op:
         batch_op.add_column(sa.Column('cluster', sa.String(length=32), nullable=True))
         batch_op.add_column(sa.Column('nominated_at', sa.DateTime(timezone=True), nullable=True))
+        batch_op.create_index('ix_jobs_cluster_status', ['cluster', 'status'], unique=False)
+        batch_op.create_index('ix_jobs_status_nominated_at', ['status', 'nominated_at'], unique=False)
     with op.batch_alter_table('attempts') as batch_op:
         batch_op.add_column(sa.Column('fenced_at', sa.DateTime(timezone=True), nullable=True))
 
@@ -30,5 +32,7 @@ def downgrade() -> None:
     with op.batch_alter_table('attempts') as batch_op:
         batch_op.drop_column('fenced_at')
     with op.batch_alter_table('jobs') as batch_op:
+        batch_op.drop_index('ix_jobs_status_nominated_at')
+        batch_op.drop_index('ix_jobs_cluster_status')
         batch_op.drop_column('nominated_at')
         batch_op.drop_column('cluster')

@@ -108,6 +108,11 @@ Index("ix_jobs_node_group_status_created_at", jobs.c.node_group, jobs.c.status, 
 # GET /v1/jobs?status= across projects (admins): newest first within a status,
 # instead of sorting every job in it (550 ms for PENDING at 1M stored).
 Index("ix_jobs_status_id", jobs.c.status, jobs.c.id)
+# A fleet's placer, every pass: the jobs to be placed (jobs.cluster = TO_PLACE), and
+# the queued ones whose nomination is due to be judged again (store.fleet): a seek
+# each, not a walk of the whole queue.
+Index("ix_jobs_cluster_status", jobs.c.cluster, jobs.c.status)
+Index("ix_jobs_status_nominated_at", jobs.c.status, jobs.c.nominated_at)
 # Filter by name prefix within a project.
 Index("ix_jobs_project_name", jobs.c.project, jobs.c.name)
 # An array's members: its counts, and the next held member to release.
