@@ -19,20 +19,20 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('jobs') as batch_op:
-        batch_op.add_column(sa.Column('cluster', sa.String(length=32), nullable=True))
-        batch_op.add_column(sa.Column('nominated_at', sa.DateTime(timezone=True), nullable=True))
-        batch_op.create_index('ix_jobs_cluster_status', ['cluster', 'status'], unique=False)
-        batch_op.create_index('ix_jobs_status_nominated_at', ['status', 'nominated_at'], unique=False)
-    with op.batch_alter_table('attempts') as batch_op:
-        batch_op.add_column(sa.Column('fenced_at', sa.DateTime(timezone=True), nullable=True))
+    # Natively, never through a batch (see downgrade): SQLite adds a column itself.
+    op.add_column('jobs', sa.Column('cluster', sa.String(length=32), nullable=True))
+    op.add_column('jobs', sa.Column('nominated_at', sa.DateTime(timezone=True), nullable=True))
+    op.create_index('ix_jobs_cluster_status', 'jobs', ['cluster', 'status'], unique=False)
+    op.create_index('ix_jobs_status_nominated_at', 'jobs', ['status', 'nominated_at'], unique=False)
+    op.add_column('attempts', sa.Column('fenced_at', sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('attempts') as batch_op:
-        batch_op.drop_column('fenced_at')
-    with op.batch_alter_table('jobs') as batch_op:
-        batch_op.drop_index('ix_jobs_status_nominated_at')
-        batch_op.drop_index('ix_jobs_cluster_status')
-        batch_op.drop_column('nominated_at')
-        batch_op.drop_column('cluster')
+    op.drop_column('attempts', 'fenced_at')
+    op.drop_index('ix_jobs_status_nominated_at', table_name='jobs')
+    op.drop_index('ix_jobs_cluster_status', table_name='jobs')
+    # Natively, not through a batch: on SQLite a batch drops and rebuilds `jobs`,
+    # and with foreign keys on, dropping it deletes every attempt, event and usage
+    # row of every job (ON DELETE CASCADE). SQLite drops a column itself since 3.35.
+    op.drop_column('jobs', 'nominated_at')
+    op.drop_column('jobs', 'cluster')
