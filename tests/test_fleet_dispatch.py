@@ -443,3 +443,42 @@ def test_a_queued_job_moves_when_another_cluster_would_start_it_sooner(api, cp, 
     assert f"moved from {before['cluster']} {before['node_group']}" in events and "onprem gpu: room now" in events
     run_until(fd, lambda: submission_id(d["id"], 1) in submitted_to(rays["onprem"]), "d runs on onprem")
     assert submission_id(d["id"], 1) not in submitted_to(rays["cloud"])
+
+
+def test_owned_that_past_runs_say_frees_soon_is_waited_for_instead_of_renting(api, cp, fleet):
+    """No timeout_s anywhere: the placer estimates when onprem's running training job
+    ends from how long the last ones of its kind there ran, and a job that would wait
+    less than RAYLANE_FLEET_OWNED_SOON_S for it waits on onprem instead of renting."""
+    from datetime import timedelta
+
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store.tables import attempts as attempts_t, jobs as jobs_t
+    from raylane.orchestrator.store.transitions import utcnow
+
+    fd, rays = fleet
+    past = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(past["id"], 1) in submitted_to(rays["onprem"]), "a first run on onprem")
+    rays["onprem"].start(submission_id(past["id"], 1))
+    turn(fd)
+    rays["onprem"].finish(submission_id(past["id"], 1))
+    run_until(fd, lambda: job(api, past["id"])["status"] == "SUCCEEDED", "the first run ended")
+    now = utcnow()
+    with db.transaction(cp.sessions) as s:  # it ran 10 minutes
+        s.execute(attempts_t.update().where(attempts_t.c.job_id == past["id"]).values(
+            started_at=now - timedelta(minutes=20), ended_at=now - timedelta(minutes=10)))
+    running = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(running["id"], 1) in submitted_to(rays["onprem"]), "the next on onprem")
+    rays["onprem"].start(submission_id(running["id"], 1))
+    run_until(fd, lambda: job(api, running["id"])["status"] == "RUNNING", "running on onprem")
+    with db.transaction(cp.sessions) as s:  # started 2 minutes ago: ~8 left
+        s.execute(jobs_t.update().where(jobs_t.c.id == running["id"]).values(started_at=now - timedelta(minutes=2)))
+    waiting = api.post("/v1/jobs", json=TRAIN).json()
+    turn(fd, 3)
+    pl = job(api, waiting["id"])["placement"]
+    assert (pl["cluster"], pl["node_group"]) == ("onprem", "gpu"), pl["reasons"]
+    assert any(r.startswith("onprem gpu: 2 of 2 GPUs held, next frees in ~8 min") for r in pl["reasons"]), pl["reasons"]
+    assert rays["cloud"].submitted == []
+    # with a shorter horizon for "soon", the same wait is too long: it rents
+    cp.settings = cp.settings.model_copy(update={"fleet_owned_soon_s": 60.0})
+    later = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(later["id"], 1) in submitted_to(rays["cloud"]), "rented when owned is not soon")

@@ -235,8 +235,9 @@ class FleetPlacer(LoopService):
 
     def fleet_now(self, s) -> tuple[FleetNow, dict[str, float]]:
         """Each reachable cluster's groups now (alive capacity, what Raylane's
-        active jobs hold there, when running ones must end), and each project's
-        rented spend an hour."""
+        active jobs hold there, when the first running one must end by its timeout
+        or is expected to by past runs of its kind), and each project's rented
+        spend an hour."""
         now: FleetNow = {}
         for name, m in self.fd.members.items():
             if name in self.lost:
@@ -245,11 +246,19 @@ class FleetPlacer(LoopService):
             if view is None:
                 continue
             used, _ = stats.used_by_active(s, m.scope)
-            ends = store_fleet.timeout_ends(s, now=utcnow(), scope=m.scope)
-            now[name] = {g.name: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total),
-                                          held=used.get(g.name, {}), next_free_s=ends.get(g.name),
-                                          next_free_bound=g.name in ends)
-                         for g in m.profile.workers if (st := view.get(g.name)) is not None}
+            at = utcnow()
+            bounds = store_fleet.timeout_ends(s, now=at, scope=m.scope)  # a running job's timeout: certain
+            guesses = store_fleet.expected_ends(s, now=at, scope=m.scope)  # past runs of its kind: likely
+            now[name] = {}
+            for g in m.profile.workers:
+                st = view.get(g.name)
+                if st is None:
+                    continue
+                bound, guess = bounds.get(g.name), guesses.get(g.name)
+                first = min((x for x in (bound, guess) if x is not None), default=None)
+                now[name][g.name] = GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total),
+                                             held=used.get(g.name, {}), next_free_s=first,
+                                             next_free_bound=first is not None and first == bound)
         spend: dict[str, float] = {}
         rented = {n: m for n, m in self.fd.members.items() if m.tier == "rented"}
         for project, cluster, group, total in store_fleet.active_on(s, list(rented)):

@@ -64,6 +64,37 @@ def timeout_ends(session: Session, *, now: datetime, scope: "Scope | None" = Non
     return out
 
 
+PAST_RUNS = 50  # the latest succeeded attempts of a kind on a group that an estimate reads
+
+
+def expected_ends(session: Session, *, now: datetime, scope: "Scope | None" = None) -> dict[str, float]:
+    """Node group -> seconds from ``now`` until its first running job is expected to
+    end, from how long the latest ``PAST_RUNS`` succeeded attempts of its kind on
+    that group ran (the median; 0 when already past it). An estimate, not a bound:
+    groups with no such history are absent. ``scope``: on one cluster of a fleet."""
+    running = session.execute(select(jobs.c.node_group, jobs.c.kind, jobs.c.started_at)
+                              .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.started_at.is_not(None),
+                                     jobs.c.node_group.is_not(None), jobs_on(scope))).all()
+    if not running:
+        return {}
+    medians: dict[tuple[str, str], float | None] = {}
+    out: dict[str, float] = {}
+    for group, kind, started in running:
+        key = (group, kind)
+        if key not in medians:
+            spans = [(e - b).total_seconds() for b, e in session.execute(
+                select(attempts.c.started_at, attempts.c.ended_at).join(jobs, jobs.c.id == attempts.c.job_id)
+                .where(attempts.c.node_group == group, jobs.c.kind == kind, attempts.c.status == "SUCCEEDED",
+                       attempts.c.started_at.is_not(None), attempts.c.ended_at.is_not(None), attempts_on(scope))
+                .order_by(attempts.c.ended_at.desc()).limit(PAST_RUNS))]
+            medians[key] = sorted(spans)[len(spans) // 2] if spans else None
+        if medians[key] is None:
+            continue
+        left = max(0.0, (started - now).total_seconds() + medians[key])
+        out[group] = min(left, out.get(group, left))
+    return out
+
+
 # A fleet's placer (services/fleetdispatch.py) --------------------------------------------
 
 _QUEUED = (JobStatus.PENDING.value, JobStatus.RETRYING.value)
