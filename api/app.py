@@ -83,16 +83,19 @@ def create_app(settings: Settings | None = None, *, cp: ControlPlane | None = No
             fleet = fleetdispatch.attach_configured_fleet(plane)
             if fleet is not None:
                 fd, tokens = fleet
-                ray_token = tokens[fd.attached]
                 for name, m in fd.members.items():  # /ray/<cluster>/: each cluster's dashboard
                     app.state.ray_proxy.bind(m.backend.dashboard_url, tokens[name], cluster=name)
+                # /ray/: the attached cluster's, its own URL with its own token (never another's)
+                ray_url, ray_token = fd.members[fd.attached].backend.dashboard_url, tokens[fd.attached]
             else:
-                ray_token = assembly.attach_configured_ray(plane, settings)
-                # A fleet's pins (placement.cluster, placement.tier) are checked before routing.
+                ray_url, ray_token = settings.dashboard_url, assembly.attach_configured_ray(plane, settings)
+                # A fleet's pins (placement.cluster, placement.tier) are checked before routing; its
+                # other clusters' jobs and attempts are left alone, not run again here.
                 plane.router = fleetplan.guard(plane, plane.router)
+                fleetdispatch.keep_to_attached(plane)
             # Links to a job's page in Ray's dashboard go through Raylane (api.rayproxy).
             plane.dashboard_link = public_base(settings) + RAY_PREFIX
-            app.state.ray_proxy.bind(settings.dashboard_url, ray_token)
+            app.state.ray_proxy.bind(ray_url, ray_token)
             if settings.loops_enabled:
                 assembly.start_loops(plane)
         if settings.loops_enabled:

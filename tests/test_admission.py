@@ -4,6 +4,8 @@ here, with no database and no Ray. What it returns is all that gets written
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.domain.routing import GroupState, route
 from raylane.orchestrator.domain.specs import JobSpec
@@ -146,16 +148,22 @@ def test_a_sweep_for_spot_cpu_at_zero_nodes_runs_on_its_fallback_cpu_with_room()
     full = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0.5})})
     assert [type(d) for d in full] == [Admit] and full[0].placement.node_group == "spot-cpu"
     assert full[0].scale_up == "waiting for the autoscaler: 0 of 1 spot-cpu nodes up"
-    # Its driver needs room on its own (on-demand) group: one the autoscaler may add a node to (cpu's max_nodes
-    # is 4) is waited for too (a rented cluster scales every group from zero) ...
+    # Its driver still needs room on its own (on-demand) group, scale-up or not ...
     no_driver = at_zero([job], PROFILE, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
-    assert [type(d) for d in no_driver] == [Admit]
-    assert no_driver[0].scale_up == ("waiting for the autoscaler: 0 of 1 spot-cpu nodes up; its driver waits for "
-                                     "group cpu to add a node")
-    # ... but not one at its max_nodes.
+    assert summary(no_driver) == [("Wait", "s", "waiting for 0.1 CPUs in group cpu: 0 free (for the driver)")]
+    # ... but on a fleet's cluster (a rented one scales every group from zero) it may wait for a group the
+    # autoscaler may add a node to (cpu's max_nodes is 4), up to scale_ahead drivers a pass ...
+    fleet = replace(AHEAD, driver_scale_ahead=True)
+    two = at_zero([job, sweep("s2"), sweep("s3")], PROFILE, rules=fleet,
+                  view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
+    assert [type(d) for d in two][:1] == [Admit]
+    assert two[0].scale_up == ("waiting for the autoscaler: 0 of 1 spot-cpu nodes up; its driver waits for "
+                               "group cpu to add a node")
+    assert sum(isinstance(d, Admit) for d in two) <= fleet.scale_ahead
+    # ... and not for one at its max_nodes.
     capped = PROFILE.model_copy(update={"groups": [g.model_copy(update={"max_nodes": 1}) if g.name == "cpu" else g
                                                    for g in PROFILE.groups]})
-    no_driver = at_zero([job], capped, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
+    no_driver = at_zero([job], capped, rules=fleet, view={"cpu": GroupState(alive_nodes=1, total={"CPU": 0})})
     assert summary(no_driver) == [("Wait", "s", "waiting for 0.1 CPUs in group cpu: 0 free (for the driver)")]
 
 

@@ -186,3 +186,15 @@ def test_settings_refuse_a_bad_rented_spend_cap():
     assert Settings(fleet_rented_spend_cap={"ml": 5, "*": 1}).fleet_rented_spend_cap == {"ml": 5, "*": 1}
     with pytest.raises(ValidationError, match="RAYLANE_FLEET_RENTED_SPEND_CAP"):
         Settings(fleet_rented_spend_cap={"ml": -1})
+
+
+@pytest.mark.parametrize("name", ["api", "static", "logs"])
+def test_a_cluster_named_like_a_dashboard_path_is_refused(name):
+    from raylane.orchestrator.domain.errors import Invalid
+    from raylane.orchestrator.domain.fleet import Fleet
+
+    doc = {"name": "acme", "clusters": [{"name": name, "tier": "owned", "cost": {"model": "fixed", "per_hour": 1.0},
+                                         "groups": [{"name": "cpu", "cpus": 4, "memory_gb": 2}]}]}
+    with pytest.raises(Invalid) as e:
+        Fleet.parse(doc)
+    assert "is a path of Ray's dashboard" in e.value.message and "clusters" in (e.value.field or ""), e.value.field

@@ -9,6 +9,8 @@ a killed head, a paused one) is tests/fleet/'s."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from raylane.orchestrator.domain.fleet import configured
@@ -35,6 +37,7 @@ def settings(settings):
 def fleet(cp, monkeypatch):
     # The loops are turned far faster than real time here: the placer reads each cluster's nodes every pass.
     monkeypatch.setattr(fleetdispatch, "VIEW_CACHE_S", 0.0)
+    monkeypatch.setattr(fleetdispatch, "UNPLACED_RETRY_S", 0.0)  # ... and tries an unplaced job again every pass
     f = configured("local-hybrid", Profile.load(None))
     rays = {c.name: FakeRay(c.profile, name=c.name) for c in f.members}
     for g in f.cluster("cloud").profile.workers:  # cloud scales from zero: no worker node until a job asks
@@ -482,3 +485,52 @@ def test_owned_that_past_runs_say_frees_soon_is_waited_for_instead_of_renting(ap
     cp.settings = cp.settings.model_copy(update={"fleet_owned_soon_s": 60.0})
     later = api.post("/v1/jobs", json=TRAIN).json()
     run_until(fd, lambda: submission_id(later["id"], 1) in submitted_to(rays["cloud"]), "rented when owned is not soon")
+
+
+def test_a_burst_does_not_rent_past_the_project_s_spend_cap(api, cp, fleet):
+    fd, rays = fleet
+    cp.settings = cp.settings.model_copy(update={"fleet_rented_spend_cap": {"default": 3.0}})
+    a = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(a["id"], 1) in submitted_to(rays["onprem"]), "onprem's GPUs taken")
+    rays["onprem"].start(submission_id(a["id"], 1))
+    turn(fd)
+    burst = api.post("/v1/jobs/batch", json={"jobs": [TRAIN, TRAIN, TRAIN]}).json()
+    ids = [j["id"] if isinstance(j, dict) else j for j in burst.get("ids", burst.get("jobs", []))]
+    assert len(ids) == 3, burst
+    turn(fd, 2)
+    clusters = [job(api, i)["placement"]["cluster"] for i in ids]
+    assert clusters.count("cloud") == 1 and clusters.count("onprem") == 2, clusters  # $2.10/h fits $3, $4.20 not
+    blocked = job(api, ids[clusters.index("onprem")])["placement"]["reasons"]
+    assert any("over its cap of $3.00/h" in r for r in blocked), blocked
+
+
+def test_a_cluster_unreachable_but_not_yet_lost_is_not_nominated(api, fleet):
+    fd, rays = fleet
+    a = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(a["id"], 1) in submitted_to(rays["onprem"]), "onprem's GPUs taken")
+    rays["onprem"].start(submission_id(a["id"], 1))
+    _outage(fd, rays["cloud"], 5)  # down, well within the grace
+    b = api.post("/v1/jobs", json=TRAIN).json()
+    turn(fd, 2)
+    pl = job(api, b["id"])["placement"]
+    assert pl["cluster"] == "onprem", pl["reasons"]  # waits for owned rather than for a cluster that does not answer
+    assert any(r.startswith("cloud: unreachable") and "not yet lost" in r for r in pl["reasons"]), pl["reasons"]
+
+
+def test_jobs_no_cluster_can_take_now_do_not_hold_up_those_behind_them(api, cp, fleet):
+    from raylane.orchestrator.store import db
+    from raylane.orchestrator.store import fleet as store_fleet
+    from raylane.orchestrator.store.transitions import utcnow
+
+    fd, rays = fleet
+    _outage(fd, rays["cloud"], 61)
+    turn(fd)
+    assert "cloud" in fd.placer.lost
+    stuck = api.post("/v1/jobs", json={**TRAIN, "priority": 90, "placement": {"cluster": "cloud"}}).json()
+    turn(fd)
+    assert "waits for a cluster: cloud: lost" in job(api, stuck["id"])["status_reason"]
+    fresh = api.post("/v1/jobs", json={**TRAIN, "priority": 10}).json()
+    with db.read(cp.sessions) as s:  # a batch of one: the stuck job, tried a moment ago, is not it
+        head = store_fleet.to_place(s, lost=set(fd.placer.lost), retry_before=utcnow() - timedelta(seconds=10),
+                                    limit=1)
+    assert [j.id for j in head] == [fresh["id"]]

@@ -78,6 +78,13 @@ class NodeHourCost(BaseModel):
 Cost = Annotated[Union[FixedCost, NodeHourCost], Field(discriminator="model")]
 
 
+# /ray/<cluster>/ is a fleet cluster's dashboard (api/rayproxy.py); these are paths
+# of Ray's own dashboard under /ray/ and never name a cluster.
+RESERVED_NAMES = frozenset({"api", "static", "nodes", "node", "jobs", "job", "logs", "log", "actors", "metrics",
+                            "serve", "timezone", "events", "tasks", "task", "train", "data", "cluster", "overview",
+                            "new", "grafana", "prometheus", "auth", "login", "favicon"})
+
+
 class ClusterSpec(BaseModel):
     """One Ray cluster of the fleet."""
 
@@ -100,6 +107,14 @@ class ClusterSpec(BaseModel):
     # How `raylane-server cluster up --fleet` starts it on this machine: every
     # group's `local_nodes` (static), or Ray's autoscaler from `min_nodes` (autoscale).
     local: Literal["static", "autoscale"] = "static"
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_dashboard_path(cls, v: str) -> str:
+        if v in RESERVED_NAMES:
+            raise ValueError(f"{v!r} is a path of Ray's dashboard (/ray/{v}/... is the attached cluster's), not a "
+                             f"cluster name: pick another (the reserved: {', '.join(sorted(RESERVED_NAMES))})")
+        return v
 
     @field_validator("token", mode="before")
     @classmethod

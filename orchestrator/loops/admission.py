@@ -65,6 +65,10 @@ class Rules:
     # Most command jobs per group waiting to start in Ray's queue (admitted, not
     # yet running) beyond what fits now (``_queue_ahead``); 0: none.
     queue_ahead: int = 0
+    # A fleet's cluster (services.fleetdispatch): a driver may wait for its own
+    # group's scale-up too (a rented cluster scales every group from zero), up to
+    # ``scale_ahead`` jobs per driver group in a pass. Off: the driver needs room now.
+    driver_scale_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ class _Pass:
     waiting_need: dict[str, float]
     reserved: set[str] = field(default_factory=set)  # groups held for a starving job this pass
     passed_over: dict[str, list[str]] = field(default_factory=dict)
+    driver_ahead: dict[str, int] = field(default_factory=dict)  # per driver group, drivers sent ahead of its scale-up
 
     def one(self, job: Queued) -> Decision | None:
         """The decision for ``job``, the pass's tallies updated; None when it keeps waiting for the same reason."""
@@ -258,11 +263,13 @@ class _Pass:
         if reason is None and placement.driver_label_selector.get(NODE_GROUP_LABEL) != group:
             dgroup = placement.driver_label_selector[NODE_GROUP_LABEL]
             reason = shortfall(placement.driver_resources, free(self.view, self.used, dgroup), dgroup)
-            if reason and _driver_group_scales(placement, self.view, self.profile, self.used, self.ahead,
-                                               self.rules, dgroup):
+            if reason and self.rules.driver_scale_ahead and \
+                    _driver_group_scales(placement, self.view, self.profile, self.used, self.driver_ahead,
+                                         self.rules, dgroup):
                 # A cluster that scales from zero (a rented one) adds the driver's node too.
                 scale_up, reason = (f"{scale_up}; " if scale_up else "") + \
                     f"its driver waits for group {dgroup} to add a node", None
+                self.driver_ahead[dgroup] = self.driver_ahead.get(dgroup, 0) + 1
             if reason:
                 reason += " (for the driver)"
         return reason, scale_up, queued, placement

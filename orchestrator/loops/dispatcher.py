@@ -144,7 +144,7 @@ class Dispatcher(LoopService):
         rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
                                 self.scale_ahead,
                                 fast_lane=self.settings.fast_lane and self.lanes is not None and self.lanes.usable(),
-                                queue_ahead=self.settings.queue_ahead_jobs)
+                                queue_ahead=self.settings.queue_ahead_jobs, driver_scale_ahead=self.scope is not None)
         with db.transaction(self.sessions) as s:
             # The pass's time once its transaction has begun (SQLite: BEGIN IMMEDIATE, after
             # every write it waited for): taken before, a member an ending member released

@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 VIEW_CACHE_S = 1.0  # a cluster's node list, read at most this often by the placer
+UNPLACED_RETRY_S = 10.0  # a job no cluster can take now is tried again this long after
 
 
 @dataclass
@@ -233,16 +234,34 @@ class FleetPlacer(LoopService):
         self._views[m.name] = (time.monotonic(), view)
         return view
 
-    def fleet_now(self, s) -> tuple[FleetNow, dict[str, float]]:
-        """Each reachable cluster's groups now (alive capacity, what Raylane's
-        active jobs hold there, when the first running one must end by its timeout
-        or is expected to by past runs of its kind), and each project's rented
-        spend an hour."""
-        now: FleetNow = {}
+    def views(self) -> tuple[dict[str, object], dict[str, str]]:
+        """Each cluster's node groups now, read from its Ray (outside any database
+        transaction: a hung head must not hold the store's write lock), and the
+        clusters that did not answer, with why they are left out of placement now."""
+        views: dict[str, object] = {}
+        down: dict[str, str] = {}
         for name, m in self.fd.members.items():
             if name in self.lost:
                 continue
             view = self._view(m)
+            if view is None:
+                seen = m.backend.reachability.now()
+                since = f" since {seen.since:%H:%M:%S} UTC" if seen.since else ""
+                down[name] = f"unreachable{since}, not yet lost"
+            else:
+                views[name] = view
+        return views, down
+
+    def fleet_now(self, s, views: dict[str, object] | None = None) -> tuple[FleetNow, dict[str, float]]:
+        """Each reachable cluster's groups now (``views``: their node groups, read by
+        ``views()``; alive capacity, what Raylane's active jobs hold there, when the
+        first running one must end by its timeout or is expected to by past runs of
+        its kind), and each project's rented spend an hour."""
+        if views is None:
+            views, _ = self.views()
+        now: FleetNow = {}
+        for name, m in self.fd.members.items():
+            view = views.get(name)
             if view is None:
                 continue
             used, _ = stats.used_by_active(s, m.scope)
@@ -287,70 +306,92 @@ class FleetPlacer(LoopService):
         settings = self.plane.settings
         at = utcnow()
         rejudge_before = at - timedelta(seconds=settings.fleet_renominate_s)
+        retry_before = at - timedelta(seconds=UNPLACED_RETRY_S)
         with db.read(self.plane.sessions) as s:
-            if not store_fleet.to_place(s, lost=set(lost), limit=1) and \
+            if not store_fleet.to_place(s, lost=set(lost), retry_before=retry_before, limit=1) and \
                     not store_fleet.nominated_before(s, before=rejudge_before, limit=1):
                 return
+        views, down = self.views()  # Ray first, then the store: no network call inside its transaction
         woken: set[str] = set()
         with db.transaction(self.plane.sessions) as s:
-            now, spend = self.fleet_now(s)
-            self._place(s, store_fleet.to_place(s, lost=set(lost)), lost, now, spend, woken)
-            self._rejudge(s, store_fleet.nominated_before(s, before=rejudge_before), lost, now, spend, woken)
+            now, spend = self.fleet_now(s, views)
+            self._place(s, store_fleet.to_place(s, lost=set(lost), retry_before=retry_before), lost, down, now,
+                        spend, woken)
+            self._rejudge(s, store_fleet.nominated_before(s, before=rejudge_before), lost, down, now, spend, woken)
         for name in woken:
             self.fd.members[name].dispatcher.wake.set()
 
-    def _skip(self, job_id: str, lost: dict[str, datetime], moved: dict[str, set[str]]) -> dict[str, str]:
+    def _skip(self, job_id: str, lost: dict[str, datetime], down: dict[str, str],
+              moved: dict[str, set[str]]) -> dict[str, str]:
         """The clusters left out for this job now, each with why."""
         skip = {c: f"lost (unreachable since {t:%H:%M:%S} UTC)" for c, t in lost.items()}
+        skip.update({c: why for c, why in down.items() if c not in skip})
         for c in moved.get(job_id, ()):
             skip.setdefault(c, "its scale-up for this job did not come in time")
         return skip
 
-    def _nominate(self, s, job, spec: JobSpec, fp, now: FleetNow, woken: set[str], reason: str) -> None:
+    def _nominate(self, s, job, spec: JobSpec, fp, now: FleetNow, spend: dict[str, float], woken: set[str],
+                  reason: str) -> None:
         n = fp.nominee
         p = self._lane_placement(spec, n)
         p = p.model_copy(update={"reasons": [*fp.reasons, *p.reasons]})
         if store_fleet.nominate(s, job, cluster=n.cluster, placement=p.model_dump(mode="json"), reason=reason,
                                 now=utcnow()):
             woken.add(n.cluster)
+            if n.tier == "rented":  # the project's spend cap holds for the rest of this pass too
+                spend[job.project] = spend.get(job.project, 0.0) + n.price_per_hour
             if n.cluster in now and n.group in now[n.cluster]:  # what the next job of this pass sees
                 held = now[n.cluster][n.group].held
                 for k, v in p.total.items():
                     held[k] = held.get(k, 0.0) + v
 
-    def _place(self, s, jobs: list, lost: dict[str, datetime], now: FleetNow, spend: dict[str, float],
-               woken: set[str]) -> None:
-        """Nominate a cluster for each job to be placed."""
-        settings = self.plane.settings
+    def _place(self, s, jobs: list, lost: dict[str, datetime], down: dict[str, str], now: FleetNow,
+               spend: dict[str, float], woken: set[str]) -> None:
+        """Nominate a cluster for each job to be placed; one that cannot be placed now
+        says why and is tried again after ``UNPLACED_RETRY_S`` (the jobs behind it are
+        not held up)."""
         moved = store_fleet.moved_from(s, [j.id for j in jobs])
-        at = utcnow()
         for job in jobs:
-            spec = JobSpec.from_stored(job.spec)
             try:
-                fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
-                                           owned_soon_s=settings.fleet_owned_soon_s,
-                                           skip=self._skip(job.id, lost, moved))
-            except NoCandidate as e:
-                if all(c in moved.get(job.id, ()) and c not in lost for c in e.skipped):
-                    store_fleet.fail_unplaced(s, job, reason=f"no cluster of its candidates scaled up in "
-                                              f"time: {e.message}", now=at)
-                else:
-                    store_fleet.wait_unplaced(s, job, reason=f"waits for a cluster: {e.message}", now=at)
-                continue
-            except (Unroutable, Forbidden) as e:  # the fleet or the policy changed since submit
-                store_fleet.wait_unplaced(s, job, reason=f"no cluster may run it now: {e}", now=at)
-                continue
-            if fp.nominee is None:
-                store_fleet.wait_unplaced(s, job, reason="; ".join(fp.reasons), now=at)
-                continue
-            self._nominate(s, job, spec, fp, now, woken, f"{fp.reasons[0]}: {fp.nominee.reason}")
+                with s.begin_nested():  # one job's failure is its own, not the pass's
+                    self._place_one(s, job, lost, down, moved, now, spend, woken)
+            except Exception as e:
+                log.exception("placing job %s failed; it waits and is tried again", job.id)
+                with s.begin_nested():
+                    store_fleet.wait_unplaced(s, job, reason=f"placing it failed: {type(e).__name__}: {e}",
+                                              now=utcnow())
 
-    def _rejudge(self, s, jobs: list, lost: dict[str, datetime], now: FleetNow, spend: dict[str, float],
-                 woken: set[str]) -> None:
+    def _place_one(self, s, job, lost, down, moved, now: FleetNow, spend: dict[str, float], woken: set[str]) -> None:
+        settings = self.plane.settings
+        at = utcnow()
+        spec = JobSpec.from_stored(job.spec)
+        try:
+            fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
+                                       owned_soon_s=settings.fleet_owned_soon_s,
+                                       skip=self._skip(job.id, lost, down, moved))
+        except NoCandidate as e:
+            if all(c in moved.get(job.id, ()) and c not in lost and c not in down for c in e.skipped):
+                store_fleet.fail_unplaced(s, job, reason=f"no cluster of its candidates scaled up in "
+                                          f"time: {e.message}", now=at)
+            else:
+                store_fleet.wait_unplaced(s, job, reason=f"waits for a cluster: {e.message}", now=at)
+            return
+        except (Unroutable, Forbidden) as e:  # the fleet or the policy changed since submit
+            store_fleet.wait_unplaced(s, job, reason=f"no cluster may run it now: {e}", now=at)
+            return
+        if fp.nominee is None:
+            store_fleet.wait_unplaced(s, job, reason="; ".join(fp.reasons), now=at)
+            return
+        self._nominate(s, job, spec, fp, now, spend, woken, f"{fp.reasons[0]}: {fp.nominee.reason}")
+
+    def _rejudge(self, s, jobs: list, lost: dict[str, datetime], down: dict[str, str], now: FleetNow,
+                 spend: dict[str, float], woken: set[str]) -> None:
         """Queued jobs nominated a while ago and not admitted: each moves when another
         (cluster, group) now ranks strictly better than where it waits (its rented
-        group filled up, owned capacity freed, the owned wait is no longer soon);
-        else its nomination is kept until the next judgement."""
+        group filled up, owned capacity freed, the owned wait is no longer soon), or
+        where it waits is no candidate any more (a cluster gone from the fleet file,
+        a project no longer allowed to rent, a spend cap reached); else its
+        nomination is kept until the next judgement."""
         settings = self.plane.settings
         moved = store_fleet.moved_from(s, [j.id for j in jobs])
         kept = []
@@ -359,17 +400,25 @@ class FleetPlacer(LoopService):
             try:
                 fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
                                            owned_soon_s=settings.fleet_owned_soon_s,
-                                           skip=self._skip(job.id, lost, moved))
+                                           skip=self._skip(job.id, lost, down, moved))
             except (NoCandidate, Unroutable, Forbidden):
+                kept.append(job.id)
+                continue
+            except Exception:
+                log.exception("judging job %s's nomination again failed; kept", job.id)
                 kept.append(job.id)
                 continue
             n = fp.nominee
             here = next((c for c in fp.candidates if c.cluster == job.cluster and c.group == job.node_group), None)
-            if n is None or here is None or n is here or n.rank >= here.rank:
+            gone = here is None or here.blocked is not None
+            if n is None or n is here or (not gone and n.rank >= here.rank):
                 kept.append(job.id)
                 continue
-            self._nominate(s, job, spec, fp, now, woken,
-                           f"moved from {job.cluster} {job.node_group} ({here.reason}): {fp.reasons[0]}: {n.reason}")
+            was = here.reason if here is not None else "no longer a candidate"
+            if here is not None and here.blocked:
+                was = f"blocked: {here.blocked}"
+            self._nominate(s, job, spec, fp, now, spend, woken,
+                           f"moved from {job.cluster} {job.node_group} ({was}): {fp.reasons[0]}: {n.reason}")
         store_fleet.still_best(s, kept, now=utcnow())
 
 
@@ -419,3 +468,23 @@ def close(plane: "ControlPlane") -> None:
     for name, m in fd.members.items():
         if name != fd.attached:
             m.backend.close()
+
+
+def keep_to_attached(plane: "ControlPlane") -> None:
+    """A fleet of several clusters that cannot all be reached (a token unset, a
+    reach missing): jobs run on the attached cluster alone, and its loops see only
+    its jobs and attempts (and those that record no cluster). Attempts recorded on
+    another cluster are left as they are, not asked of this cluster's Ray (which
+    would call them lost and run them a second time), until the fleet is whole."""
+    from raylane.orchestrator.services import fleetplan
+
+    f = fleetplan.fleet(plane)
+    if len(f.members) < 2 or getattr(plane, "dispatcher", None) is None:
+        return
+    here = fleetplan.attached(plane)
+    scope = Scope(here, attached=True)
+    plane.dispatcher.scope = scope
+    plane.dispatcher.tier = f.cluster(here).tier
+    plane.reconciler.scope = scope
+    log.warning("fleet %s: jobs and attempts of clusters other than %s are left alone until every cluster can be "
+                "reached", f.name, here)

@@ -11,10 +11,11 @@ from datetime import datetime
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, or_, select, true, update
+from sqlalchemy import and_, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
+from raylane.orchestrator.store import tallies
 from raylane.orchestrator.store.tables import attempts, jobs
 from raylane.orchestrator.store.transitions import record_event, transition
 
@@ -90,7 +91,9 @@ def expected_ends(session: Session, *, now: datetime, scope: "Scope | None" = No
             medians[key] = sorted(spans)[len(spans) // 2] if spans else None
         if medians[key] is None:
             continue
-        left = max(0.0, (started - now).total_seconds() + medians[key])
+        left = (started - now).total_seconds() + medians[key]
+        if left <= 0:  # it ran past what runs of its kind take: no end is known for it
+            continue
         out[group] = min(left, out.get(group, left))
     return out
 
@@ -109,18 +112,28 @@ class ToPlace:
     spec: dict
     cluster: str | None
     status_reason: str | None
+    node_group: str | None = None
 
 
-def to_place(session: Session, *, lost: set[str], limit: int = PLACE_BATCH) -> list[ToPlace]:
+_TO_PLACE_COLS = (jobs.c.id, jobs.c.project, jobs.c.status, jobs.c.spec, jobs.c.cluster, jobs.c.status_reason,
+                  jobs.c.node_group)
+
+
+def to_place(session: Session, *, lost: set[str], retry_before: datetime | None = None,
+             limit: int = PLACE_BATCH) -> list[ToPlace]:
     """Queued jobs whose nomination must be made again: those marked ``TO_PLACE``
-    (their cluster was lost, or their scale-up there did not come) and those
-    nominated to a cluster in ``lost``, in admission order."""
-    where = jobs.c.cluster == TO_PLACE if not lost else or_(jobs.c.cluster == TO_PLACE, jobs.c.cluster.in_(lost))
-    rows = session.execute(select(jobs.c.id, jobs.c.project, jobs.c.status, jobs.c.spec, jobs.c.cluster,
-                                  jobs.c.status_reason)
-                           .where(jobs.c.status.in_(_QUEUED), where)
+    (submitted, their cluster lost, their scale-up there did not come) and those
+    nominated to a cluster in ``lost``, in admission order. A job tried before and
+    left unplaced (``wait_unplaced``) comes back once its try is older than
+    ``retry_before``: jobs no cluster can take now do not hold up those behind them."""
+    fresh = jobs.c.cluster == TO_PLACE
+    if retry_before is not None:
+        fresh = and_(fresh, or_(jobs.c.nominated_at.is_(None), jobs.c.nominated_at < retry_before))
+    where = fresh if not lost else or_(fresh, jobs.c.cluster.in_(lost))
+    rows = session.execute(select(*_TO_PLACE_COLS).where(jobs.c.status.in_(_QUEUED), where)
                            .order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit)).all()
-    return [ToPlace(r.id, r.project, JobStatus(r.status), r.spec, r.cluster, r.status_reason) for r in rows]
+    return [ToPlace(r.id, r.project, JobStatus(r.status), r.spec, r.cluster, r.status_reason, r.node_group)
+            for r in rows]
 
 
 def moved_from(session: Session, job_ids: list[str]) -> dict[str, set[str]]:
@@ -140,22 +153,25 @@ def nominate(session: Session, job: ToPlace, *, cluster: str, placement: dict, r
     """The job's nomination is now ``cluster`` with ``placement`` (its reason and an
     event say why); a compare-and-set on its status and nomination: False when the
     job moved since it was read (a cancel, another replica's placer)."""
+    group = placement.get("node_group")
     done = session.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.status == job.status.value,
                                               _same(jobs.c.cluster, job.cluster))
-                           .values(cluster=cluster, placement=placement, node_group=placement.get("node_group"),
+                           .values(cluster=cluster, placement=placement, node_group=group,
                                    status_reason=reason, updated_at=now, nominated_at=now)).rowcount
     if done:
         record_event(session, job.id, status=job.status, reason=reason, actor="fleet", now=now)
+        if group != job.node_group:  # the per-group counts (tallies) follow the job
+            tallies.job_moved(session, src=job.status.value, src_group=job.node_group, to=job.status.value,
+                              to_group=group)
     return bool(done)
 
 
 def wait_unplaced(session: Session, job: ToPlace, *, reason: str, now: datetime) -> None:
     """The job stays to be placed (no candidate can take it now): its reason says why, once."""
-    if job.status_reason == reason:
-        return
     session.execute(update(jobs).where(jobs.c.id == job.id, jobs.c.status == job.status.value)
-                    .values(cluster=TO_PLACE, status_reason=reason))
-    record_event(session, job.id, status=job.status, reason=reason, actor="fleet", now=now)
+                    .values(cluster=TO_PLACE, status_reason=reason, nominated_at=now))  # tried: again later
+    if job.status_reason != reason:
+        record_event(session, job.id, status=job.status, reason=reason, actor="fleet", now=now)
 
 
 def _same(column, value):
@@ -214,21 +230,21 @@ def window_attempts(session: Session, *, start: datetime, end: datetime) -> list
             for r in rows]
 
 
-@dataclass(frozen=True)
-class Nominated(ToPlace):
-    node_group: str | None = None
+Nominated = ToPlace  # a queued job with its nomination, judged again (``nominated_before``)
 
 
 def nominated_before(session: Session, *, before: datetime, limit: int = PLACE_BATCH) -> list[Nominated]:
     """Queued jobs nominated to a cluster before ``before`` and not admitted since,
     in admission order: the placer judges again whether another cluster would start
     them sooner (a rented group that filled up, owned capacity that freed)."""
-    rows = session.execute(select(jobs.c.id, jobs.c.project, jobs.c.status, jobs.c.spec, jobs.c.cluster,
-                                  jobs.c.status_reason, jobs.c.node_group)
-                           .where(jobs.c.status.in_(_QUEUED), jobs.c.cluster.is_not(None), jobs.c.cluster != TO_PLACE,
-                                  jobs.c.nominated_at < before)
-                           .order_by(jobs.c.priority.desc(), jobs.c.id).limit(limit)).all()
-    return [Nominated(r.id, r.project, JobStatus(r.status), r.spec, r.cluster, r.status_reason, r.node_group)
+    # Oldest judgement first (``ix_jobs_status_nominated_at``'s order): a big queue is
+    # judged a batch a pass, round after round, without sorting all of it.
+    rows = session.execute(select(*_TO_PLACE_COLS)
+                           .where(jobs.c.status.in_(_QUEUED), jobs.c.nominated_at < before,
+                                  jobs.c.cluster.is_not(None), jobs.c.cluster != TO_PLACE,
+                                  jobs.c.array_held.is_(False), jobs.c.deps_waiting == 0)
+                           .order_by(jobs.c.nominated_at).limit(limit)).all()
+    return [ToPlace(r.id, r.project, JobStatus(r.status), r.spec, r.cluster, r.status_reason, r.node_group)
             for r in rows]
 
 

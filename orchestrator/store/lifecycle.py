@@ -141,8 +141,9 @@ def attempt_submitted(s: Session, job_id: str, number: int, *, owner: str, note:
     try:
         set_attempt(s, job_id, number, AttemptStatus.SUBMITTED, expected={AttemptStatus.CLAIMED})
     except InvalidTransition:
-        # Another dispatcher that took over the lease may have recorded it already.
-        if _attempt_status(s, job_id, number) is AttemptStatus.STOPPED:
+        # Another dispatcher that took over the lease may have recorded it already;
+        # STOPPED: a cancel won the race; LOST: given up with its cluster meanwhile.
+        if _attempt_status(s, job_id, number) in (AttemptStatus.STOPPED, AttemptStatus.LOST):
             return False
     s.execute(_RELEASE_LEASE, {"b_id": job_id, "b_owner": owner, "lease_owner": None, "lease_expires_at": None,
                                "status_reason": note})
@@ -276,6 +277,7 @@ def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus
         values["not_before"] = now + timedelta(seconds=d.delay_s)
         if elsewhere and cause in (FailureCause.CLUSTER_LOST, FailureCause.SCALE_UP_TIMEOUT):
             values["cluster"] = TO_PLACE
+            values["nominated_at"] = None  # placed again at the placer's next pass
     else:
         reason = f"{summary}; {d.reason}"
         values["finished_at"] = now
