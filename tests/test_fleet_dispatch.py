@@ -38,6 +38,7 @@ def fleet(cp, monkeypatch):
     # The loops are turned far faster than real time here: the placer reads each cluster's nodes every pass.
     monkeypatch.setattr(fleetdispatch, "VIEW_CACHE_S", 0.0)
     monkeypatch.setattr(fleetdispatch, "UNPLACED_RETRY_S", 0.0)  # ... and tries an unplaced job again every pass
+    monkeypatch.setattr(fleetdispatch, "MEDIANS_KEPT_S", 0.0)  # ... and reads past runs afresh every pass
     f = configured("local-hybrid", Profile.load(None))
     rays = {c.name: FakeRay(c.profile, name=c.name) for c in f.members}
     for g in f.cluster("cloud").profile.workers:  # cloud scales from zero: no worker node until a job asks

@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 VIEW_CACHE_S = 1.0  # a cluster's node list, read at most this often by the placer
 UNPLACED_RETRY_S = 10.0  # a job no cluster can take now is tried again this long after
+MEDIANS_KEPT_S = 60.0  # how long the placer keeps a kind's median run on a group (store.fleet.expected_ends)
 
 
 @dataclass
@@ -196,6 +197,7 @@ class FleetPlacer(LoopService):
         self.fd = fd
         self.lost: dict[str, datetime] = {}  # cluster -> when the outage that lost it began
         self._views: dict[str, tuple[float, object]] = {}
+        self._medians: dict[str, tuple[datetime, dict]] = {}  # cluster -> (when, (group, kind) -> median run)
 
     # Lost clusters --------------------------------------------------------------
 
@@ -267,7 +269,10 @@ class FleetPlacer(LoopService):
             used, _ = stats.used_by_active(s, m.scope)
             at = utcnow()
             bounds = store_fleet.timeout_ends(s, now=at, scope=m.scope)  # a running job's timeout: certain
-            guesses = store_fleet.expected_ends(s, now=at, scope=m.scope)  # past runs of its kind: likely
+            cached = self._medians.get(name)  # kept by the store's clock: a median is about job time, not ours
+            if cached is None or (at - cached[0]).total_seconds() > MEDIANS_KEPT_S:
+                cached = self._medians[name] = (at, {})
+            guesses = store_fleet.expected_ends(s, now=at, scope=m.scope, medians=cached[1])  # past runs: likely
             now[name] = {}
             for g in m.profile.workers:
                 st = view.get(g.name)

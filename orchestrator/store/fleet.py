@@ -68,17 +68,21 @@ def timeout_ends(session: Session, *, now: datetime, scope: "Scope | None" = Non
 PAST_RUNS = 50  # the latest succeeded attempts of a kind on a group that an estimate reads
 
 
-def expected_ends(session: Session, *, now: datetime, scope: "Scope | None" = None) -> dict[str, float]:
+def expected_ends(session: Session, *, now: datetime, scope: "Scope | None" = None,
+                  medians: dict[tuple[str, str], float | None] | None = None) -> dict[str, float]:
     """Node group -> seconds from ``now`` until its first running job is expected to
     end, from how long the latest ``PAST_RUNS`` succeeded attempts of its kind on
     that group ran (the median; 0 when already past it). An estimate, not a bound:
-    groups with no such history are absent. ``scope``: on one cluster of a fleet."""
+    groups with no such history are absent. ``scope``: on one cluster of a fleet.
+    ``medians``: the caller's cache of (group, kind) -> median, filled here (a
+    median moves slowly; the placer keeps it a minute rather than read the
+    attempts each pass)."""
     running = session.execute(select(jobs.c.node_group, jobs.c.kind, jobs.c.started_at)
                               .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.started_at.is_not(None),
                                      jobs.c.node_group.is_not(None), jobs_on(scope))).all()
     if not running:
         return {}
-    medians: dict[tuple[str, str], float | None] = {}
+    medians = {} if medians is None else medians
     out: dict[str, float] = {}
     for group, kind, started in running:
         key = (group, kind)
