@@ -233,10 +233,9 @@ class ControlPlane:
                 (spec.placement.cluster == "auto" and spec.placement.tier == "auto"):
             return
         from raylane.orchestrator.domain import placement as fleet_placement
-        from raylane.orchestrator.services import fleetdispatch
+        from raylane.orchestrator.services import fleetplan
 
-        fleet_placement.place(spec, self.fleet_dispatch.fleet, None,
-                              rent=fleetdispatch.rent_policy(self, project, {}))
+        fleet_placement.place(spec, self.fleet_dispatch.fleet, None, rent=fleetplan.rent_policy(self, project))
 
     def _prepares_in_memory(self, spec: JobSpec) -> bool:
         # A router set without Ray (tests, the CLI's local commands) is a pure function.

@@ -45,12 +45,13 @@ from raylane.orchestrator.domain import placement as fleet_placement
 from raylane.orchestrator.domain.costs import node_share
 from raylane.orchestrator.domain.errors import Forbidden
 from raylane.orchestrator.domain.fleet import Fleet
-from raylane.orchestrator.domain.placement import FleetNow, GroupNow, NoCandidate, RentPolicy
+from raylane.orchestrator.domain.placement import FleetNow, GroupNow, NoCandidate
 from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.routing import Unroutable, route
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.loops.base import LoopService
+from raylane.orchestrator.services import fleetplan
 from raylane.orchestrator.store import db, lifecycle, stats
 from raylane.orchestrator.store import fleet as store_fleet
 from raylane.orchestrator.store.fleet import TO_PLACE, Scope
@@ -176,13 +177,6 @@ def fleet_router(plane: "ControlPlane", fd: FleetDispatch):
             f"to be placed across fleet {fd.fleet.name}", *first.placement.reasons]})
 
     return routed
-
-
-def rent_policy(plane: "ControlPlane", project: str, spend: dict[str, float]) -> RentPolicy:
-    s = plane.settings
-    cap = s.fleet_rented_spend_cap.get(project, s.fleet_rented_spend_cap.get("*"))
-    return RentPolicy(project=project, may_rent=project not in s.fleet_no_rent_projects, cap_per_hour=cap,
-                      spend_per_hour=spend.get(project, 0.0))
 
 
 class FleetPlacer(LoopService):
@@ -326,6 +320,10 @@ class FleetPlacer(LoopService):
         for name in woken:
             self.fd.members[name].dispatcher.wake.set()
 
+    def _rent(self, job, spend: dict[str, float]):
+        """The job's project's renting policy, with what it rents now (``spend``, by project)."""
+        return fleetplan.rent_policy(self.plane, job.project, spend.get(job.project, 0.0))
+
     def _skip(self, job_id: str, lost: dict[str, datetime], down: dict[str, str],
               moved: dict[str, set[str]]) -> dict[str, str]:
         """The clusters left out for this job now, each with why."""
@@ -371,7 +369,7 @@ class FleetPlacer(LoopService):
         at = utcnow()
         spec = JobSpec.from_stored(job.spec)
         try:
-            fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
+            fp = fleet_placement.place(spec, self.fd.fleet, now, rent=self._rent(job, spend),
                                        owned_soon_s=settings.fleet_owned_soon_s,
                                        skip=self._skip(job.id, lost, down, moved))
         except NoCandidate as e:
@@ -403,7 +401,7 @@ class FleetPlacer(LoopService):
         for job in jobs:
             spec = JobSpec.from_stored(job.spec)
             try:
-                fp = fleet_placement.place(spec, self.fd.fleet, now, rent=rent_policy(self.plane, job.project, spend),
+                fp = fleet_placement.place(spec, self.fd.fleet, now, rent=self._rent(job, spend),
                                            owned_soon_s=settings.fleet_owned_soon_s,
                                            skip=self._skip(job.id, lost, down, moved))
             except (NoCandidate, Unroutable, Forbidden):
@@ -448,7 +446,6 @@ def attach_configured_fleet(plane: "ControlPlane") -> tuple[FleetDispatch, dict[
     and the log says why)."""
     from raylane.orchestrator.backends.fleet import FleetBackends
     from raylane.orchestrator.domain.errors import Invalid
-    from raylane.orchestrator.services import fleetplan
 
     f = fleetplan.fleet(plane)
     if len(f.members) < 2:
@@ -481,8 +478,6 @@ def keep_to_attached(plane: "ControlPlane") -> None:
     its jobs and attempts (and those that record no cluster). Attempts recorded on
     another cluster are left as they are, not asked of this cluster's Ray (which
     would call them lost and run them a second time), until the fleet is whole."""
-    from raylane.orchestrator.services import fleetplan
-
     f = fleetplan.fleet(plane)
     if len(f.members) < 2 or getattr(plane, "dispatcher", None) is None:
         return

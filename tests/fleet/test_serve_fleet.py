@@ -45,14 +45,6 @@ def cluster_pids(st: dict) -> list[int]:
     return sorted(pids)
 
 
-def signal_all(pids: list[int], sig: int) -> None:
-    for p in pids:
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
 def leftovers(states: list[dict]) -> list[int]:
     pids = set()
     for st in states:
@@ -146,7 +138,7 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(t
                        timeout=300, what="the GPU job running on cloud after its scale-up")
         assert job["placement"]["cluster"] == "cloud", job["placement"]
         paused = cluster_pids(states[1])
-        signal_all(paused, signal.SIGSTOP)
+        nodeprocs._kill_each(paused, signal.SIGSTOP)
         try:
             first = wait_for(lambda: (a := api.get(f"/v1/jobs/{mid}/attempts").json())[0]["status"] == "LOST" and a[0],
                              timeout=GRACE_S + 120, what="cloud lost past the grace")
@@ -156,7 +148,7 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(t
             job = wait_for(lambda: (j := api.get(f"/v1/jobs/{mid}").json())["status"] in ("SUCCEEDED", "FAILED")
                            and j, timeout=180, what="the moved job to end on onprem")
         finally:
-            signal_all(paused, signal.SIGCONT)
+            nodeprocs._kill_each(paused, signal.SIGCONT)
         assert job["status"] == "SUCCEEDED" and job["placement"]["cluster"] == "onprem", job
         ray_job = lambda: httpx.get(f"{states[1]['dashboard_url']}/api/jobs/{first['submission_id']}",  # noqa: E731
                                     headers={"Authorization": f"Bearer {cloud_token}"}, timeout=10).json()
