@@ -32,7 +32,10 @@ import pytest
 
 from tests.helpers import wait_for
 
-PG_ADMIN_URL = os.environ.get("RAYLANE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+# RAYLANE_TEST_PG: the server to make test databases on (a URL), or "1" to run
+# ``make test-fast``'s database tests on PostgreSQL too, on the default server.
+_PG = os.environ.get("RAYLANE_TEST_PG", "")
+PG_ADMIN_URL = _PG if "://" in _PG else "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 RUN_ID = uuid.uuid4().hex[:8]
 ROOT = Path(__file__).resolve().parent.parent
 
