@@ -109,6 +109,8 @@ class CheckpointSignal:
     def __init__(self, submission_id: str):
         self.submission_id = submission_id
         self._seen: bytes | None = None  # the last request acted on
+        self._unsaid: bytes | None = None  # a request seen whose checkpoint is not said saved yet
+        self.requested_at: float | None = None  # wall time the last request was seen
         self._checked_at = 0.0
 
     def requested(self) -> bool:
@@ -127,9 +129,28 @@ class CheckpointSignal:
             return False
         if value and value != self._seen:
             self._seen = value
+            self._unsaid = value
+            self.requested_at = time.time()
             print(f"raylane: checkpoint requested: {value.decode(errors='replace')}", flush=True)
             return True
         return False
+
+    def saved(self) -> None:
+        """Tell the control plane the checkpoint it asked for is saved (a preempted
+        attempt is then stopped at once instead of at its grace period's end).
+        Does nothing when no request is unanswered; never fails the job."""
+        value, self._unsaid = self._unsaid, None
+        if value is None:
+            return
+        try:
+            from ray.experimental import internal_kv
+
+            if internal_kv._internal_kv_initialized():
+                internal_kv._internal_kv_put(protocol.checkpointed_key(self.submission_id), value, overwrite=True,
+                                             namespace=protocol.KV_NAMESPACE)
+                print("raylane: checkpoint saved after the request", flush=True)
+        except Exception:
+            pass
 
 
 _signal: CheckpointSignal | None = None  # this process's, set by the runner around the user's code
@@ -150,6 +171,15 @@ def checkpoint_requested() -> bool:
     when it is True) and anything else running inside a Raylane job; a training
     function has the same as ``ctx.checkpoint_requested()``. False outside a job."""
     return _signal.requested() if _signal is not None else False
+
+
+def checkpoint_saved() -> None:
+    """Say that the checkpoint asked for (``checkpoint_requested()`` was True) is
+    saved: a job being preempted is then stopped at once rather than at the end of
+    its grace period (docs/sharing.md). A training function's ``ctx.report()`` says
+    it for you once a checkpoint is stored; a command or a trial calls this."""
+    if _signal is not None:
+        _signal.saved()
 
 
 def load_callable(path: str) -> Callable[..., Any]:

@@ -71,8 +71,14 @@ class TrainContext:
         return self._signal.requested()
 
     def report(self, **metrics: Any) -> None:
-        """Record metrics, and store any checkpoint written since the last report."""
-        self.store_checkpoints()
+        """Record metrics, and store any checkpoint written since the last report;
+        after a checkpoint request, a report that stored one (on a shared path: that
+        finds a ``checkpoint_*`` written since) tells Raylane it is saved."""
+        stored = self.store_checkpoints()
+        asked = self._signal.requested_at
+        if asked is not None and (stored or self._store is None and any(
+                d.stat().st_mtime >= asked - 1.0 for d in self.checkpoint_dir.glob("checkpoint_*"))):
+            self._signal.saved()
         self.metrics.append(metrics)
         if self.rank == 0:
             print(f"raylane-metrics {json.dumps(metrics, default=str)}", flush=True)

@@ -113,6 +113,22 @@ class Settings(BaseSettings):
     lease_s: float = Field(30.0, gt=0, description="How long a claimed job is held by one control plane.")
     max_concurrent_drivers: int = Field(64, ge=1, description="Head-node guard: most Ray drivers at once.")
     starvation_skips: int = Field(20, ge=0, description="Times a big job may be passed over before it reserves capacity.")
+    # Sharing (docs/sharing.md)
+    preemption: bool = Field(
+        True, description="Preempt running jobs for a waiting one: borrowers for a job within its project's "
+        "guaranteed share, lower priority for higher. Victims are asked to checkpoint and stopped after their "
+        "grace period; their attempts end PREEMPTED_BY_PRIORITY (queued again, not counted against max_attempts).")
+    preempt_grace_s: float = Field(
+        60.0, ge=0, le=86400, description="How long a preempted job has to checkpoint before it is stopped "
+        "(sooner once it has); a spec may ask for more with preemption.grace_s, up to preempt_max_grace_s.")
+    preempt_max_grace_s: float = Field(
+        600.0, ge=0, le=86400, description="The longest grace period a spec may ask for (policy).")
+    preempt_min_run_s: float = Field(
+        120.0, ge=0, le=86400, description="A job that has run less than this is never preempted: it has had no "
+        "time to do (or checkpoint) anything.")
+    preempt_cycle_window_s: float = Field(
+        600.0, ge=0, le=86400, description="A job preempted for another may not preempt that one back within "
+        "this long (no cycles).")
     autoscale_ahead_jobs: int = Field(
         0, ge=0, le=1000, description="Per node group, most jobs submitted to Ray ahead of a scale-up (beyond live "
         "capacity, up to what the profile's max_nodes lets Ray's autoscaler or KubeRay add), so that the autoscaler "
@@ -175,6 +191,9 @@ class Settings(BaseSettings):
 
     # Policy: what a job may run (orchestrator/domain/policy.py)
     policy_allow_pip: bool = Field(True, description="Allow runtime_env.pip at all.")
+    policy_preemption_opt_out: bool = Field(
+        False, description="Allow a spec to set preemption.preemptible false for a kind that may be preempted "
+        "(sweeps, batch, commands, training, functions); off: such a spec is refused (403).")
     policy_pip_allowlist: list[str] = Field(
         [], description="Package names runtime_env.pip may install (JSON list); empty: any. When set, URLs and pip options are refused too."
     )

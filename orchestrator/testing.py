@@ -97,6 +97,7 @@ class MemoryGcs:
     def forget_checkpoint_request(self, submission_id: str) -> None:
         self._call("forget_checkpoint_request")
         self.kv.pop(protocol.checkpoint_key(submission_id), None)
+        self.kv.pop(protocol.checkpointed_key(submission_id), None)
 
     def checkpoint_request(self, submission_id: str) -> dict | None:
         return self._get_json("checkpoint_request", protocol.checkpoint_key(submission_id))

@@ -44,7 +44,7 @@ def plan(spec: JobSpec, cp: CP, caller: ReaderDep) -> Placement:
     if len(fleetplan.fleet(cp).members) > 1:
         policy.check(spec, cp.settings)
         return fleetplan.plan(cp, spec, caller.project)
-    return cp.plan(spec)
+    return cp.plan(spec, caller.project)
 
 
 class FleetGroupView(BaseModel):

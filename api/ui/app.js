@@ -496,7 +496,8 @@ function jobView(view, id) {
       job.result ? [h("dt", {}, "Result"), h("dd", {}, resultBox(job.result))] : null));
     const p = job.placement;
     fill(placement, h("h2", {}, "Placement"), ...(p ? [
-      h("p", {}, h("b", {}, p.node_group), ` (${p.market}), ${p.strategy}${p.colocate ? ", co-located" : ""}, ${p.num_workers} x ${res(p.worker_resources)}`),
+      h("p", {}, h("b", {}, p.node_group), ` (${p.market}), ${p.strategy}${p.colocate ? ", co-located" : ""}, ${p.num_workers} x ${res(p.worker_resources)}`,
+        p.borrowed ? [" ", h("span", { class: "badge", id: "borrowed", title: "beyond its project's guaranteed share: preempted first when the share's owner needs it" }, "borrowed")] : null),
       h("div", { class: "muted" }, "Why:"), h("ul", { class: "reasons", id: "reasons" }, p.reasons.map(r => h("li", {}, r)))]
       : [h("p", { class: "muted" }, "Not routed yet (no cluster profile attached).")]));
     fill(cost, h("h2", {}, "Cost"), costs ? h("div", { class: "stats" },
@@ -509,7 +510,8 @@ function jobView(view, id) {
       h("tbody", {}, attempts.map(a => {
         const c = costs && costs.attempts.find(x => x.number === a.number);
         return h("tr", {}, h("td", {}, a.number), h("td", {}, a.node_group || "-"), h("td", {}, a.market || "-"), h("td", {}, a.status),
-          h("td", {}, when(a.started_at)), h("td", {}, when(a.ended_at)), h("td", { title: a.message || "" }, a.cause || ""),
+          h("td", {}, when(a.started_at)), h("td", {}, when(a.ended_at)), h("td", { title: a.message || "" }, a.cause || "",
+            a.preempt_for ? h("div", { class: "muted preempt" }, a.cause ? `for job ${a.preempt_for}` : `being preempted for job ${a.preempt_for}, stopped by ${when(a.preempt_deadline)}`) : null),
           h("td", { class: "num" }, c ? money(c.cost) : "-"),
           h("td", {}, a.dashboard_url ? h("a", { href: a.dashboard_url, target: "_blank", rel: "noopener" }, "dashboard \u2197") : "-"));
       }))) : h("p", { class: "muted" }, "No attempt yet."));

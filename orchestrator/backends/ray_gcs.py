@@ -133,9 +133,10 @@ class RayGcs:
             key=checkpoint_key(submission_id), value=value, overwrite=True, namespace=KV_NAMESPACE))
 
     def forget_checkpoint_request(self, submission_id: str) -> None:
-        """The attempt ended: its message goes (it would outlive it in Ray's store)."""
-        self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(
-            key=checkpoint_key(submission_id), namespace=KV_NAMESPACE))
+        """The attempt ended: its message goes (it would outlive it in Ray's store), with
+        its runner's answer if any (``protocol.checkpointed_key``)."""
+        for key in (checkpoint_key(submission_id), protocol.checkpointed_key(submission_id).encode()):
+            self._call(self._kv.InternalKVDel, gcs_service_pb2.InternalKVDelRequest(key=key, namespace=KV_NAMESPACE))
 
     def _get(self, key: bytes) -> bytes | None:
         try:

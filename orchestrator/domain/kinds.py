@@ -55,6 +55,9 @@ class KindTraits:
     section: str | None
     cost_basis: CostBasis
     section_required: bool = True
+    # Raylane may stop it for a job within its guarantee or of higher priority, after
+    # a grace period to checkpoint (docs/sharing.md); a service answers requests and is never.
+    preemptible: bool = True
 
     @property
     def entrypoint(self) -> str:
@@ -86,7 +89,8 @@ KINDS: dict[str, KindTraits] = {t.name: t for t in (
                serves=False, strategy="SPREAD", section="batch", cost_basis="spot"),
     KindTraits("service", "a Ray Serve application, long-running",
                runner="raylane.jobs.service", elastic=False, spot_first=True, checkpoints=False, serves=True,
-               strategy="PACK", section="service", cost_basis="held", section_required=False),
+               strategy="PACK", section="service", cost_basis="held", section_required=False,
+               preemptible=False),
     KindTraits("command", "any shell entrypoint, like `ray job submit -- ...`",
                runner=None, elastic=False, spot_first=False, checkpoints=False, serves=False,
                strategy="PACK", section=None, cost_basis="entrypoint"),

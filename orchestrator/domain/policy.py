@@ -35,6 +35,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from raylane.orchestrator.domain.errors import Forbidden, Invalid
+from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.packages import is_package_uri, package_sha
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import JobSpec
@@ -82,6 +83,7 @@ def check(spec: JobSpec, settings: Settings, *, where: str = "") -> None:
         _check_sources(spec, settings)
         _check_env(spec, settings)
         _check_resources(spec, settings)
+        _check_preemption(spec, settings)
     except (PolicyViolation, PolicyInvalid) as e:
         if where:
             e.message = f"{where}: {e.message}"
@@ -205,6 +207,19 @@ def _check_resources(spec: JobSpec, settings: Settings) -> None:
         if cap is not None and value > cap + 1e-9:
             raise PolicyViolation(f"the job asks for {value:g} {label}; at most {cap:g} per job are allowed",
                                   rule=rule, field="resources")
+
+
+def _check_preemption(spec: JobSpec, settings: Settings) -> None:
+    p = spec.preemption
+    if p.preemptible is False and traits(spec.kind).preemptible and not settings.policy_preemption_opt_out:
+        raise PolicyViolation(f"preemption.preemptible false: a {spec.kind.value} job may be preempted on this "
+                              f"server (for a job within its project's guaranteed share, or of higher priority); "
+                              f"ask an admin to set RAYLANE_POLICY_PREEMPTION_OPT_OUT",
+                              rule="policy.preemption.opt_out", field="preemption.preemptible")
+    if p.grace_s is not None and p.grace_s > settings.preempt_max_grace_s + 1e-9:
+        raise PolicyViolation(f"preemption.grace_s {p.grace_s:g} is more than this server allows "
+                              f"({settings.preempt_max_grace_s:g} s, RAYLANE_PREEMPT_MAX_GRACE_S)",
+                              rule="policy.preemption.max_grace_s", field="preemption.grace_s")
 
 
 def state_excludes(spec: JobSpec, data_dir: Path) -> list[str]:

@@ -200,6 +200,13 @@ def trials_key(submission_id: str) -> str:
     return f"trials/{submission_id}"
 
 
+def checkpointed_key(submission_id: str) -> str:
+    """Where an attempt's runner says it saved a checkpoint after a request (the
+    request's message as the value): a preempted attempt is then stopped at once,
+    not at its grace period's end (docs/sharing.md)."""
+    return f"checkpointed/{submission_id}"
+
+
 def result_key(submission_id: str) -> str:
     """Where an attempt's runner leaves its result for the reconciler."""
     return f"result/{submission_id}"

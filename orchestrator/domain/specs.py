@@ -167,6 +167,17 @@ class RetryPolicy(_Frozen):
     spot_fallback_after: int = Field(2, ge=0, le=100)
 
 
+class PreemptionSpec(_Frozen):
+    """Whether Raylane may preempt the job for another, and how long it then has to
+    checkpoint (docs/sharing.md). None: the kind's trait and the server's setting."""
+
+    # None: the kind's (``kinds.KindTraits.preemptible``: yes but for services).
+    # False on a kind that may be preempted needs RAYLANE_POLICY_PREEMPTION_OPT_OUT.
+    preemptible: bool | None = None
+    # None: RAYLANE_PREEMPT_GRACE_S; more than RAYLANE_PREEMPT_MAX_GRACE_S is refused (403).
+    grace_s: float | None = Field(None, ge=0, le=86400)
+
+
 class Domain(_Model):
     """One search-space dimension: exactly one of the fields is set."""
 
@@ -322,6 +333,7 @@ class JobSpec(_Model):
     placement: PlacementHint = PlacementHint()
     priority: int = Field(50, ge=0, le=100)
     retry: RetryPolicy = RetryPolicy()
+    preemption: PreemptionSpec = PreemptionSpec()
     timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
     labels: dict[str, str] = Field(default_factory=dict)
     sweep: SweepSpec | None = None

@@ -110,6 +110,8 @@ class FailureCause(str, Enum):
     UNSCHEDULABLE = "UNSCHEDULABLE"  # can never fit the cluster profile
     SCALE_UP_TIMEOUT = "SCALE_UP_TIMEOUT"  # submitted ahead of a scale-up that did not come in time
     CLUSTER_LOST = "CLUSTER_LOST"  # its fleet cluster was unreachable past the grace (docs/fleet.md)
+    # stopped after its grace period for a job within its guarantee or of higher priority (docs/sharing.md)
+    PREEMPTED_BY_PRIORITY = "PREEMPTED_BY_PRIORITY"
 
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
@@ -205,10 +207,15 @@ CAUSES: dict[FailureCause, CauseRule] = {
     FailureCause.CLUSTER_LOST: CauseRule(retried=True, spends_attempt=False, backoff=Backoff.NONE,
                                          bound=Bound.INFRA, why="its cluster is gone, not the job: placed again on "
                                          "another cluster at once, resuming from its checkpoint"),
+    FailureCause.PREEMPTED_BY_PRIORITY: CauseRule(
+        retried=True, spends_attempt=False, backoff=Backoff.NONE, bound=Bound.INFRA,
+        why="Raylane stopped it for a job within its guarantee or of higher priority: queued again at once, "
+            "resuming from its checkpoint (on a fleet, on rented capacity if its policy allows)"),
 }
 
-# Retried on another cluster of the fleet, at once: nothing there is known to be wrong.
-MOVES_AT_ONCE = frozenset({FailureCause.CLUSTER_LOST})
+# Retried at once, placed again (on a fleet: on another cluster when one can take
+# it): nothing is known to be wrong with the job or where it ran.
+MOVES_AT_ONCE = frozenset({FailureCause.CLUSTER_LOST, FailureCause.PREEMPTED_BY_PRIORITY})
 # Causes that are the cluster's fault, not the job's: they do not spend max_attempts.
 INFRASTRUCTURE_CAUSES = frozenset(c for c, rule in CAUSES.items() if not rule.spends_attempt)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from raylane.orchestrator.domain.inputs import InputRule
 from raylane.orchestrator.domain.specs import JobKind, JobSpec
@@ -39,6 +39,11 @@ class Placement(BaseModel):
     cluster: str | None = Field(None, description="The fleet's cluster it is placed on (docs/fleet.md); null: "
                                 "the one cluster, not placed across a fleet")
     tier: Literal["owned", "rented"] | None = Field(None, description="That cluster's tier")
+    borrowed: bool = Field(False, description="Admitted on borrowed capacity: beyond its project's guaranteed "
+                           "share of the group (docs/sharing.md); such a job is the first preempted when the "
+                           "share's owner needs it back")
+    preempts: list[str] = Field(default_factory=list, description="POST /v1/plan only: the running jobs that a "
+                                "job submitted now would preempt (docs/sharing.md)")
 
 
 class Attempt(BaseModel):
@@ -56,6 +61,10 @@ class Attempt(BaseModel):
     exit_code: int | None = None
     ray_job: str | None = Field(None, description="The Ray job it ran in, when not its own: a warm lane's host")
     cluster: str | None = Field(None, description="The fleet's cluster it was placed on; null: the one cluster")
+    preempt_for: str | None = Field(None, description="The waiting job this attempt is being (or was) preempted "
+                                    "for (docs/sharing.md)")
+    preempt_deadline: datetime | None = Field(None, description="When it is stopped at the latest: its grace "
+                                              "period's end (sooner once it has checkpointed)")
     dashboard_url: str | None = None
 
 
@@ -270,11 +279,32 @@ class Project(BaseModel):
 
 
 class GroupLimits(_Request):
-    """A project's limits in one node group; null: no limit on that resource."""
+    """A project's limits in one node group; null: no limit on that resource.
+    ``max_gpus`` / ``max_cpus`` are its guaranteed share; ``borrow_*`` how much more it
+    may use while others leave theirs idle (null: none, a hard cap); ``lend_*`` how
+    much of its idle share others may borrow (null: all). docs/sharing.md."""
 
     max_gpus: float | None = Field(None, ge=0, le=1_000_000)
     max_cpus: float | None = Field(None, ge=0, le=10_000_000)
     max_concurrent_jobs: int | None = Field(None, ge=0, le=1_000_000)
+    borrow_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    borrow_cpus: float | None = Field(None, ge=0, le=10_000_000)
+    lend_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    lend_cpus: float | None = Field(None, ge=0, le=10_000_000)
+
+    @model_validator(mode="after")
+    def _against_share(self) -> "GroupLimits":
+        for res in ("gpus", "cpus"):
+            share = getattr(self, f"max_{res}")
+            for what in ("borrow", "lend"):
+                if getattr(self, f"{what}_{res}") is not None and share is None:
+                    raise ValueError(f"{what}_{res} needs max_{res} (the guaranteed share it "
+                                     f"{'adds to' if what == 'borrow' else 'lends from'})")
+            lend = self.lend_gpus if res == "gpus" else self.lend_cpus
+            if lend is not None and share is not None and lend > share:
+                raise ValueError(f"lend_{res} ({lend:g}) is more than max_{res} ({share:g}): a project lends "
+                                 f"from its own share")
+        return self
 
 
 class QuotaUpdate(_Request):
@@ -287,6 +317,12 @@ class GroupQuota(BaseModel):
     max_gpus: float | None = None
     max_cpus: float | None = None
     max_concurrent_jobs: int | None = None
+    borrow_gpus: float | None = None
+    borrow_cpus: float | None = None
+    lend_gpus: float | None = None
+    lend_cpus: float | None = None
+    borrowed_gpus: float = Field(0, description="GPUs its active jobs hold beyond its guaranteed share")
+    borrowed_cpus: float = Field(0, description="CPUs its active jobs hold beyond its guaranteed share")
     used_gpus: float = Field(0, description="GPUs held by the project's active jobs in the group")
     used_cpus: float = Field(0, description="CPUs held by the project's active jobs in the group")
     active_jobs: int = Field(0, description="The project's active (dispatching, running, cancelling) jobs in the group")

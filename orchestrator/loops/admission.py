@@ -41,8 +41,10 @@ updated within the pass as jobs are admitted; *free* is capacity minus used;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from datetime import datetime, timedelta
+from typing import Callable, Mapping
 
+from raylane.orchestrator.domain import sharing
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, Profile
 from raylane.orchestrator.domain.routing import GiB, ClusterView, Unroutable, route
 from raylane.orchestrator.domain.kinds import traits
@@ -69,6 +71,11 @@ class Rules:
     # group's scale-up too (a rented cluster scales every group from zero), up to
     # ``scale_ahead`` jobs per driver group in a pass. Off: the driver needs room now.
     driver_scale_ahead: bool = False
+    # Sharing (``domain.sharing``, docs/sharing.md): a job that cannot start because
+    # others borrow its share, or because lower-priority jobs hold what it needs,
+    # preempts them (``Preempt``); off: it waits.
+    preemption: bool = False
+    preempt_min_run_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,16 @@ class Admit:
     queued: str | None = None  # set when queued ahead (``queue_ahead``): where it waits and for what
 
 
-Decision = Fail | Wait | Admit
+@dataclass(frozen=True)
+class Preempt:
+    """The job waits while ``victims`` are asked to checkpoint and stopped for it."""
+
+    job: Queued
+    victims: list[sharing.Victim]
+    reason: str
+
+
+Decision = Fail | Wait | Admit | Preempt
 
 
 def needed(spec: JobSpec, placement: Placement) -> dict[str, float]:
@@ -129,10 +145,14 @@ def over_quota(limits: Limits | None, used: Usage | None, total: Mapping[str, fl
     if limits.max_concurrent_jobs is not None and used.jobs + 1 > limits.max_concurrent_jobs:
         return (f"project quota reached: {project} runs {used.jobs} of {limits.max_concurrent_jobs} "
                 f"concurrent jobs in group {group}")
-    for want, have, cap, label in ((total.get("GPU", 0), used.gpus, limits.max_gpus, "GPUs"),
-                                   (total.get("CPU", 0), used.cpus, limits.max_cpus, "CPUs")):
+    for res, want, have, label in (("GPU", total.get("GPU", 0), used.gpus, "GPUs"),
+                                   ("CPU", total.get("CPU", 0), used.cpus, "CPUs")):
+        cap = limits.cap(res)
         if cap is not None and want > EPS and have + want > cap + EPS:
-            return (f"project quota reached: {project} holds {fmt_amount(have)} of {fmt_amount(cap)} {label} "
+            share = limits.share(res)
+            of = fmt_amount(cap) if cap == share else \
+                f"{fmt_amount(cap)} ({fmt_amount(share)} guaranteed + {fmt_amount(cap - share)} borrowed)"
+            return (f"project quota reached: {project} holds {fmt_amount(have)} of {of} {label} "
                     f"in group {group}; this job needs {fmt_amount(want)}")
     return None
 
@@ -183,15 +203,27 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
            limits: Mapping[tuple[str, str], Limits], project_used: Mapping[tuple[str, str], Usage],
            ahead: Mapping[str, int] | None = None,
            waiting: Mapping[tuple[str, bool], int] | None = None,
-           waiting_need: Mapping[str, float] | None = None) -> list[Decision]:
+           waiting_need: Mapping[str, float] | None = None,
+           holders: Callable[[], list[sharing.Holder]] | None = None,
+           preempting: Mapping[str, list[sharing.Holder]] | None = None,
+           preempted_by: Mapping[str, frozenset[str]] | None = None,
+           reclaiming: Mapping[str, str] | None = None,
+           now: datetime | None = None) -> list[Decision]:
     """One pass over the queue's head, in its order; the decisions in the order to write them.
     ``ahead``: per group, jobs already admitted ahead of a scale-up and not yet running.
     ``waiting``: per group, Ray jobs admitted and not yet running, and (key ``(group, True)``)
-    active lane jobs (``stats.waiting_by_group``)."""
+    active lane jobs (``stats.waiting_by_group``). With ``rules.preemption``:
+    ``holders`` reads the running attempts that may be preempted (called once, when
+    a job first needs it); ``preempting``: per waiting job, its victims still
+    stopping; ``preempted_by``: per job, those it was preempted for within the
+    cycle window; ``reclaiming``: per group, the waiting job whose victims there
+    stop or just stopped, for which what they free is kept (``store.sharing``)."""
     taken = _Pass(view, profile, rules, limits,
                   used={g: dict(r) for g, r in used.items()}, drivers=drivers,
                   project_used={k: Usage(u.gpus, u.cpus, u.jobs) for k, u in project_used.items()},
-                  ahead=dict(ahead or {}), waiting=dict(waiting or {}), waiting_need=dict(waiting_need or {}))
+                  ahead=dict(ahead or {}), waiting=dict(waiting or {}), waiting_need=dict(waiting_need or {}),
+                  read_holders=holders, preempting=dict(preempting or {}), preempted_by=dict(preempted_by or {}),
+                  now=now, reclaimed=dict(reclaiming or {}))
     out: list[Decision] = []
     for job in queue:
         decision = taken.one(job)
@@ -218,6 +250,12 @@ class _Pass:
     reserved: set[str] = field(default_factory=set)  # groups held for a starving job this pass
     passed_over: dict[str, list[str]] = field(default_factory=dict)
     driver_ahead: dict[str, int] = field(default_factory=dict)  # per driver group, drivers sent ahead of its scale-up
+    read_holders: Callable[[], list[sharing.Holder]] | None = None
+    preempting: dict[str, list[sharing.Holder]] = field(default_factory=dict)  # waiting job -> victims stopping
+    preempted_by: dict[str, frozenset[str]] = field(default_factory=dict)
+    now: datetime | None = None
+    reclaimed: dict[str, str] = field(default_factory=dict)  # group -> the job its victims stop for, this pass
+    _holders: list[sharing.Holder] | None = None
 
     def one(self, job: Queued) -> Decision | None:
         """The decision for ``job``, the pass's tallies updated; None when it keeps waiting for the same reason."""
@@ -229,16 +267,72 @@ class _Pass:
         quota = over_quota(self.limits.get(key), self.project_used.get(key), placement.total,
                            project=job.project, group=placement.node_group) if key in self.limits else None
         scale_up = queued = None
-        reason = self._held_back(placement, quota)
+        group = placement.node_group
+        stopping = self.preempting.get(job.id)
+        if stopping and quota is None:
+            # Its victims are stopping: nothing else is preempted for it (one preemption
+            # at a time), and what they free is kept for it.
+            self.reclaimed.setdefault(group, job.id)
+            deadline = max((h.preempt_deadline for h in stopping if h.preempt_deadline), default=None)
+            return self._wait(job, group, sharing.reason(stopping, deadline=deadline), own_quota=True)
+        reason = self._held_back(placement, quota, job.id)
         if reason is None:
             reason, scale_up, queued, placement = self._room_for(job, placement)
+        if reason is None and scale_up is None and queued is None:
+            reason = self._lent(job, placement)
         if reason is not None and reason.startswith(NEVER):
             return Fail(job, reason[len(NEVER):])
         if reason is not None:
+            if reason is not quota and self.rules.preemption and not placement.lane and \
+                    _room_short(reason) and group not in self.reserved:
+                pre = self._preempt(job, placement, reason)
+                if pre is not None:
+                    return pre
             return self._wait(job, placement.node_group, reason, own_quota=reason is quota)
         return self._admit(job, placement, key, scale_up, queued)
 
-    def _held_back(self, placement: Placement, quota: str | None) -> str | None:
+    def _usage_by_res(self) -> dict[tuple[str, str], dict[str, float]]:
+        return {k: {"GPU": u.gpus, "CPU": u.cpus} for k, u in self.project_used.items()}
+
+    def _lent(self, job: Queued, placement: Placement) -> str | None:
+        """Why a job that would borrow waits although its group has room: the room is
+        others' idle share that they do not lend (``sharing.held_back``)."""
+        group = placement.node_group
+        if not self.limits or not sharing.has_shares(self.limits, group):
+            return None
+        usage = self._usage_by_res()
+        if not sharing.borrowing(self.limits, usage, job.project, group, extra=placement.total):
+            return None
+        keep = sharing.held_back(self.limits, usage, group, but=job.project)
+        after = free(self.view, self.used, group)
+        need = needed(job.spec, placement)
+        for res, label in (("GPU", "GPUs"), ("CPU", "CPUs")):
+            if keep[res] > EPS and after.get(res, 0) - need.get(res, 0) < keep[res] - EPS:
+                return (f"{WAITING_FOR}{fmt_amount(need.get(res, 0))} {label} in group {group} to borrow: "
+                        f"{fmt_amount(max(after.get(res, 0), 0))} free, {fmt_amount(keep[res])} of it others' "
+                        f"guaranteed share that they do not lend")
+        return None
+
+    def _preempt(self, job: Queued, placement: Placement, reason: str) -> Preempt | None:
+        """Victims to stop so that ``job`` fits (``sharing.victims``), or None."""
+        if self._holders is None:
+            self._holders = list(self.read_holders()) if self.read_holders is not None else []
+        if not self._holders or self.now is None:
+            return None
+        group = placement.node_group
+        waiter = sharing.Waiter(job.id, job.project, job.spec.priority, group, needed(job.spec, placement),
+                                dict(placement.total), self.preempted_by.get(job.id, frozenset()))
+        chosen = sharing.victims(waiter, free(self.view, self.used, group), self._holders, limits=self.limits,
+                                 used=self._usage_by_res(), now=self.now, min_run_s=self.rules.preempt_min_run_s)
+        if not chosen:
+            return None
+        taken = {(v.holder.job_id, v.holder.number) for v in chosen}
+        self._holders = [h for h in self._holders if (h.job_id, h.number) not in taken]
+        self.reclaimed.setdefault(group, job.id)
+        deadline = max(self.now + timedelta(seconds=v.holder.grace_s) for v in chosen)
+        return Preempt(job, chosen, f"{reason}; " + sharing.reason([v.holder for v in chosen], deadline=deadline))
+
+    def _held_back(self, placement: Placement, quota: str | None, job_id: str = "") -> str | None:
         """Why the job waits whatever room its group has: the head-node guard, its
         project's quota, or its group reserved for a starving job."""
         if self.drivers >= self.rules.max_concurrent_drivers and not placement.lane:
@@ -248,6 +342,9 @@ class _Pass:
             return quota
         if placement.node_group in self.reserved:
             return f"waiting: group {placement.node_group} is reserved for an older job that has waited longest"
+        if self.reclaimed.get(placement.node_group, job_id) != job_id:
+            return (f"waiting: jobs of group {placement.node_group} are being preempted for job "
+                    f"{self.reclaimed[placement.node_group]}, which goes first")
         return None
 
     def _room_for(self, job: Queued, placement: Placement) -> tuple[str | None, str | None, str | None, Placement]:
@@ -287,6 +384,13 @@ class _Pass:
                queued: str | None) -> Admit:
         group = placement.node_group
         # Everyone of lower priority order that waited in this group was passed over by a later job.
+        if self.limits and sharing.borrowing(self.limits, self._usage_by_res(), job.project, group,
+                                             extra=placement.total):
+            placement = placement.model_copy(update={"borrowed": True, "reasons": [
+                *placement.reasons, f"runs on borrowed capacity: beyond project {job.project}'s guaranteed share "
+                                    f"of {group}; preempted first when the share's owner needs it"]})
+        if self.reclaimed.get(group) == job.id:
+            del self.reclaimed[group]  # it has what its victims freed
         admit = Admit(job, placement, self.passed_over.get(group, []), scale_up, queued)
         self.passed_over[group] = []
         if scale_up is not None:
@@ -298,12 +402,20 @@ class _Pass:
         for k, v in placement.total.items():
             self.used.setdefault(group, {})[k] = self.used.get(group, {}).get(k, 0) + v
         self.drivers += 0 if placement.lane else 1
-        if key in self.limits:
+        if self.limits:  # (every project's: whether one borrows depends on the others')
             self.project_used.setdefault(key, Usage()).add(placement.total)
         return admit
 
 
-NEVER = "never: "  # a _fits reason with this prefix fails the job instead of keeping it waiting
+WAITING_FOR = "waiting for "  # a _fits reason with this prefix is a shortage of room: preemption may help
+NEVER = "never: "
+
+
+def _room_short(reason: str) -> bool:
+    """A wait for room in the job's own group that stopping running jobs there could
+    end: not the autoscaler's (it may add the room), not the driver's group's."""
+    return reason.startswith(WAITING_FOR) and not reason.startswith("waiting for the autoscaler") and \
+        not reason.endswith("(for the driver)")  # a _fits reason with this prefix fails the job instead of keeping it waiting
 
 
 def _queue_ahead(job: Queued, placement: Placement, view: ClusterView, profile: Profile, rules: Rules,

@@ -38,9 +38,10 @@ from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.domain.routing import ClusterView
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL, ARRAY_LABEL, JobSpec
+from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.policy import state_excludes
 from raylane.orchestrator.store import db, dependencies as store_dependencies, lifecycle, packages as store_packages, queue
-from raylane.orchestrator.store import quotas as store_quotas, stats
+from raylane.orchestrator.store import quotas as store_quotas, sharing as store_sharing, stats
 from raylane.orchestrator.store.fleet import Scope
 from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.transitions import utcnow
@@ -139,12 +140,50 @@ class Dispatcher(LoopService):
 
     # Admission + claim -----------------------------------------------------
 
+    def rules(self) -> admission.Rules:
+        return admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
+                               self.scale_ahead,
+                               fast_lane=self.settings.fast_lane and self.lanes is not None and self.lanes.usable(),
+                               queue_ahead=self.settings.queue_ahead_jobs, driver_scale_ahead=self.scope is not None,
+                               preemption=self.settings.preemption, preempt_min_run_s=self.settings.preempt_min_run_s)
+
+    def _decide(self, s, view: ClusterView, rules: admission.Rules, now, queued: list[queue.Queued]):
+        """Admission's decisions for ``queued`` (in its order), from what the session reads now."""
+        scope = self.scope
+        used, drivers = stats.used_by_active(s, scope)
+        limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
+        project_used = store_quotas.usage(s) if limits else {}
+        ahead = stats.ahead_by_group(s, scope) if rules.scale_ahead else {}
+        waiting, waiting_need = stats.waiting_by_group(s, scope) if rules.queue_ahead else ({}, {})
+        grace = self.settings.preempt_grace_s
+        stopping, cycles, reclaiming = {}, {}, {}
+        if rules.preemption:
+            stopping = store_sharing.preempting(s, grace_s=grace, scope=scope)
+            cycles = store_sharing.preempted_by(s, since=now - timedelta(seconds=self.settings.preempt_cycle_window_s))
+            reclaiming = store_sharing.reclaiming(s, now=now, scope=scope)
+        return stopping, admission.decide(
+            queued, view, self.profile, rules, used=used, drivers=drivers, limits=limits, project_used=project_used,
+            ahead=ahead, waiting=waiting, waiting_need=waiting_need,
+            holders=lambda: store_sharing.holders(s, grace_s=grace, scope=scope),
+            preempting=stopping, preempted_by=cycles, reclaiming=reclaiming, now=now)
+
+    def preview(self, view: ClusterView, spec: JobSpec, placement: Placement, project: str):
+        """What admission would decide for a job submitted now (``POST /v1/plan``):
+        the queue's head as it is, the job after those of its priority or higher.
+        Writes nothing."""
+        probe = queue.Queued(id="(this job)", project=project, status=JobStatus.PENDING, status_reason=None,
+                             spec=spec, placement=placement, attempts=0, skips=0, preemptions=0, created_at=utcnow())
+        with db.read(self.sessions) as s:
+            now = utcnow()
+            head = queue.queued(s, now=now, scope=self.scope)
+            order = [j for j in head if j.spec.priority >= spec.priority] + [probe] + \
+                [j for j in head if j.spec.priority < spec.priority]
+            _, decisions = self._decide(s, view, self.rules(), now, order)
+        return next((d for d in decisions if d.job is probe), None)
+
     def claim(self, view: ClusterView) -> list[Claimed]:
         """One pass, one transaction: take over stale leases, then admit what fits."""
-        rules = admission.Rules(self.settings.max_concurrent_drivers, self.settings.starvation_skips,
-                                self.scale_ahead,
-                                fast_lane=self.settings.fast_lane and self.lanes is not None and self.lanes.usable(),
-                                queue_ahead=self.settings.queue_ahead_jobs, driver_scale_ahead=self.scope is not None)
+        rules = self.rules()
         with db.transaction(self.sessions) as s:
             # The pass's time once its transaction has begun (SQLite: BEGIN IMMEDIATE, after
             # every write it waited for): taken before, a member an ending member released
@@ -154,19 +193,18 @@ class Dispatcher(LoopService):
             lease_until = now + timedelta(seconds=self.settings.lease_s)
             scope = self.scope
             claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until, scope=scope)
-            used, drivers = stats.used_by_active(s, scope)
-            limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
-            project_used = store_quotas.usage(s) if limits else {}
-            ahead = stats.ahead_by_group(s, scope) if rules.scale_ahead else {}
-            waiting, waiting_need = stats.waiting_by_group(s, scope) if rules.queue_ahead else ({}, {})
             waits: list[tuple[queue.Queued, str]] = []
             admitted: list[queue.Admission] = []
-            for d in admission.decide(queue.queued(s, now=now, scope=scope), view, self.profile, rules, used=used,
-                                      drivers=drivers, limits=limits, project_used=project_used, ahead=ahead,
-                                      waiting=waiting, waiting_need=waiting_need):
+            stopping, decisions = self._decide(s, view, rules, now, queue.queued(s, now=now, scope=scope))
+            for d in decisions:
                 if isinstance(d, admission.Fail):
                     queue.fail_unroutable(s, d.job, d.message, now=now)
                 elif isinstance(d, admission.Wait):
+                    waits.append((d.job, d.reason))
+                elif isinstance(d, admission.Preempt):
+                    store_sharing.request(s, d.job.id, d.victims, now=now)
+                    log.info("preempting %s for job %s", ", ".join(f"{v.holder.job_id} ({v.why})" for v in d.victims),
+                             d.job.id)
                     waits.append((d.job, d.reason))
                 else:
                     pl = d.placement
@@ -174,6 +212,7 @@ class Dispatcher(LoopService):
                         pl = pl.model_copy(update={"cluster": scope.name, "tier": self.tier})
                     admitted.append(queue.Admission(d.job, pl, d.passed_over, d.scale_up, d.queued))
             claimed += queue.admit_many(s, admitted, owner=self.owner, now=now, lease_until=lease_until)
+            store_sharing.withdraw(s, [a.job.id for a in admitted if a.job.id in stopping], now=now)
             queue.set_waiting(s, waits, now=now)
         return claimed
 

@@ -44,7 +44,8 @@ from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.loops.classify import _tail, classify
 from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.states import AttemptStatus, FailureCause, JobStatus
-from raylane.orchestrator.store import db, lane_logs, lifecycle
+from raylane.orchestrator.domain import protocol
+from raylane.orchestrator.store import db, lane_logs, lifecycle, sharing as store_sharing
 from raylane.orchestrator.store.fleet import Scope
 from raylane.orchestrator.store.jobs import save_trials, set_result
 from raylane.orchestrator.store.transitions import record_event, utcnow
@@ -126,6 +127,8 @@ class Reconciler(LoopService):
         self._changed_at = time.monotonic()  # when a pass last saw something different
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
+        self._preempt_asked: set[str] = set()  # attempts being preempted, told to checkpoint
+        self._preempt_read: dict[str, float] = {}  # attempt being preempted -> when its "saved" key was last read
         self._trials_seen: dict[str, tuple[float, int]] = {}  # running sweep -> (last read, trials stored)
         self._writes: list = []  # (write(session), after(), job, attempt) of this pass, committed together (``_flush``)
         self._conflicts: dict[tuple[str | None, int | None], int] = {}  # (job, attempt) -> outcomes refused while live
@@ -280,6 +283,9 @@ class Reconciler(LoopService):
                         lifecycle.timeout_requested(s, r["job_id"], r["number"])
                     self._via(r).stop(r["submission_id"])
                     continue
+                if r["preempt_for"] and rj is not None and rj.status in (AttemptStatus.PENDING, AttemptStatus.RUNNING) \
+                        and self._preempting(r, now):
+                    continue
                 if rj is not None and rj.status == AttemptStatus.PENDING and r["message"] and \
                         now - r["created_at"] > timedelta(seconds=self.settings.scale_up_deadline_s):
                     if r["cause"] != FailureCause.SCALE_UP_TIMEOUT.value:
@@ -315,6 +321,47 @@ class Reconciler(LoopService):
             except Exception:
                 log.exception("reconciling %s failed; next pass tries again", r["submission_id"])
 
+    # Preemption (docs/sharing.md) ---------------------------------------------------
+
+    def _preempting(self, r, now) -> bool:
+        """An attempt being preempted: asked to checkpoint once; stopped once it
+        said its checkpoint is saved or its grace period is over (and again each
+        pass until Ray reports it stopped). True when this pass is done with it."""
+        sid = r["submission_id"]
+        if r["cause"] == FailureCause.PREEMPTED_BY_PRIORITY.value:
+            self._via(r).stop(sid)
+            return True
+        gcs = self.backend.gcs
+        if sid not in self._preempt_asked:
+            self._preempt_asked.add(sid)
+            if gcs is not None:
+                try:
+                    gcs.request_checkpoint(sid, nodes=[], reason=f"preempted for job {r['preempt_for']}")
+                except GcsUnavailable as e:
+                    log.warning("could not ask %s to checkpoint before its preemption (%s); it is stopped at "
+                                "its grace period's end", sid, e)
+        saved = False
+        if gcs is not None and time.monotonic() - self._preempt_read.get(sid, 0.0) >= DRAIN_CHECK_S:
+            self._preempt_read[sid] = time.monotonic()
+            try:
+                saved = gcs.kv_get(protocol.checkpointed_key(sid)) is not None
+            except GcsUnavailable:
+                saved = False
+        if not saved and r["preempt_deadline"] is not None and now < r["preempt_deadline"]:
+            return False
+        with db.transaction(self.sessions) as s:
+            if not store_sharing.waiting(s, [r["preempt_for"]]):
+                # The job it was preempted for started without it, or went: it runs on.
+                store_sharing.withdraw(s, [r["preempt_for"]], now=now)
+                return False
+            lifecycle.preempt_stop(s, r["job_id"], r["number"], (
+                f"preempted for job {r['preempt_for']}: "
+                + ("stopped once its checkpoint was saved" if saved else "stopped at the end of its grace period")))
+        log.info("stopping %s: preempted for job %s (%s)", sid, r["preempt_for"],
+                 "checkpoint saved" if saved else "grace period over")
+        self._via(r).stop(sid)
+        return True
+
     def _via(self, r):
         """The backend that runs attempt ``r``: its job's warm lane, else Ray's Jobs API."""
         if self.lanes is not None and (r["placement"] or {}).get("lane"):
@@ -331,12 +378,14 @@ class Reconciler(LoopService):
             return
         self._drain_checked_at = time.monotonic()
         live_sids = {r["submission_id"] for r in live}
-        for sid in {sid for sid, _ in self._asked} - live_sids:
+        for sid in ({sid for sid, _ in self._asked} | self._preempt_asked) - live_sids:
             try:
                 gcs.forget_checkpoint_request(sid)  # the attempt ended
             except GcsUnavailable as e:  # a stale message harms no one; the drain check goes on
                 log.warning("could not delete the checkpoint request of %s: %s", sid, e)
         self._asked = {(sid, node) for sid, node in self._asked if sid in live_sids}
+        self._preempt_asked &= live_sids
+        self._preempt_read = {sid: t for sid, t in self._preempt_read.items() if sid in live_sids}
         draining = self.backend.draining()
         if not draining:
             return
@@ -504,6 +553,8 @@ class Reconciler(LoopService):
         timed_out = r["cause"] == FailureCause.TIMEOUT.value
         if r["cause"] == FailureCause.SCALE_UP_TIMEOUT.value and not cancelled:
             cause, msg = FailureCause.SCALE_UP_TIMEOUT, r["message"]
+        elif r["cause"] == FailureCause.PREEMPTED_BY_PRIORITY.value and not cancelled:
+            cause, msg = FailureCause.PREEMPTED_BY_PRIORITY, r["message"]
         elif rj is not None and rj.status == AttemptStatus.STOPPED and not cancelled and not timed_out:
             cause, msg = FailureCause.CANCELLED, "stopped in Ray outside Raylane"
         else:

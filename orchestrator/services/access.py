@@ -290,8 +290,13 @@ class Access:
             lim = limits.get((project, g)) or store_quotas.Limits()
             u = used.get((project, g)) or store_quotas.Usage()
             groups[g] = GroupQuota(max_gpus=lim.max_gpus, max_cpus=lim.max_cpus,
-                                   max_concurrent_jobs=lim.max_concurrent_jobs,
-                                   used_gpus=round(u.gpus, 6), used_cpus=round(u.cpus, 6), active_jobs=u.jobs)
+                                   max_concurrent_jobs=lim.max_concurrent_jobs, borrow_gpus=lim.borrow_gpus,
+                                   borrow_cpus=lim.borrow_cpus, lend_gpus=lim.lend_gpus, lend_cpus=lim.lend_cpus,
+                                   used_gpus=round(u.gpus, 6), used_cpus=round(u.cpus, 6), active_jobs=u.jobs,
+                                   borrowed_gpus=round(max(0.0, u.gpus - lim.max_gpus), 6)
+                                   if lim.max_gpus is not None else 0.0,
+                                   borrowed_cpus=round(max(0.0, u.cpus - lim.max_cpus), 6)
+                                   if lim.max_cpus is not None else 0.0)
         return ProjectQuota(project=project, node_groups=groups)
 
     def set_quota(self, project: str, groups: dict[str, GroupLimits], *, actor: str,

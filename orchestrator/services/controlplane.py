@@ -13,6 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from raylane.orchestrator.domain.queries import DEFAULT_PROJECT
 from raylane.orchestrator.domain import policy
 from raylane.orchestrator.services.access import Access
 from raylane.orchestrator.services.packages import Packages
@@ -378,12 +379,30 @@ class ControlPlane:
             self.reconciler.wake.set()  # it stops the Ray job
         return job, message
 
-    def plan(self, spec: JobSpec) -> Placement:
+    def plan(self, spec: JobSpec, project: str | None = None) -> Placement:
         policy.check(spec, self.settings)
         placement = self._route(spec)
         if placement is None:
             raise Invalid("no cluster profile is loaded; routing is unavailable")
-        return placement
+        return self._preempts(spec, placement, spec.project or project or DEFAULT_PROJECT)
+
+    def _preempts(self, spec: JobSpec, placement: Placement, project: str) -> Placement:
+        """The plan, with whether a job submitted now would preempt others
+        (docs/sharing.md): admission's own decision on the queue as it is."""
+        dispatcher = getattr(self, "dispatcher", None)
+        view = self.cluster_view() if self.backend is not None else None
+        if dispatcher is None or view is None or not self.settings.preemption:
+            return placement
+        from raylane.orchestrator.loops.admission import Preempt
+
+        d = dispatcher.preview(view, spec, placement, project)
+        if not isinstance(d, Preempt):
+            return placement
+        return placement.model_copy(update={
+            "preempts": [v.holder.job_id for v in d.victims],
+            "reasons": [*placement.reasons, "submitting now would preempt " + ", ".join(
+                f"{v.holder.job_id} ({v.holder.project}, {v.why})" for v in d.victims)
+                + f" after their grace period"]})
 
     def info(self) -> dict[str, Any]:
         return {"database": self.engine.dialect.name}

@@ -25,6 +25,7 @@ Metrics (labels in braces):
 - ``raylane_dispatch_latency_seconds{node_group}``: dispatch -> running on Ray, per attempt (histogram).
 - ``raylane_resources_held{node_group,resource}``: CPU and GPU held by active jobs.
 - ``raylane_cost_rate_dollars_per_hour{node_group}``: what active attempts cost per hour now.
+- ``raylane_borrowed_jobs{node_group}``: active jobs on borrowed capacity (docs/sharing.md).
 - ``raylane_database_up``: 1 when the last scrape could read the database.
 
 Jobs not yet routed have ``node_group="none"``.
@@ -192,9 +193,19 @@ def _held_and_cost(x: _Scrape) -> Iterator:
     yield rate
 
 
+def _borrowed(x: _Scrape) -> Iterator:
+    fam = GaugeMetricFamily("raylane_borrowed_jobs", "Active jobs admitted on borrowed capacity: beyond their "
+                            "project's guaranteed share of the group (docs/sharing.md).", labels=["node_group"])
+    got = stats.borrowed_by_group(x.session)
+    for group in sorted(set(w.name for w in x.workers) | set(got)):
+        fam.add_metric([group or NONE], float(got.get(group, 0)))
+    yield fam
+
+
 # The families, in the order a scrape lists them; a new one is a function here.
 FAMILIES: tuple[Callable[[_Scrape], Iterator], ...] = (
     _jobs, _queue, _created, _attempts, _failures, _retries_and_preemptions, _histograms, _held_and_cost,
+    _borrowed,
 )
 
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from raylane.orchestrator.domain.errors import InvalidTransition
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.states import (ATTEMPT_LIVE, INFRASTRUCTURE_CAUSES, AttemptStatus, Decision,
-                                                FailureCause, JobStatus, decide)
+                                                FailureCause, JobStatus, MOVES_AT_ONCE, decide)
 from raylane.orchestrator.store.fleet import TO_PLACE, Scope, attempts_on, jobs_on
 from raylane.orchestrator.store.jobs import save_trials, set_result
 from raylane.orchestrator.store.tables import attempts, jobs, results
@@ -38,8 +38,8 @@ MESSAGE_CHARS = 4000  # of an attempt's error message kept in its row
 
 # Built once: the reconciler reads them every 20 ms while attempts live.
 _LIVE = (select(attempts.c.job_id, attempts.c.number, attempts.c.submission_id, attempts.c.status,
-                attempts.c.cause, attempts.c.message, attempts.c.created_at,
-                jobs.c.status.label("job_status"), jobs.c.started_at,
+                attempts.c.cause, attempts.c.message, attempts.c.created_at, attempts.c.preempt_for,
+                attempts.c.preempt_deadline, jobs.c.status.label("job_status"), jobs.c.started_at,
                 jobs.c.attempts.label("job_attempts"), jobs.c.cancel_requested)
          .join(jobs, jobs.c.id == attempts.c.job_id)
          .where(attempts.c.status.in_([a.value for a in ATTEMPT_LIVE]), jobs.c.attempts == attempts.c.number)
@@ -275,7 +275,7 @@ def attempt_ended(s: Session, job_id: str, number: int, *, status: AttemptStatus
     if d.status is JobStatus.RETRYING:
         reason = f"{summary}; {d.reason}; next in {d.delay_s:.0f}s"
         values["not_before"] = now + timedelta(seconds=d.delay_s)
-        if elsewhere and cause in (FailureCause.CLUSTER_LOST, FailureCause.SCALE_UP_TIMEOUT):
+        if elsewhere and (cause in MOVES_AT_ONCE or cause is FailureCause.SCALE_UP_TIMEOUT):
             values["cluster"] = TO_PLACE
             values["nominated_at"] = None  # placed again at the placer's next pass
     else:
@@ -289,6 +289,14 @@ def timeout_requested(s: Session, job_id: str, number: int) -> None:
     """The attempt ran past timeout_s and Raylane is stopping it: when Ray
     reports it stopped, its cause is TIMEOUT (not a cancel)."""
     set_attempt_cause(s, job_id, number, FailureCause.TIMEOUT.value)
+
+
+def preempt_stop(s: Session, job_id: str, number: int, message: str) -> None:
+    """The attempt's grace period is over (or it checkpointed) and Raylane is
+    stopping it for the job it was preempted for: when Ray reports it stopped,
+    its cause is PREEMPTED_BY_PRIORITY (``states.CAUSES``: queued again at once,
+    not counted against max_attempts)."""
+    set_attempt_cause(s, job_id, number, FailureCause.PREEMPTED_BY_PRIORITY.value, message=message)
 
 
 def scale_up_overdue(s: Session, job_id: str, number: int, message: str) -> None:

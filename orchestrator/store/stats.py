@@ -114,3 +114,14 @@ def active_attempt_resources(session: Session) -> list[tuple[str | None, dict]]:
     return [(group, res or {}) for group, res in session.execute(
         select(attempts.c.node_group, attempts.c.resources).join(jobs, jobs.c.id == attempts.c.job_id)
         .where(jobs.c.status.in_(_ACTIVE), attempts.c.number == jobs.c.attempts, attempts.c.ended_at.is_(None)))]
+
+
+def borrowed_by_group(session: Session) -> dict[str, int]:
+    """Node group -> active jobs admitted on borrowed capacity (``Placement.borrowed``,
+    docs/sharing.md)."""
+    out: dict[str, int] = {}
+    for group, placement in session.execute(
+            select(jobs.c.node_group, jobs.c.placement).where(jobs.c.status.in_(_ACTIVE))):
+        if (placement or {}).get("borrowed"):
+            out[group] = out.get(group, 0) + 1
+    return out

@@ -153,6 +153,10 @@ attempts = Table(
     # An attempt given up with its cluster (CLUSTER_LOST) is stopped there when the
     # cluster answers again, before its dispatcher submits anything: when that was done.
     Column("fenced_at", UTCDateTime(), nullable=True),
+    # Preemption (docs/sharing.md): the waiting job this attempt is being preempted
+    # for, and when it is stopped at the latest (its grace period's end).
+    Column("preempt_for", String(26), nullable=True),
+    Column("preempt_deadline", UTCDateTime(), nullable=True),
     UniqueConstraint("job_id", "number"),
 )
 # The reconciler's scan: attempts Ray still runs.
@@ -250,6 +254,14 @@ quotas = Table(
     Column("max_gpus", Float, nullable=True),  # None: no limit on this resource
     Column("max_cpus", Float, nullable=True),
     Column("max_concurrent_jobs", Integer, nullable=True),
+    # Sharing (docs/sharing.md): max_gpus / max_cpus are the project's guaranteed share;
+    # borrow_*: how much more it may use while others leave theirs idle (None: none,
+    # a hard cap as before); lend_*: how much of its idle share others may borrow
+    # (None: all of it).
+    Column("borrow_gpus", Float, nullable=True),
+    Column("borrow_cpus", Float, nullable=True),
+    Column("lend_gpus", Float, nullable=True),
+    Column("lend_cpus", Float, nullable=True),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("updated_by", String(128), nullable=False),
 )

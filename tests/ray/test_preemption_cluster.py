@@ -1,0 +1,78 @@
+"""Preemption on the local cluster (docs/sharing.md): project a borrows both GPUs
+of group gpu with two training jobs; b submits a 1-GPU job within its guarantee.
+a's youngest job is asked to checkpoint, saves one (examples/train.py does when
+asked, and its report says so), is stopped then (not at the end of a 5-minute
+grace), b's job runs, and a's job resumes from its checkpoint and finishes,
+although its spec allows one attempt (a preemption is not charged)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ADMIN_HEADERS
+from tests.helpers import wait_for
+from tests.ray.conftest import cancel_leftovers, wait_status
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+GRACE_S = 300.0
+
+
+@pytest.fixture
+def papi(ray_settings):
+    from fastapi.testclient import TestClient
+
+    from raylane.api.app import create_app
+
+    settings = ray_settings.model_copy(update={"preempt_min_run_s": 0.0, "preempt_grace_s": GRACE_S,
+                                               "fast_lane": False})
+    with TestClient(create_app(settings), headers=ADMIN_HEADERS) as c:
+        yield c, settings
+        cancel_leftovers(c)
+
+
+def train(name: str, project: str, steps: int) -> dict:
+    return {"name": name, "kind": "training", "entrypoint": "examples.train:main", "project": project,
+            "resources": {"num_workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 0.5},
+            "args": {"steps": steps, "step_sleep": 0.05, "checkpoint_every": 100000},
+            "retry": {"max_attempts": 1}}
+
+
+def test_a_borrower_checkpoints_is_stopped_and_resumes_for_a_job_within_its_share(papi):
+    api, settings = papi
+    for p, groups in (("a", {"gpu": {"max_gpus": 1, "borrow_gpus": 1}}), ("b", {"gpu": {"max_gpus": 1}})):
+        api.post("/v1/projects", json={"name": p})
+        assert api.put(f"/v1/projects/{p}/quota", json={"node_groups": groups}).status_code == 200
+    first = api.post("/v1/jobs", json=train("a-first", "a", 1200)).json()
+    wait_status(api, first["id"], {"RUNNING"})
+    second = api.post("/v1/jobs", json=train("a-second", "a", 600)).json()
+    wait_status(api, second["id"], {"RUNNING"})
+    assert api.get(f"/v1/jobs/{second['id']}").json()["placement"]["borrowed"]
+    storage = settings.storage_local_root / "a" / second["id"] / "checkpoints"
+    # Periodic checkpoints are off: any checkpoint is the one the preemption asks for.
+    assert not list(storage.glob("checkpoint_*"))
+
+    b = api.post("/v1/jobs", json={"name": "b-job", "kind": "command", "project": "b",
+                                   "entrypoint": "python -c 'print(\"b ran\")'",
+                                   "resources": {"gpus_per_worker": 1, "cpus_per_worker": 0.5}}).json()
+    reason = wait_for(lambda: (r := api.get(f"/v1/jobs/{b['id']}").json()["status_reason"] or "") and
+                      "preempting" in r and r, timeout=60, what="b's reason naming the preemption")
+    assert second["id"] in reason and first["id"] not in reason
+    # The victim checkpoints at the request and is stopped then, long before its grace ends.
+    ckpt = wait_for(lambda: sorted(storage.glob("checkpoint_*")), timeout=60, what="the preemption's checkpoint")
+    att = wait_for(lambda: (a := api.get(f"/v1/jobs/{second['id']}/attempts").json()[0])["ended_at"] and a,
+                   timeout=90, what="the victim's attempt ended")
+    assert att["cause"] == "PREEMPTED_BY_PRIORITY" and att["preempt_for"] == b["id"]
+    assert "checkpoint was saved" in att["message"], att["message"]
+    from datetime import datetime
+
+    ended, deadline = (datetime.fromisoformat(att[k]) for k in ("ended_at", "preempt_deadline"))
+    assert (deadline - ended).total_seconds() > GRACE_S / 2
+    # b's job runs and ends; the first job of a was never disturbed.
+    assert wait_status(api, b["id"], {"SUCCEEDED", "FAILED"}, timeout=120)["status"] == "SUCCEEDED"
+    assert api.get(f"/v1/jobs/{first['id']}").json()["attempts"] == 1
+    # a's job is admitted again (max_attempts 1: not charged) and resumes from its checkpoint.
+    done = wait_status(api, second["id"], {"SUCCEEDED", "FAILED"}, timeout=240)
+    assert done["status"] == "SUCCEEDED" and done["attempts"] == 2, done.get("status_reason")
+    step = int(ckpt[0].name.split("_")[1])
+    assert done["result"]["workers"][0]["return"]["resumed_from"] >= step > 0
+    api.post(f"/v1/jobs/{first['id']}/cancel")
