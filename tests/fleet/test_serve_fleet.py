@@ -4,8 +4,9 @@ it with both clusters read live, runs a job on ``onprem`` and one pinned to
 ``cloud`` there (after its scale-up from zero), each attempt and Ray job naming
 its cluster; with cloud's processes paused (SIGSTOP) past the grace, a job
 running there is placed again on onprem and finishes, and once cloud answers
-its given-up attempt is stopped there; and, SIGKILLed, leaves no process of either cluster behind (each
-cluster's watchdog)."""
+its given-up attempt is stopped there; with cloud's head killed mid-run, a training job there finishes
+on onprem from its checkpoint on a loopback S3 endpoint while onprem's jobs run on undisturbed; and,
+SIGKILLed, leaves no process of either cluster behind (each cluster's watchdog)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import yaml
 from raylane.orchestrator.tooling import nodeprocs
 from tests.conftest import ROOT, free_port
 from tests.helpers import wait_for
+from tests.s3 import CREDENTIALS, moto_s3
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 START_TIMEOUT_S = 300  # a server and two clusters (four Ray nodes) on a loaded 2-core machine
@@ -54,13 +56,22 @@ def leftovers(states: list[dict]) -> list[int]:
     return sorted(pids)
 
 
-def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def s3():
+    with moto_s3() as s:
+        yield s
+
+
+def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(tmp_path, s3):
     data = tmp_path / "data"
     url = f"http://127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYLANE_")}
     env.update({"RAYLANE_DATA_DIR": str(data), "RAYLANE_FLEET": "local-hybrid", "RAYLANE_HOST": "127.0.0.1",
                 "RAYLANE_PORT": url.rsplit(":", 1)[1], "RAYLANE_ADMIN_TOKEN": ADMIN, "RAYLANE_SUBMIT_RATE_PER_S": "0",
-                "RAYLANE_FLEET_CLUSTER_GRACE_S": str(GRACE_S)})
+                "RAYLANE_FLEET_CLUSTER_GRACE_S": str(GRACE_S),
+                # Jobs' storage on an S3 endpoint on loopback: what both clusters' nodes reach alike.
+                "RAYLANE_STORAGE_URI": f"s3://{s3.bucket}/fleet", "RAYLANE_STORAGE_ENDPOINT_URL": s3.endpoint,
+                "RAYLANE_STORAGE_ENV": json.dumps(CREDENTIALS)})
     log_path = tmp_path / "serve.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "raylane.api.cli", "serve", "--local-cluster"], env=env,
@@ -157,6 +168,45 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(t
         attempts = api.get(f"/v1/jobs/{mid}/attempts").json()
         assert [(a["cluster"], a["status"]) for a in attempts] == [("cloud", "LOST"), ("onprem", "SUCCEEDED")]
         assert api.get(f"/v1/jobs/{mid}").json()["status"] == "SUCCEEDED"
+
+        # cloud's head killed mid-run (every process of cloud, SIGKILL): its training job ends CLUSTER_LOST
+        # after the grace and finishes on onprem from its checkpoint on the loopback S3 endpoint; onprem's
+        # own jobs are undisturbed.
+        hold = api.post("/v1/jobs", json={"name": "hold-2", "kind": "command", "entrypoint": "sleep 3600",
+                                          "resources": {"gpus_per_worker": 2, "cpus_per_worker": 1},
+                                          "placement": {"cluster": "onprem"}}).json()
+        by = api.post("/v1/jobs", json={"name": "bystander", "kind": "command", "entrypoint": "sleep 3600",
+                                        "resources": {"cpus_per_worker": 1}, "placement": {"cluster": "onprem"}}).json()
+        for j in (hold, by):
+            wait_for(lambda j=j: api.get(f"/v1/jobs/{j['id']}").json()["status"] == "RUNNING", timeout=120,
+                     what=f"{j['name']} running on onprem")
+        r = api.post("/v1/jobs", json={"name": "train-moved", "kind": "training", "entrypoint": "examples.train:main",
+                                       "resources": {"num_workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 1},
+                                       "args": {"steps": 1200, "step_sleep": 0.05, "checkpoint_every": 40}})
+        assert r.status_code == 201, r.text
+        tid = r.json()["id"]
+        job = wait_for(lambda: (j := api.get(f"/v1/jobs/{tid}").json())["status"] == "RUNNING" and j,
+                       timeout=300, what="the training job running on cloud")
+        assert job["placement"]["cluster"] == "cloud", job["placement"]
+        prefix = f"fleet/default/{tid}/checkpoints/"
+        stored = wait_for(lambda: sorted({k[len(prefix):].split("/")[0] for k in s3.keys(prefix)
+                                          if k.endswith("/.raylane-committed")}), timeout=180,
+                          what="a checkpoint of the training job on S3")
+        nodeprocs._kill_each(cluster_pids(states[1]), signal.SIGKILL)
+        lost = wait_for(lambda: (a := api.get(f"/v1/jobs/{tid}/attempts").json())[0]["status"] == "LOST" and a[0],
+                        timeout=GRACE_S + 120, what="cloud lost past the grace after its head was killed")
+        assert lost["cause"] == "CLUSTER_LOST" and lost["cluster"] == "cloud", lost
+        for j in (hold, by):  # onprem's jobs: still on their first attempt, running
+            got = api.get(f"/v1/jobs/{j['id']}").json()
+            assert (got["status"], got["attempts"]) == ("RUNNING", 1), got
+        assert api.post(f"/v1/jobs/{hold['id']}/cancel").status_code == 200  # onprem's GPUs free up
+        done = wait_for(lambda: (j := api.get(f"/v1/jobs/{tid}").json())["status"] in ("SUCCEEDED", "FAILED")
+                        and j, timeout=300, what="the training job to finish on onprem")
+        assert done["status"] == "SUCCEEDED" and done["placement"]["cluster"] == "onprem", done
+        resumed = done["result"]["workers"][0]["return"]["resumed_from"]
+        assert resumed >= int(stored[0].split("_")[1]) > 0, (resumed, stored)
+        assert [a["cluster"] for a in api.get(f"/v1/jobs/{tid}/attempts").json()] == ["cloud", "onprem"]
+        assert api.post(f"/v1/jobs/{by['id']}/cancel").status_code == 200
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the server dies without a word
