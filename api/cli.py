@@ -83,14 +83,30 @@ def profile_render(
     profile: Optional[Path] = typer.Option(None, "--profile", help="Cluster profile YAML (default: RAYLANE_PROFILE, else the shipped one)."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="A cluster of the fleet (--fleet, else "
                                           "RAYLANE_FLEET): render that cluster's node groups (docs/fleet.md)."),
-    fleet: Optional[str] = typer.Option(None, "--fleet", help="Fleet file (or local-hybrid) --cluster is read from."),
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="Fleet file (or local-hybrid): without --cluster, "
+                                        "render every cluster of it, one file each (--out)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="With --fleet and no --cluster: the directory to write "
+                                       "<cluster>-<target>.yaml in (default: print them one after another).",
+                                       metavar="DIR"),
 ) -> None:
     """Print the node-group parts of a deploy file from the cluster profile (or one
-    cluster of a fleet), or check a file for drift."""
+    cluster of a fleet, or every cluster of a fleet), or check a file for drift."""
     from raylane.orchestrator.tooling import deploy_render
     from raylane.orchestrator.domain.profile import Profile
     from raylane.orchestrator.settings import Settings
 
+    if fleet is not None and cluster is None:
+        if check is not None:
+            raise fail("--check compares one file: give --cluster with --fleet", EXIT_USAGE)
+        for name, prof, tier in _fleet_profiles(fleet):
+            text = f"# Cluster {name} ({tier}) of fleet {fleet}.\n" + deploy_render.render(target.value, prof)
+            if out is None:
+                typer.echo(text, nl=False)
+                continue
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{name}-{target.value}.yaml").write_text(text)
+            typer.echo(str(out / f"{name}-{target.value}.yaml"))
+        return
     if cluster is not None:
         prof = _fleet_cluster_profile(fleet or Settings().fleet, cluster)
     else:
@@ -104,6 +120,18 @@ def profile_render(
     if drift:
         raise typer.Exit(1)
     typer.echo(f"{check}: node groups match profile '{prof.name}'")
+
+
+def _fleet_profiles(fleet: str):
+    """(name, profile, tier) of every cluster of a fleet; a usage error naming what is wrong."""
+    from raylane.orchestrator.domain.errors import Invalid
+    from raylane.orchestrator.domain.fleet import Fleet
+
+    try:
+        f = Fleet.load(fleet)
+    except Invalid as e:
+        raise fail(f"{e.field}: {e.message}" if e.field else e.message, EXIT_USAGE) from None
+    return [(m.name, m.profile, m.tier) for m in f.members]
 
 
 def _fleet_cluster_profile(fleet: str | None, cluster: str):

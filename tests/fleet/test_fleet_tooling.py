@@ -66,3 +66,25 @@ def test_profile_render_renders_one_cluster_of_a_fleet():
     r = CliRunner().invoke(app, ["profile", "render", "--target", "kuberay", "--fleet", "local-hybrid",
                                  "--cluster", "mars"])
     assert r.exit_code == 2 and "no cluster 'mars'" in r.output and "onprem, cloud" in r.output
+
+
+def test_profile_render_renders_every_cluster_of_a_fleet(tmp_path):
+    import yaml
+
+    from raylane.api.cli import app
+
+    r = CliRunner().invoke(app, ["profile", "render", "--target", "kuberay", "--fleet", "local-hybrid",
+                                 "--out", str(tmp_path / "deploy")])
+    assert r.exit_code == 0, r.output
+    files = sorted(p.name for p in (tmp_path / "deploy").iterdir())
+    assert files == ["cloud-kuberay.yaml", "onprem-kuberay.yaml"]
+    onprem = (tmp_path / "deploy" / "onprem-kuberay.yaml").read_text()
+    assert onprem.startswith("# Cluster onprem (owned) of fleet local-hybrid.")
+    groups = yaml.safe_dump(yaml.safe_load((tmp_path / "deploy" / "cloud-kuberay.yaml").read_text()))
+    assert "gpu-spot" in groups and "gpu-spot" not in onprem
+    # Printed one after another without --out; --check needs one cluster.
+    r = CliRunner().invoke(app, ["profile", "render", "--target", "compose", "--fleet", "local-hybrid"])
+    assert r.exit_code == 0 and r.output.count("# Cluster ") == 2
+    r = CliRunner().invoke(app, ["profile", "render", "--target", "kuberay", "--fleet", "local-hybrid",
+                                 "--check", str(tmp_path / "x.yaml")])
+    assert r.exit_code == 2 and "give --cluster" in r.output
