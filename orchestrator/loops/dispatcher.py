@@ -152,7 +152,7 @@ class Dispatcher(LoopService):
         scope = self.scope
         used, drivers = stats.used_by_active(s, scope)
         limits = store_quotas.load_limits(s)  # (project, group) -> quota; most projects have none
-        project_used = store_quotas.usage(s) if limits else {}
+        project_used = store_quotas.usage(s, scope=scope) if limits else {}
         ahead = stats.ahead_by_group(s, scope) if rules.scale_ahead else {}
         waiting, waiting_need = stats.waiting_by_group(s, scope) if rules.queue_ahead else ({}, {})
         grace = self.settings.preempt_grace_s

@@ -128,7 +128,6 @@ class Reconciler(LoopService):
         self._drain_checked_at = 0.0
         self._asked: set[tuple[str, str]] = set()  # (submission id, node id) told to checkpoint
         self._preempt_asked: set[str] = set()  # attempts being preempted, told to checkpoint
-        self._preempt_read: dict[str, float] = {}  # attempt being preempted -> when its "saved" key was last read
         self._trials_seen: dict[str, tuple[float, int]] = {}  # running sweep -> (last read, trials stored)
         self._writes: list = []  # (write(session), after(), job, attempt) of this pass, committed together (``_flush``)
         self._conflicts: dict[tuple[str | None, int | None], int] = {}  # (job, attempt) -> outcomes refused while live
@@ -340,9 +339,9 @@ class Reconciler(LoopService):
                 except GcsUnavailable as e:
                     log.warning("could not ask %s to checkpoint before its preemption (%s); it is stopped at "
                                 "its grace period's end", sid, e)
+        # Read each pass: the few attempts being preempted are stopped within a pass of saying so.
         saved = False
-        if gcs is not None and time.monotonic() - self._preempt_read.get(sid, 0.0) >= DRAIN_CHECK_S:
-            self._preempt_read[sid] = time.monotonic()
+        if gcs is not None:
             try:
                 saved = gcs.kv_get(protocol.checkpointed_key(sid)) is not None
             except GcsUnavailable:
@@ -385,7 +384,6 @@ class Reconciler(LoopService):
                 log.warning("could not delete the checkpoint request of %s: %s", sid, e)
         self._asked = {(sid, node) for sid, node in self._asked if sid in live_sids}
         self._preempt_asked &= live_sids
-        self._preempt_read = {sid: t for sid, t in self._preempt_read.items() if sid in live_sids}
         draining = self.backend.draining()
         if not draining:
             return

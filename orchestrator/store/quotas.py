@@ -23,6 +23,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from raylane.orchestrator.domain.states import ACTIVE
+from raylane.orchestrator.store.fleet import Scope, jobs_on
 from raylane.orchestrator.store.tables import jobs, quotas
 from raylane.orchestrator.store.transitions import utcnow
 
@@ -77,10 +78,12 @@ def load_limits(session: Session, *, project: str | None = None) -> dict[tuple[s
             for r in session.execute(q).mappings()}
 
 
-def usage(session: Session, *, project: str | None = None) -> dict[tuple[str, str], Usage]:
-    """(project, node group) -> what the project's active jobs hold there."""
+def usage(session: Session, *, project: str | None = None, scope: Scope | None = None) -> dict[tuple[str, str], Usage]:
+    """(project, node group) -> what the project's active jobs hold there (``scope``:
+    on one cluster of a fleet, whose dispatcher applies the quotas to its own groups:
+    a share of onprem's ``gpu`` is not spent by jobs on cloud's ``gpu``)."""
     q = select(jobs.c.project, jobs.c.node_group, jobs.c.placement).where(
-        jobs.c.status.in_([s.value for s in ACTIVE]))
+        jobs.c.status.in_([s.value for s in ACTIVE]), jobs_on(scope))
     if project is not None:
         q = q.where(jobs.c.project == project)
     out: dict[tuple[str, str], Usage] = {}
