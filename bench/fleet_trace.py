@@ -48,8 +48,11 @@ same JSON), and wall time only decides how long the run takes: about a minute
 for the three policies on 2 shared cores (``--quick``: seconds). The
 placer's one-second cache of a cluster's node list (``VIEW_CACHE_S``) is a wall
 bound; here it would hide a whole tick's changes, so the bench sets it to 0.
-Jobs give no ``timeout_s``: "owned soon" (``fleet_owned_soon_s``) predicts
-from timeouts, so the hybrid places on rented as soon as owned is full.
+Jobs give no ``timeout_s``: whether the owned cluster starts a job soon enough
+is judged from past runs of each kind there, the jobs queued ahead of it
+included (docs/fleet.md), within the settings' wait budget
+(``RAYLANE_FLEET_OWNED_SOON_S``, ``RAYLANE_FLEET_OWNED_WAIT_SHARE``: their
+defaults, or what the environment sets, to replay another budget).
 
 Figures, per policy: owned GPU utilisation over the day and over the ticks in
 which a GPU job waited (arrived, not started anywhere); rented GPU node-hours

@@ -38,7 +38,7 @@ def fleet(cp, monkeypatch):
     # The loops are turned far faster than real time here: the placer reads each cluster's nodes every pass.
     monkeypatch.setattr(fleetdispatch, "VIEW_CACHE_S", 0.0)
     monkeypatch.setattr(fleetdispatch, "UNPLACED_RETRY_S", 0.0)  # ... and tries an unplaced job again every pass
-    monkeypatch.setattr(fleetdispatch, "MEDIANS_KEPT_S", 0.0)  # ... and reads past runs afresh every pass
+    monkeypatch.setattr(fleetdispatch, "RUNS_KEPT_S", 0.0)  # ... and reads past runs afresh every pass
     f = configured("local-hybrid", Profile.load(None))
     rays = {c.name: FakeRay(c.profile, name=c.name) for c in f.members}
     for g in f.cluster("cloud").profile.workers:  # cloud scales from zero: no worker node until a job asks
@@ -449,17 +449,15 @@ def test_a_queued_job_moves_when_another_cluster_would_start_it_sooner(api, cp, 
     assert submission_id(d["id"], 1) not in submitted_to(rays["cloud"])
 
 
-def test_owned_that_past_runs_say_frees_soon_is_waited_for_instead_of_renting(api, cp, fleet):
-    """No timeout_s anywhere: the placer estimates when onprem's running training job
-    ends from how long the last ones of its kind there ran, and a job that would wait
-    less than RAYLANE_FLEET_OWNED_SOON_S for it waits on onprem instead of renting."""
+def _onprem_busy_with_a_past_run(api, cp, fd, rays) -> dict:
+    """A training job that ran 10 minutes on onprem, then one running there for 2
+    minutes (no timeout_s: the placer expects it to end in ~8 from the first's run)."""
     from datetime import timedelta
 
     from raylane.orchestrator.store import db
     from raylane.orchestrator.store.tables import attempts as attempts_t, jobs as jobs_t
     from raylane.orchestrator.store.transitions import utcnow
 
-    fd, rays = fleet
     past = api.post("/v1/jobs", json=TRAIN).json()
     run_until(fd, lambda: submission_id(past["id"], 1) in submitted_to(rays["onprem"]), "a first run on onprem")
     rays["onprem"].start(submission_id(past["id"], 1))
@@ -476,6 +474,16 @@ def test_owned_that_past_runs_say_frees_soon_is_waited_for_instead_of_renting(ap
     run_until(fd, lambda: job(api, running["id"])["status"] == "RUNNING", "running on onprem")
     with db.transaction(cp.sessions) as s:  # started 2 minutes ago: ~8 left
         s.execute(jobs_t.update().where(jobs_t.c.id == running["id"]).values(started_at=now - timedelta(minutes=2)))
+    return running
+
+
+def test_owned_that_past_runs_say_frees_soon_is_waited_for_instead_of_renting(api, cp, fleet):
+    """No timeout_s anywhere: the placer estimates when onprem's running training job
+    ends from how long the last ones of its kind there ran, and a job that would wait
+    less than RAYLANE_FLEET_OWNED_SOON_S for it waits on onprem instead of renting."""
+    fd, rays = fleet
+    cp.settings = cp.settings.model_copy(update={"fleet_owned_wait_share": 0.0})  # the 10 min alone
+    _onprem_busy_with_a_past_run(api, cp, fd, rays)
     waiting = api.post("/v1/jobs", json=TRAIN).json()
     turn(fd, 3)
     pl = job(api, waiting["id"])["placement"]
@@ -486,6 +494,33 @@ def test_owned_that_past_runs_say_frees_soon_is_waited_for_instead_of_renting(ap
     cp.settings = cp.settings.model_copy(update={"fleet_owned_soon_s": 60.0})
     later = api.post("/v1/jobs", json=TRAIN).json()
     run_until(fd, lambda: submission_id(later["id"], 1) in submitted_to(rays["cloud"]), "rented when owned is not soon")
+
+
+def test_the_queue_already_nominated_to_owned_counts_in_the_wait_and_the_budget_grows_with_the_run(api, cp, fleet):
+    """Issue 45: the jobs already waiting on onprem are ahead of the next one. The
+    first waits ~8 min there; the second would start after the first's ~10 min run,
+    ~18 min away, past RAYLANE_FLEET_OWNED_SOON_S (10 min): it rents, though onprem's
+    running job still frees in ~8 min. With RAYLANE_FLEET_OWNED_WAIT_SHARE 2 a
+    training job may wait twice its 10 min run: the next one waits on onprem."""
+    fd, rays = fleet
+    cp.settings = cp.settings.model_copy(update={"fleet_owned_wait_share": 0.0})
+    _onprem_busy_with_a_past_run(api, cp, fd, rays)
+    first = api.post("/v1/jobs", json=TRAIN).json()
+    turn(fd, 2)
+    assert job(api, first["id"])["placement"]["cluster"] == "onprem"
+    second = api.post("/v1/jobs", json=TRAIN).json()
+    run_until(fd, lambda: submission_id(second["id"], 1) in submitted_to(rays["cloud"]), "the second rents")
+    pl = job(api, second["id"])["placement"]
+    assert any(r.startswith("onprem gpu: 2 of 2 GPUs held, 1 queued ahead (2 GPUs), starts in ~18 min (next frees "
+                            "in ~8 min): after rented capacity") for r in pl["reasons"]), pl["reasons"]
+    assert job(api, first["id"])["placement"]["cluster"] == "onprem"  # judged again: still its best
+    cp.settings = cp.settings.model_copy(update={"fleet_owned_wait_share": 2.0})
+    third = api.post("/v1/jobs", json=TRAIN).json()
+    turn(fd, 3)
+    pl = job(api, third["id"])["placement"]
+    assert (pl["cluster"], job(api, third["id"])["status"]) == ("onprem", "PENDING"), pl["reasons"]
+    assert any(r.startswith("onprem gpu: 2 of 2 GPUs held, 1 queued ahead (2 GPUs), starts in ~18 min")
+               for r in pl["reasons"]), pl["reasons"]
 
 
 def test_a_burst_does_not_rent_past_the_project_s_spend_cap(api, cp, fleet):

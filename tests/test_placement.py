@@ -9,7 +9,7 @@ import pytest
 
 from raylane.orchestrator.domain.errors import Forbidden
 from raylane.orchestrator.domain.fleet import Fleet
-from raylane.orchestrator.domain.placement import GroupNow, Rank, RentPolicy, place
+from raylane.orchestrator.domain.placement import GroupNow, Holding, Queued, Rank, RentPolicy, expected_start, place
 from raylane.orchestrator.domain.routing import Unroutable
 from raylane.orchestrator.domain.specs import JobSpec
 
@@ -156,6 +156,74 @@ def test_a_single_cluster_fleet_places_as_the_router_does():
     single = Fleet.single(default_profile())
     fp = place(spec(TRAIN), single)
     assert fp.nominee.group == route(spec(TRAIN), default_profile()).node_group
+
+
+def busy_gpu(*queued: Queued, end_s: float = 300.0, runs: dict | None = None) -> dict:
+    """onprem's gpu group held whole by one training job expected to end in ``end_s``,
+    with ``queued`` nominated there ahead of anything placed now."""
+    n = now(gpus_held=2, next_free_s=end_s)
+    n["onprem"]["gpu"].holding = [Holding({"GPU": 2, "CPU": 2}, end_s)]
+    n["onprem"]["gpu"].queued = list(queued)
+    n["onprem"]["gpu"].runs = runs or {}
+    return n
+
+
+def queued_training(job_id: str, run_s: float | None, priority: int = 50) -> Queued:
+    return Queued(job_id, priority, {"GPU": 2, "CPU": 2}, run_s)
+
+
+def test_the_jobs_queued_ahead_on_owned_count_in_when_a_job_starts_there():
+    # nothing ahead: it starts when the running job ends (5 min), within 10: it waits for onprem
+    fp = place(spec(TRAIN), FLEET, busy_gpu(), owned_soon_s=600)
+    assert fp.nominee.cluster == "onprem" and fp.candidates[0].rank is Rank.OWNED_SOON
+    # one ahead for 3 min: it starts in 8 min, still within 10
+    fp = place(spec(TRAIN), FLEET, busy_gpu(queued_training("01A", 180)), owned_soon_s=600)
+    assert fp.nominee.cluster == "onprem", fp.reasons
+    assert "onprem gpu: 2 of 2 GPUs held, 1 queued ahead (2 GPUs), starts in ~8 min (next frees in ~5 min)" \
+        in fp.reasons
+    # two ahead for an hour each: the same first end, but its start is 2 h away: it rents
+    fp = place(spec(TRAIN), FLEET, busy_gpu(queued_training("01A", 3600), queued_training("01B", 3600)),
+               owned_soon_s=600)
+    assert fp.nominee.cluster == "cloud" and order(fp)[-1] == ("onprem", "gpu")
+    assert "onprem gpu: 2 of 2 GPUs held, 2 queued ahead (4 GPUs), starts in ~125 min (next frees in ~5 min): " \
+           "after rented capacity" in fp.reasons
+
+
+def test_only_the_jobs_admitted_before_it_are_ahead_of_a_job():
+    low, early = queued_training("01A", 3600, priority=20), queued_training("01B", 3600)
+    # a job of higher priority is admitted before the low one, whenever it came
+    assert expected_start({"GPU": 2}, busy_gpu(low, early)["onprem"]["gpu"], priority=80, job_id="01Z") == 300
+    # among equals, by id (age): 01B is ahead of 01C, not of 01A
+    g = busy_gpu(early)["onprem"]["gpu"]
+    assert expected_start({"GPU": 2}, g, priority=50, job_id="01C") == 300 + 3600
+    assert expected_start({"GPU": 2}, g, priority=50, job_id="01A") == 300
+    # a job judged again is not ahead of itself
+    assert expected_start({"GPU": 2}, g, priority=50, job_id="01B") == 300
+
+
+def test_a_job_ahead_whose_run_is_unknown_makes_the_start_unforeseen():
+    fp = place(spec(TRAIN), FLEET, busy_gpu(queued_training("01A", None)), owned_soon_s=600)
+    assert fp.nominee.cluster == "cloud"
+    assert any(r.startswith("onprem gpu: 2 of 2 GPUs held, 1 queued ahead (2 GPUs), next frees in ~5 min, "
+                            "its start not foreseen") for r in fp.reasons), fp.reasons
+
+
+def test_a_small_job_starts_as_soon_as_its_share_frees():
+    g = GroupNow(1, {"GPU": 2, "CPU": 4}, {"GPU": 2, "CPU": 2},
+                 holding=[Holding({"GPU": 1, "CPU": 1}, 600), Holding({"GPU": 1, "CPU": 1}, 60)])
+    assert expected_start({"GPU": 1, "CPU": 1}, g) == 60  # the first GPU to free is enough
+    assert expected_start({"GPU": 2, "CPU": 2}, g) == 600  # both are needed
+
+
+def test_the_wait_budget_grows_with_how_long_the_job_s_kind_runs_on_owned():
+    # 40 min to wait, a training job runs 2 h there: within half its run (RAYLANE_FLEET_OWNED_WAIT_SHARE 0.5)
+    n = busy_gpu(end_s=2400, runs={"training": 7200})
+    assert place(spec(TRAIN), FLEET, n, owned_soon_s=600, owned_wait_share=0.5).nominee.cluster == "onprem"
+    # without the share, 40 min is past the 10 min of RAYLANE_FLEET_OWNED_SOON_S
+    assert place(spec(TRAIN), FLEET, n, owned_soon_s=600, owned_wait_share=0.0).nominee.cluster == "cloud"
+    # a kind with no past run there: the budget is RAYLANE_FLEET_OWNED_SOON_S alone
+    n = busy_gpu(end_s=2400)
+    assert place(spec(TRAIN), FLEET, n, owned_soon_s=600, owned_wait_share=0.5).nominee.cluster == "cloud"
 
 
 def test_a_running_job_s_timeout_bounds_the_wait_and_says_so():

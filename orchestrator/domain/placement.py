@@ -9,9 +9,20 @@ Words used here:
   node fits it, as ``routing.why_never_fits`` judges).
 - *room now*: the group's live nodes have, beyond what Raylane's running
   attempts hold, the job's whole ``total`` (each of CPU and GPU).
-- *soon*: the group has no room now, but the caller expects the resources held
-  there to start freeing within ``owned_soon_s`` (``GroupNow.next_free_s``:
-  an estimate, e.g. from running attempts' expected ends).
+- *expected start*: when a job queued on a group now would start there
+  (``expected_start``): its active jobs free what they hold as they are
+  expected to end, the jobs already nominated there and admitted before it
+  (*ahead*: higher priority, or the same and older) start in that order and
+  hold their share for their expected run, then it starts when its own fits.
+  Without the active jobs' ends (``GroupNow.holding``), all that is held is
+  taken to free at ``next_free_s``.
+- *wait budget*: how long a job may be expected to wait for owned capacity
+  rather than rent: ``owned_soon_s``, or ``owned_wait_share`` of how long its
+  kind runs on that group when that is longer (``wait_budget``). Renting saves
+  the wait and costs the whole run, so the longer the run, the longer a wait is
+  worth it.
+- *soon*: the group has no room now, but the job's expected start there is
+  within its wait budget.
 - *nomination*: the first candidate not blocked by policy. A job is placed on
   one cluster at a time (DESIGN decision 10); moving on to the next candidate
   after a scale-up deadline is the dispatcher's, not this module's.
@@ -41,6 +52,7 @@ waits for owned capacity or for spend to fall).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -53,6 +65,7 @@ from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
 
 RESOURCES = ("GPU", "CPU")  # what room is judged on, in the order reasons name them
+_LAST_ID = "~"  # after every job id (ULIDs: digits and capitals): a job not stored yet queues last of its priority
 
 
 class Rank(IntEnum):
@@ -62,6 +75,28 @@ class Rank(IntEnum):
     RENTED_ON_DEMAND = 4
     OWNED_LATER = 5
     RENTED_FULL = 6  # a rented group at its max_nodes with no room: its queue, after every other
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One of Raylane's active jobs on a group: what it holds, and when it is expected
+    to end (seconds from now; None: no end known)."""
+
+    total: dict[str, float]
+    end_s: float | None
+    bound: bool = False  # end_s is its timeout_s (certain), not an estimate
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A queued job nominated to a group and not admitted yet: its place in the
+    group's admission order (priority high first, then id, old first) and how long
+    it is expected to run there (None: unknown)."""
+
+    job_id: str
+    priority: int
+    total: dict[str, float]
+    run_s: float | None
 
 
 @dataclass
@@ -74,9 +109,64 @@ class GroupNow:
     held: dict[str, float] = field(default_factory=dict)  # by Raylane's running attempts
     next_free_s: float | None = None  # when held resources are expected to start freeing; None: unknown
     next_free_bound: bool = False  # next_free_s is an upper bound (a running job's timeout), not an estimate
+    # Each active job's end (None: only next_free_s is known, and all of ``held``
+    # is taken to free then), the queue nominated here, and how long each kind is
+    # expected to run here (kind -> seconds): what ``expected_start`` reads.
+    holding: list[Holding] | None = None
+    queued: list[Queued] = field(default_factory=list)
+    runs: dict[str, float] = field(default_factory=dict)
+    queue_read_to: tuple[int, str] | None = None  # the cluster's queue was read up to this (priority, id)
 
     def free(self, resource: str) -> float:
         return max(0.0, self.total.get(resource, 0.0) - self.held.get(resource, 0.0))
+
+    def ahead_of(self, priority: int, job_id: str | None) -> list[Queued]:
+        """The queued jobs admitted before a job of ``priority`` and ``job_id`` (None:
+        one not stored yet, after every job of its priority), in admission order."""
+        ahead = [q for q in self.queued if q.job_id != job_id and
+                 (q.priority > priority or (q.priority == priority and (job_id is None or q.job_id < job_id)))]
+        return sorted(ahead, key=lambda q: (-q.priority, q.job_id))
+
+
+def expected_start(need: dict[str, float], now: GroupNow, *, priority: int = 50,
+                   job_id: str | None = None) -> float | None:
+    """Seconds from now until a job needing ``need``, queued on this group now, is
+    expected to start: the group's held resources free as its active jobs are
+    expected to end, the jobs queued ahead of it (``ahead_of``) start in admission
+    order as their resources free and hold them for their expected run, then it
+    starts when its own fit. None: no start can be foreseen (an end or a run
+    ahead of it is unknown). An estimate from past runs (the caller's), or a
+    running job's timeout; strict order, no backfilling of a small job past a
+    large one (the admission's skips are bounded, so a queue keeps its order in
+    the long run)."""
+    last = now.queue_read_to
+    if last is not None and (-priority, job_id or _LAST_ID) > (-last[0], last[1]):
+        return None  # behind more queued jobs than were read
+    free = {r: now.free(r) for r in RESOURCES}
+    if now.holding is None:  # only the first end is known: all that is held taken to free then
+        events = [] if now.next_free_s is None else [(now.next_free_s, 0, dict(now.held))]
+    else:
+        events = [(h.end_s, i, h.total) for i, h in enumerate(now.holding) if h.end_s is not None]
+    heapq.heapify(events)
+    seq = len(events)
+    t = 0.0
+    for q in [*now.ahead_of(priority, job_id), None]:
+        want = need if q is None else q.total
+        while not all(free[r] >= want.get(r, 0.0) - 1e-9 for r in RESOURCES):
+            if not events:
+                return None
+            end, _, res = heapq.heappop(events)
+            t = max(t, end)
+            for r in RESOURCES:
+                free[r] = min(now.total.get(r, 0.0), free[r] + res.get(r, 0.0))
+        if q is None:
+            return t
+        for r in RESOURCES:
+            free[r] -= want.get(r, 0.0)
+        if q.run_s is not None:  # a job ahead with no known run holds its share for good
+            seq += 1
+            heapq.heappush(events, (t + q.run_s, seq, want))
+    return t  # pragma: no cover (the loop returns at its last item)
 
 
 ClusterNow = dict[str, GroupNow]  # by node group
@@ -213,7 +303,26 @@ def _routes(spec: JobSpec, cluster: Cluster, now: ClusterNow | None, avoid_spot:
     return out
 
 
-def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soon_s: float) -> Candidate:
+def wait_budget(spec: JobSpec, g_now: GroupNow, owned_soon_s: float, owned_wait_share: float) -> float:
+    """How long the job may be expected to wait for an owned group before rented
+    capacity comes first: ``owned_soon_s``, or ``owned_wait_share`` of how long
+    its kind runs there when that is longer."""
+    run = g_now.runs.get(spec.kind)
+    return max(owned_soon_s, owned_wait_share * run) if run is not None else owned_soon_s
+
+
+def _ahead_text(ahead: list[Queued]) -> str:
+    """', 2 queued ahead (3 GPUs)' for the jobs queued before this one."""
+    if not ahead:
+        return ""
+    gpus = sum(q.total.get("GPU", 0.0) for q in ahead)
+    what = f"{_fmt(gpus)} GPU{'s' if gpus != 1 else ''}" if gpus else \
+        f"{_fmt(sum(q.total.get('CPU', 0.0) for q in ahead))} CPUs"
+    return f", {len(ahead)} queued ahead ({what})"
+
+
+def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soon_s: float, *,
+               spec: JobSpec, job_id: str | None = None, owned_wait_share: float = 0.0) -> Candidate:
     group = cluster.profile.group(p.node_group)
     g_now = now.get(group.name) if now is not None else None
     name = f"{cluster.name} {group.name}"
@@ -230,13 +339,21 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
                              f"{name}: no live node now")
         held = _held_text(p.total, g_now)
+        ahead = g_now.ahead_of(spec.priority, job_id)
+        held += _ahead_text(ahead)
+        start = expected_start(p.total, g_now, priority=spec.priority, job_id=job_id)
+        budget = wait_budget(spec, g_now, owned_soon_s, owned_wait_share)
         frees = "next frees within" if g_now.next_free_bound else "next frees in"
         by = " (a running job's timeout)" if g_now.next_free_bound else ""
-        if g_now.next_free_s is not None and g_now.next_free_s <= owned_soon_s:
-            return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_SOON, 0.0, p,
-                             f"{name}: {held}, {frees} {_minutes(g_now.next_free_s)}{by}")
         when = (f"{frees} {_minutes(g_now.next_free_s)}{by}" if g_now.next_free_s is not None
                 else "no end expected")
+        if start is not None and (ahead or start != g_now.next_free_s):  # its own start, not the first end
+            when = f"starts in {_minutes(start)}" + (f" ({when})" if g_now.next_free_s is not None else "")
+        if start is not None and start <= budget:
+            return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_SOON, 0.0, p,
+                             f"{name}: {held}, {when}")
+        if start is None and g_now.next_free_s is not None:
+            when += ", its start not foreseen"
         return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
                          f"{name}: {held}, {when}: after rented capacity")
     price = job_price(p, group)
@@ -258,8 +375,8 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
 
 
 def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: RentPolicy = RentPolicy(),
-          owned_soon_s: float = 600.0, avoid_spot: bool = False,
-          skip: dict[str, str] | None = None) -> FleetPlacement:
+          owned_soon_s: float = 600.0, owned_wait_share: float = 0.0, avoid_spot: bool = False,
+          skip: dict[str, str] | None = None, job_id: str | None = None) -> FleetPlacement:
     """The candidates for ``spec`` across ``fleet`` in the order to try them (see the
     module's docstring). ``now``: each cluster's groups now (None: no live view, the
     order from the fleet alone). Raises ``Unroutable`` when no cluster can ever run
@@ -308,7 +425,8 @@ def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: Ren
             skipped.append(cluster.name)
             continue
         for p in placements:
-            candidates.append(_candidate(cluster, p, c_now, owned_soon_s))
+            candidates.append(_candidate(cluster, p, c_now, owned_soon_s, spec=spec, job_id=job_id,
+                                         owned_wait_share=owned_wait_share))
     if not candidates:
         if never and len(never) == len(members):
             fields = {e.field for _, e in never}

@@ -8,8 +8,12 @@ Words used here:
   (``store.fleet.TO_PLACE``); the ``FleetPlacer`` nominates it with the order of
   ``domain.placement`` (owned with room, owned soon, rented spot, rented on
   demand), the project's renting policy and each cluster's groups now, and its
-  reason names the cluster, the group and why. Only the nominee's dispatcher
-  sees the job, so no job makes two clusters' autoscalers add nodes for it.
+  reason names the cluster, the group and why. "Owned soon" is judged on the
+  group's queue (``store.fleet.group_queues``): each active job's expected end
+  and the jobs already nominated there with their expected runs, so a burst
+  does not pile onto an owned group that cannot start it within its wait
+  budget. Only the nominee's dispatcher sees the job, so no job makes two
+  clusters' autoscalers add nodes for it.
 - *moving on*: an attempt admitted on a cluster ahead of a scale-up that did not
   come within ``scale_up_deadline_s`` is stopped there (the reconciler, as on one
   cluster), and on a fleet the job is placed again with that cluster left out
@@ -45,7 +49,7 @@ from raylane.orchestrator.domain import placement as fleet_placement
 from raylane.orchestrator.domain.costs import node_share
 from raylane.orchestrator.domain.errors import Forbidden
 from raylane.orchestrator.domain.fleet import Fleet
-from raylane.orchestrator.domain.placement import FleetNow, GroupNow, NoCandidate
+from raylane.orchestrator.domain.placement import FleetNow, GroupNow, Holding, NoCandidate, Queued
 from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.routing import Unroutable, route
 from raylane.orchestrator.domain.specs import JobSpec
@@ -63,7 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 VIEW_CACHE_S = 1.0  # a cluster's node list, read at most this often by the placer
 UNPLACED_RETRY_S = 10.0  # a job no cluster can take now is tried again this long after
-MEDIANS_KEPT_S = 60.0  # how long the placer keeps a kind's median run on a group (store.fleet.expected_ends)
+RUNS_KEPT_S = 60.0  # how long the placer keeps a kind's past runs on a group (store.fleet.past_runs)
 
 
 @dataclass
@@ -191,7 +195,7 @@ class FleetPlacer(LoopService):
         self.fd = fd
         self.lost: dict[str, datetime] = {}  # cluster -> when the outage that lost it began
         self._views: dict[str, tuple[float, object]] = {}
-        self._medians: dict[str, tuple[datetime, dict]] = {}  # cluster -> (when, (group, kind) -> median run)
+        self._runs: dict[str, tuple[datetime, dict]] = {}  # cluster -> (when, (group, kind) -> past runs)
 
     # Lost clusters --------------------------------------------------------------
 
@@ -250,9 +254,10 @@ class FleetPlacer(LoopService):
 
     def fleet_now(self, s, views: dict[str, object] | None = None) -> tuple[FleetNow, dict[str, float]]:
         """Each reachable cluster's groups now (``views``: their node groups, read by
-        ``views()``; alive capacity, what Raylane's active jobs hold there, when the
-        first running one must end by its timeout or is expected to by past runs of
-        its kind), and each project's rented spend an hour."""
+        ``views()``; alive capacity, what Raylane's active jobs hold there and when
+        each must end by its timeout or is expected to by past runs of its kind, the
+        jobs nominated there and not admitted yet, how long each kind runs there),
+        and each project's rented spend an hour."""
         if views is None:
             views, _ = self.views()
         now: FleetNow = {}
@@ -262,21 +267,26 @@ class FleetPlacer(LoopService):
                 continue
             used, _ = stats.used_by_active(s, m.scope)
             at = utcnow()
-            bounds = store_fleet.timeout_ends(s, now=at, scope=m.scope)  # a running job's timeout: certain
-            cached = self._medians.get(name)  # kept by the store's clock: a median is about job time, not ours
-            if cached is None or (at - cached[0]).total_seconds() > MEDIANS_KEPT_S:
-                cached = self._medians[name] = (at, {})
-            guesses = store_fleet.expected_ends(s, now=at, scope=m.scope, medians=cached[1])  # past runs: likely
+            cached = self._runs.get(name)  # kept by the store's clock: past runs are about job time, not ours
+            if cached is None or (at - cached[0]).total_seconds() > RUNS_KEPT_S:
+                cached = self._runs[name] = (at, {})
+            active, queued, read_to = store_fleet.group_queues(s, now=at, scope=m.scope, cache=cached[1])
+            runs: dict[str, dict[str, float]] = {}  # group -> kind -> median run there
+            for (group, kind), spans in cached[1].items():
+                if spans:
+                    runs.setdefault(group, {})[kind] = spans[len(spans) // 2]
             now[name] = {}
             for g in m.profile.workers:
                 st = view.get(g.name)
                 if st is None:
                     continue
-                bound, guess = bounds.get(g.name), guesses.get(g.name)
-                first = min((x for x in (bound, guess) if x is not None), default=None)
-                now[name][g.name] = GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total),
-                                             held=used.get(g.name, {}), next_free_s=first,
-                                             next_free_bound=first is not None and first == bound)
+                holding = active.get(g.name, [])
+                first = min((h for h in holding if h.end_s is not None), key=lambda h: h.end_s, default=None)
+                now[name][g.name] = GroupNow(
+                    alive_nodes=st.alive_nodes, total=dict(st.total), held=used.get(g.name, {}),
+                    next_free_s=first.end_s if first else None, next_free_bound=bool(first and first.bound),
+                    holding=holding, queued=queued.get(g.name, []), queue_read_to=read_to,
+                    runs=runs.get(g.name, {}))
         spend: dict[str, float] = {}
         rented = {n: m for n, m in self.fd.members.items() if m.tier == "rented"}
         for project, cluster, group, total in store_fleet.active_on(s, list(rented)):
@@ -343,10 +353,21 @@ class FleetPlacer(LoopService):
             woken.add(n.cluster)
             if n.tier == "rented":  # the project's spend cap holds for the rest of this pass too
                 spend[job.project] = spend.get(job.project, 0.0) + n.price_per_hour
-            if n.cluster in now and n.group in now[n.cluster]:  # what the next job of this pass sees
-                held = now[n.cluster][n.group].held
-                for k, v in p.total.items():
-                    held[k] = held.get(k, 0.0) + v
+            # What the next job of this pass sees: this one holds the group's room, or
+            # waits in its queue (and no longer in the queue it moved from).
+            for groups in now.values():
+                for g_now in groups.values():
+                    g_now.queued = [q for q in g_now.queued if q.job_id != job.id]
+            g_now = now.get(n.cluster, {}).get(n.group)
+            if g_now is not None:
+                run = g_now.runs.get(spec.kind)
+                if n.rank is fleet_placement.Rank.OWNED_ROOM or n.tier == "rented":
+                    for k, v in p.total.items():
+                        g_now.held[k] = g_now.held.get(k, 0.0) + v
+                    if g_now.holding is not None:
+                        g_now.holding.append(Holding(dict(p.total), run))
+                else:
+                    g_now.queued.append(Queued(job.id, spec.priority, dict(p.total), run))
 
     def _place(self, s, jobs: list, lost: dict[str, datetime], down: dict[str, str], now: FleetNow,
                spend: dict[str, float], woken: set[str]) -> None:
@@ -371,7 +392,8 @@ class FleetPlacer(LoopService):
         try:
             fp = fleet_placement.place(spec, self.fd.fleet, now, rent=self._rent(job, spend),
                                        owned_soon_s=settings.fleet_owned_soon_s,
-                                       skip=self._skip(job.id, lost, down, moved))
+                                       owned_wait_share=settings.fleet_owned_wait_share,
+                                       skip=self._skip(job.id, lost, down, moved), job_id=job.id)
         except NoCandidate as e:
             if all(c in moved.get(job.id, ()) and c not in lost and c not in down for c in e.skipped):
                 store_fleet.fail_unplaced(s, job, reason=f"no cluster of its candidates scaled up in "
@@ -403,7 +425,8 @@ class FleetPlacer(LoopService):
             try:
                 fp = fleet_placement.place(spec, self.fd.fleet, now, rent=self._rent(job, spend),
                                            owned_soon_s=settings.fleet_owned_soon_s,
-                                           skip=self._skip(job.id, lost, down, moved))
+                                           owned_wait_share=settings.fleet_owned_wait_share,
+                                           skip=self._skip(job.id, lost, down, moved), job_id=job.id)
             except (NoCandidate, Unroutable, Forbidden):
                 kept.append(job.id)
                 continue

@@ -142,10 +142,12 @@ def place(cp: "ControlPlane", spec: JobSpec, project: str | None) -> FleetPlacem
             now, spends = fd.placer.fleet_now(s)
         return fleet_placement.place(spec, f, now, rent=rent_policy(cp, project, spends.get(project or "", 0.0)),
                                      owned_soon_s=cp.settings.fleet_owned_soon_s,
+                                     owned_wait_share=cp.settings.fleet_owned_wait_share,
                                      skip={c: "lost" for c in fd.placer.lost})
     now, spend = _now(cp, f)
     return fleet_placement.place(spec, f, now, rent=rent_policy(cp, project, spend),
-                                 owned_soon_s=cp.settings.fleet_owned_soon_s)
+                                 owned_soon_s=cp.settings.fleet_owned_soon_s,
+                                 owned_wait_share=cp.settings.fleet_owned_wait_share)
 
 
 def plan(cp: "ControlPlane", spec: JobSpec, project: str | None) -> Placement:

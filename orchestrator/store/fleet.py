@@ -3,10 +3,16 @@
 ``timeout_ends``: per node group, the soonest a running job there must end by
 its own ``timeout_s``: an upper bound on when held resources start to free, the
 only end Raylane knows for certain. Running jobs are few (bounded by the
-cluster's capacity), so their specs are read whole."""
+cluster's capacity), so their specs are read whole.
+
+``group_queues``: per node group, what the fleet's placer judges a job's
+expected start on (``domain.placement.expected_start``): each active job with
+its expected end (its timeout, or past runs of its kind there: ``past_runs``,
+``run_left``), and the queued jobs nominated there with their expected runs."""
 
 from __future__ import annotations
 
+import bisect
 from datetime import datetime
 
 from dataclasses import dataclass
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, or_, select, true, update
 from sqlalchemy.orm import Session
 
+from raylane.orchestrator.domain.placement import Holding, Queued
 from raylane.orchestrator.domain.states import ACTIVE, FailureCause, JobStatus
 from raylane.orchestrator.store import tallies
 from raylane.orchestrator.store.tables import attempts, jobs
@@ -68,38 +75,76 @@ def timeout_ends(session: Session, *, now: datetime, scope: "Scope | None" = Non
 PAST_RUNS = 50  # the latest succeeded attempts of a kind on a group that an estimate reads
 
 
-def expected_ends(session: Session, *, now: datetime, scope: "Scope | None" = None,
-                  medians: dict[tuple[str, str], float | None] | None = None) -> dict[str, float]:
-    """Node group -> seconds from ``now`` until its first running job is expected to
-    end, from how long the latest ``PAST_RUNS`` succeeded attempts of its kind on
-    that group ran (the median; 0 when already past it). An estimate, not a bound:
-    groups with no such history are absent. ``scope``: on one cluster of a fleet.
-    ``medians``: the caller's cache of (group, kind) -> median, filled here (a
-    median moves slowly; the placer keeps it a minute rather than read the
-    attempts each pass)."""
-    running = session.execute(select(jobs.c.node_group, jobs.c.kind, jobs.c.started_at)
-                              .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.started_at.is_not(None),
-                                     jobs.c.node_group.is_not(None), jobs_on(scope))).all()
-    if not running:
-        return {}
-    medians = {} if medians is None else medians
-    out: dict[str, float] = {}
-    for group, kind, started in running:
-        key = (group, kind)
-        if key not in medians:
-            spans = [(e - b).total_seconds() for b, e in session.execute(
-                select(attempts.c.started_at, attempts.c.ended_at).join(jobs, jobs.c.id == attempts.c.job_id)
-                .where(attempts.c.node_group == group, jobs.c.kind == kind, attempts.c.status == "SUCCEEDED",
-                       attempts.c.started_at.is_not(None), attempts.c.ended_at.is_not(None), attempts_on(scope))
-                .order_by(attempts.c.ended_at.desc()).limit(PAST_RUNS))]
-            medians[key] = sorted(spans)[len(spans) // 2] if spans else None
-        if medians[key] is None:
-            continue
-        left = (started - now).total_seconds() + medians[key]
-        if left <= 0:  # it ran past what runs of its kind take: no end is known for it
-            continue
-        out[group] = min(left, out.get(group, left))
-    return out
+def past_runs(session: Session, group: str, kind: str, *, scope: "Scope | None" = None,
+              cache: dict[tuple[str, str], list[float]] | None = None) -> list[float]:
+    """How long the latest ``PAST_RUNS`` succeeded attempts of ``kind`` on ``group``
+    ran, in seconds, shortest first. ``cache``: the caller's, read first and
+    filled here (runs move slowly; the placer keeps them a minute)."""
+    key = (group, kind)
+    if cache is not None and key in cache:
+        return cache[key]
+    spans = sorted((e - b).total_seconds() for b, e in session.execute(
+        select(attempts.c.started_at, attempts.c.ended_at).join(jobs, jobs.c.id == attempts.c.job_id)
+        .where(attempts.c.node_group == group, jobs.c.kind == kind, attempts.c.status == "SUCCEEDED",
+               attempts.c.started_at.is_not(None), attempts.c.ended_at.is_not(None), attempts_on(scope))
+        .order_by(attempts.c.ended_at.desc()).limit(PAST_RUNS)))
+    if cache is not None:
+        cache[key] = spans
+    return spans
+
+
+def run_left(spans: list[float], ran_s: float) -> float | None:
+    """How much longer a job that has run ``ran_s`` is expected to run: the median of
+    the past runs (``spans``, shortest first) that lasted longer than that, less
+    ``ran_s``. For a job just started, the median run; for one past its median,
+    what the longer runs say rather than nothing. None: no past run lasted that long."""
+    longer = spans[bisect.bisect_right(spans, ran_s):]
+    return longer[len(longer) // 2] - ran_s if longer else None
+
+
+QUEUE_READ = 200  # a cluster's queued jobs the placer reads a pass, in admission order; a job behind them waits long
+
+
+def group_queues(session: Session, *, now: datetime, scope: "Scope",
+                 cache: dict[tuple[str, str], list[float]] | None = None
+                 ) -> tuple[dict[str, list[Holding]], dict[str, list[Queued]], tuple[int, str] | None]:
+    """Per node group of ``scope``'s cluster: its active jobs, each with its expected
+    end (the sooner of its ``timeout_s`` and the median run of its kind there,
+    counted from its start; from now for one admitted and not started yet), and the
+    queued jobs nominated to it, each with its expected run: what the placer reads
+    to tell when a job nominated there now would start (``domain.placement``).
+    Active jobs are bounded by the cluster's capacity; of the queue, the first
+    ``QUEUE_READ`` in admission order are read, and when there are more, the last
+    one read's (priority, id) is returned too (a job behind it: no start foreseen)."""
+    cache = {} if cache is None else cache
+    held: dict[str, list[Holding]] = {}
+    for group, kind, started, spec, placement in session.execute(
+            select(jobs.c.node_group, jobs.c.kind, jobs.c.started_at, jobs.c.spec, jobs.c.placement)
+            .where(jobs.c.status.in_(_ACTIVE), jobs.c.node_group.is_not(None), jobs_on(scope))):
+        since = 0.0 if started is None else (started - now).total_seconds()  # <= 0: how long it has run
+        timeout = (spec or {}).get("timeout_s")
+        bound = max(0.0, since + float(timeout)) if isinstance(timeout, (int, float)) and timeout > 0 else None
+        left = run_left(past_runs(session, group, kind, scope=scope, cache=cache), -since)
+        guess = None if left is None else left
+        end = min((x for x in (bound, guess) if x is not None), default=None)
+        held.setdefault(group, []).append(Holding((placement or {}).get("total") or {},
+                                               None if end is None else max(0.0, end),
+                                               end is not None and end == bound))
+    rows = []
+    for status in _QUEUED:  # one read per status, each in ix_jobs_status_priority_id's order (as admission)
+        rows += session.execute(
+            select(jobs.c.id, jobs.c.node_group, jobs.c.kind, jobs.c.priority, jobs.c.placement)
+            .where(jobs.c.status == status, jobs.c.node_group.is_not(None), jobs_on(scope),
+                   jobs.c.array_held.is_(False), jobs.c.deps_waiting == 0)
+            .order_by(jobs.c.priority.desc(), jobs.c.id).limit(QUEUE_READ + 1)).all()
+    rows.sort(key=lambda r: (-r.priority, r.id))
+    last = (rows[QUEUE_READ - 1].priority, rows[QUEUE_READ - 1].id) if len(rows) > QUEUE_READ else None
+    waiting: dict[str, list[Queued]] = {}
+    for r in rows[:QUEUE_READ]:
+        waiting.setdefault(r.node_group, []).append(Queued(
+            r.id, r.priority, (r.placement or {}).get("total") or {},
+            run_left(past_runs(session, r.node_group, r.kind, scope=scope, cache=cache), 0.0)))
+    return held, waiting, last
 
 
 # A fleet's placer (services/fleetdispatch.py) --------------------------------------------
