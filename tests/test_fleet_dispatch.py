@@ -570,3 +570,30 @@ def test_jobs_no_cluster_can_take_now_do_not_hold_up_those_behind_them(api, cp, 
         head = store_fleet.to_place(s, lost=set(fd.placer.lost), retry_before=utcnow() - timedelta(seconds=10),
                                     limit=1)
     assert [j.id for j in head] == [fresh["id"]]
+
+
+def test_a_job_preempted_on_onprem_resumes_on_rented_capacity(api, fleet):
+    """Sharing on a fleet (docs/sharing.md): a high-priority job that must run on
+    onprem preempts a low-priority one there; the victim, free to rent, is placed
+    again at once and resumes on cloud rather than wait for onprem's GPUs. (Placed
+    the moment its attempt ended, before its preemptor was admitted, it may first
+    be nominated to onprem's momentarily free GPUs; the next judging of
+    nominations, every RAYLANE_FLEET_RENOMINATE_S, here every pass, moves it.)"""
+    fd, rays = fleet
+    fd.placer.plane.settings = fd.placer.plane.settings.model_copy(update={"fleet_renominate_s": 1e-6})
+    for m in fd.members.values():  # preempt at once: no minimum run, no grace
+        m.dispatcher.settings = m.reconciler.settings = m.dispatcher.settings.model_copy(
+            update={"preempt_min_run_s": 0.0, "preempt_grace_s": 0.0})
+    low = api.post("/v1/jobs", json={**TRAIN, "name": "low", "priority": 10}).json()
+    sid = submission_id(low["id"], 1)
+    run_until(fd, lambda: sid in submitted_to(rays["onprem"]), "the low job on onprem")
+    rays["onprem"].start(sid)
+    run_until(fd, lambda: job(api, low["id"])["status"] == "RUNNING", "the low job running")
+    high = api.post("/v1/jobs", json={**TRAIN, "name": "high", "priority": 90,
+                                      "placement": {"cluster": "onprem"}}).json()
+    run_until(fd, lambda: sid in rays["onprem"].stopped, "the low job preempted on onprem")
+    run_until(fd, lambda: submission_id(high["id"], 1) in submitted_to(rays["onprem"]), "the high job on onprem")
+    run_until(fd, lambda: submission_id(low["id"], 2) in submitted_to(rays["cloud"]), "the low job placed on cloud")
+    first, second = attempts(api, low["id"])
+    assert (first["cluster"], first["cause"], first["preempt_for"]) == ("onprem", "PREEMPTED_BY_PRIORITY", high["id"])
+    assert second["cluster"] == "cloud" and job(api, low["id"])["placement"]["tier"] == "rented"
