@@ -18,14 +18,14 @@ import logging
 import os
 import socket
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.base import AlreadySubmitted, RayBackend, RayUnavailable
 from raylane.orchestrator.backends.reachability import unreachable_reason
-from raylane.orchestrator.domain import protocol
+from raylane.orchestrator.domain import fairshare, protocol
 from raylane.orchestrator.domain.errors import StoreFailed
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
@@ -40,12 +40,17 @@ from raylane.orchestrator.settings import Settings
 from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL, ARRAY_LABEL, JobSpec
 from raylane.orchestrator.domain.policy import state_excludes
 from raylane.orchestrator.store import db, dependencies as store_dependencies, lifecycle, packages as store_packages, queue
-from raylane.orchestrator.store import quotas as store_quotas, stats
+from raylane.orchestrator.store import fairshare as store_fairshare, quotas as store_quotas, stats
 from raylane.orchestrator.store.fleet import Scope
 from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.transitions import utcnow
 
 log = logging.getLogger(__name__)
+
+# How long a dispatcher keeps the fair-share usage it read (``store.fairshare``, a scan of
+# the attempts of the last ten half-lives), by the store's clock: usage decays over hours,
+# so a reading half a minute old orders the queue as a fresh one would.
+FAIR_SHARE_KEPT_S = 30.0
 
 
 def job_storage(storage_root: str | Path, project: str, job_id: str) -> str:
@@ -136,6 +141,7 @@ class Dispatcher(LoopService):
         self.after_submit_hook = None
         self.on_submitted = None
         self._inputs_on_command_line = False  # warned that no GCS takes the inputs
+        self._fair: tuple[datetime, fairshare.Standing] | None = None  # (read at, usage): ``fair_share``
 
     # Admission + claim -----------------------------------------------------
 
@@ -145,6 +151,7 @@ class Dispatcher(LoopService):
                                 self.scale_ahead,
                                 fast_lane=self.settings.fast_lane and self.lanes is not None and self.lanes.usable(),
                                 queue_ahead=self.settings.queue_ahead_jobs, driver_scale_ahead=self.scope is not None)
+        standing = self.fair_share(utcnow())  # before the pass's transaction: it may scan
         with db.transaction(self.sessions) as s:
             # The pass's time once its transaction has begun (SQLite: BEGIN IMMEDIATE, after
             # every write it waited for): taken before, a member an ending member released
@@ -161,7 +168,8 @@ class Dispatcher(LoopService):
             waiting, waiting_need = stats.waiting_by_group(s, scope) if rules.queue_ahead else ({}, {})
             waits: list[tuple[queue.Queued, str]] = []
             admitted: list[queue.Admission] = []
-            for d in admission.decide(queue.queued(s, now=now, scope=scope), view, self.profile, rules, used=used,
+            queued = fairshare.order(queue.queued(s, now=now, scope=scope), standing)
+            for d in admission.decide(queued, view, self.profile, rules, used=used,
                                       drivers=drivers, limits=limits, project_used=project_used, ahead=ahead,
                                       waiting=waiting, waiting_need=waiting_need):
                 if isinstance(d, admission.Fail):
@@ -176,6 +184,21 @@ class Dispatcher(LoopService):
             claimed += queue.admit_many(s, admitted, owner=self.owner, now=now, lease_until=lease_until)
             queue.set_waiting(s, waits, now=now)
         return claimed
+
+    def fair_share(self, now: datetime) -> fairshare.Standing | None:
+        """Every project's decayed usage per node group (``domain.fairshare``), read
+        at most every ``FAIR_SHARE_KEPT_S`` (the store's clock, so a clock that moves
+        back reads again); None while fair share is off (RAYLANE_FAIR_SHARE_HALF_LIFE_S 0)."""
+        half_life = self.settings.fair_share_half_life_s
+        if half_life <= 0:
+            return None
+        if self._fair is None or not 0 <= (now - self._fair[0]).total_seconds() < FAIR_SHARE_KEPT_S:
+            with db.read(self.sessions) as s:
+                used = store_fairshare.usage(s, now=now, half_life_s=half_life)
+            groups = self.profile.groups
+            self._fair = (now, fairshare.Standing.of(used, {g.name for g in groups if g.gpus > 0},
+                                                     {g.name for g in groups}))
+        return self._fair[1]
 
     # Submit ------------------------------------------------------------------
 
