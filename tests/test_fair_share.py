@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -20,8 +20,9 @@ from raylane.orchestrator.domain import fairshare
 from raylane.orchestrator.domain.fairshare import (NOMINAL_RUN_S, UNROUTED_GPU, Standing, Used, decayed,
                                                    order)
 from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.domain.profile import default_profile
 from raylane.orchestrator.domain.specs import JobSpec
-from raylane.orchestrator.loops import dispatcher as dispatcher_mod
+from raylane.orchestrator.loops.dispatcher import FAIR_SHARE_KEPT_S, Dispatcher
 from raylane.orchestrator.services import assembly
 from raylane.orchestrator.store import db, fairshare as store_fairshare, transitions
 from raylane.orchestrator.store.tables import attempt_usage, attempts, jobs
@@ -163,3 +164,171 @@ def test_the_stores_sums_are_the_decay_of_each_span(cp):
         assert (got[k].ran_s, got[k].ended) == (pytest.approx(ran), n), k
     assert set(only_a) == {k for k in got if k[0] == "A"}
     assert all(only_a[k].gpu_s == pytest.approx(got[k].gpu_s) and only_a[k].ended == got[k].ended for k in only_a)
+
+
+def test_the_dispatcher_keeps_the_usage_30_s_by_the_store_clock_and_reads_none_when_off(cp, settings):
+    d = Dispatcher(settings, cp.sessions, backend=None, profile=default_profile())
+    t = transitions.utcnow()
+    first = d.fair_share(t)
+    assert first.usage("alpha", "gpu") == 0.0
+    cp.access.create_project("alpha", description=None, actor="t")
+    jid = cp.submit(JobSpec(name="x", kind="command", entrypoint="true"), project="alpha", actor="t")[0].id
+    with db.transaction(cp.sessions) as s:  # it held 2 GPUs for the minute before t (written around the writers)
+        s.execute(insert(attempt_usage).values(
+            job_id=jid, number=1, project="alpha", kind="command", node_group="gpu", market="ON_DEMAND", cpu=1.0,
+            gpu=2.0, held_from=micros(t - timedelta(seconds=60)), held_to=micros(t), key_id=1))
+    assert d.fair_share(t + timedelta(seconds=FAIR_SHARE_KEPT_S - 1)) is first
+    later = d.fair_share(t + timedelta(seconds=FAIR_SHARE_KEPT_S))
+    assert later.usage("alpha", "gpu") == pytest.approx(120.0, rel=1e-3)  # GPU-seconds in a GPU group
+    assert d.fair_share(t + timedelta(seconds=FAIR_SHARE_KEPT_S + 1)) is later
+    assert d.fair_share(t) is not later  # a clock that moved back: read again
+    off = Dispatcher(settings.model_copy(update={"fair_share_half_life_s": 0.0}), cp.sessions, backend=None,
+                     profile=default_profile())
+    assert off.fair_share(t) is None
+
+
+# Two projects on the 2-GPU group, through the loops --------------------------------------
+
+
+class Clock:
+    """The store's clock, moved by the test (every ``utcnow`` of the control plane reads it)."""
+
+    def __init__(self):
+        self.t = transitions.utcnow()
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    real = transitions.utcnow
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("raylane.") and getattr(mod, "utcnow", None) is real:
+            monkeypatch.setattr(mod, "utcnow", c)
+    return c
+
+
+@pytest.fixture
+def settings(settings, request):
+    """Every job a Ray job (FakeRay runs no warm lane); fair share's half-life the
+    test's parameter (``FAIR_OR_FIFO``), else its default."""
+    half_life = getattr(request, "param", settings.fair_share_half_life_s)
+    return settings.model_copy(update={"fast_lane": False, "fair_share_half_life_s": half_life})
+
+
+# Each test of the loops runs with fair share at its default, and off: what it changes.
+FAIR_OR_FIFO = pytest.mark.parametrize("settings", [DAY, 0.0], ids=["fair", "fifo"], indirect=True)
+
+
+@pytest.fixture
+def ray(cp, clock) -> FakeRay:
+    ray = FakeRay()
+    assembly.attach_backend(cp, ray, ray.profile)
+    for p in ("alpha", "beta"):
+        cp.access.create_project(p, description=None, actor="t")
+    return ray
+
+
+def gpu_job(name: str, seconds: int) -> JobSpec:
+    return JobSpec(name=name, kind="command", entrypoint=f"sleep {seconds}",
+                   resources={"gpus_per_worker": 1, "cpus_per_worker": 0.5})
+
+
+@dataclass
+class Runner:
+    """Ray's side under the virtual clock: an attempt starts the step after its submit
+    and ends once it ran as many seconds as its ``sleep`` says."""
+
+    cp: object
+    ray: FakeRay
+    clock: Clock
+    started: dict = field(default_factory=dict)  # submission id -> when Ray started it
+
+    def step(self, seconds: float = 5.0) -> None:
+        self.clock.t += timedelta(seconds=seconds)
+        for sid in self.ray.running():
+            sub = self.ray.submission(sid)
+            if sid not in self.started:
+                self.ray.start(sid)
+                self.started[sid] = self.clock.t
+            elif (self.clock.t - self.started[sid]).total_seconds() >= float(sub.entrypoint.split()[-1]):
+                self.ray.finish(sid)
+        self.cp.dispatcher.run_once()
+        self.cp.reconciler.run_once()
+
+
+def first_attempts(cp) -> dict[str, dict]:
+    """job id -> its first attempt's project, admission time and held span (microseconds)."""
+    with db.read(cp.sessions) as s:
+        rows = s.execute(select(attempts.c.job_id, attempts.c.created_at, jobs.c.project, attempt_usage.c.held_from,
+                                attempt_usage.c.held_to)
+                         .join(jobs, jobs.c.id == attempts.c.job_id)
+                         .join(attempt_usage, (attempt_usage.c.job_id == attempts.c.job_id)
+                               & (attempt_usage.c.number == attempts.c.number))
+                         .where(attempts.c.number == 1)).all()
+    return {r.job_id: {"project": r.project, "admitted": micros(r.created_at), "held": (r.held_from, r.held_to)}
+            for r in rows}
+
+
+STREAM = [40, 90, 60, 120, 30, 75, 45, 100] * 2  # each project's jobs' seconds, in submit order
+
+
+@FAIR_OR_FIFO
+def test_two_projects_streams_each_get_about_half_of_the_gpu_seconds(cp, ray, clock, settings):
+    """A submits its stream, and is admitted on both GPUs; then B submits the same
+    stream. While both have jobs queued, each holds 45-55% of the GPU-seconds with
+    fair share on (FIFO: A holds them all, until its stream is admitted)."""
+    run = Runner(cp, ray, clock)
+    a = [cp.submit(gpu_job(f"a{i}", t), project="alpha", actor="t")[0].id for i, t in enumerate(STREAM)]
+    run.step()
+    run.step()
+    assert [ray.jobs[submission_id(j, 1)].job.status for j in a[:2]] == ["RUNNING", "RUNNING"]
+    since = micros(clock.t)
+    b = [cp.submit(gpu_job(f"b{i}", t), project="beta", actor="t")[0].id for i, t in enumerate(STREAM)]
+    for _ in range(2000):
+        run.step()
+        if len(ray.submitted) == len(a + b) and not ray.running():  # (the step's reconcile read their ends)
+            break
+    else:
+        raise AssertionError("the streams did not drain")
+    assert {cp.get(j, project=None).status.value for j in a + b} == {"SUCCEEDED"}
+    got = first_attempts(cp)
+    # The period both had work queued: from B's submit until the first stream's last admission.
+    until = min(max(got[j]["admitted"] for j in a), max(got[j]["admitted"] for j in b))
+    held = {"alpha": 0.0, "beta": 0.0}
+    for g in got.values():
+        lo, hi = max(g["held"][0], since), min(g["held"][1], until)
+        held[g["project"]] += max(0, hi - lo) / 1e6
+    share = held["beta"] / (held["alpha"] + held["beta"])
+    print(f"B's share {share:.3f} of {held} over {(until - since) / 1e6:.0f} s")
+    if settings.fair_share_half_life_s:
+        assert (until - since) / 1e6 > 10 * 60  # ten minutes of contention, as the issue's test
+        assert 0.45 <= share <= 0.55, held
+    else:
+        assert share < 0.05, held  # FIFO: A's stream first; what fair share changes
+
+
+@FAIR_OR_FIFO
+def test_a_project_that_ran_alone_the_hour_before_starts_behind(cp, ray, clock, settings):
+    """alpha kept both GPUs busy for the hour before; then alpha, and after it beta,
+    submit two jobs each: beta's are admitted first with fair share on (FIFO: alpha's,
+    the older)."""
+    run = Runner(cp, ray, clock)
+    warm = [cp.submit(gpu_job(f"warm{i}", 20 * 60), project="alpha", actor="t")[0].id for i in range(6)]
+    for _ in range(200):
+        run.step(60.0)
+        if all(cp.get(j, project=None).status.value == "SUCCEEDED" for j in warm):
+            break
+    got = first_attempts(cp)
+    assert (max(g["held"][1] for g in got.values()) - min(g["held"][0] for g in got.values())) / 1e6 >= 3600
+    a = [cp.submit(gpu_job(f"a{i}", 60), project="alpha", actor="t")[0].id for i in range(2)]
+    b = [cp.submit(gpu_job(f"b{i}", 60), project="beta", actor="t")[0].id for i in range(2)]
+    run.step()
+    first, second = (b, a) if settings.fair_share_half_life_s else (a, b)
+    assert [x.submission_id for x in ray.submitted[-2:]] == [submission_id(j, 1) for j in first]
+    assert [cp.get(j, project=None).status.value for j in first] == ["DISPATCHING", "DISPATCHING"]
+    for j in second:
+        got = cp.get(j, project=None)
+        assert (got.status.value, got.status_reason) == ("PENDING", "waiting for 1 GPUs in group gpu: 0 free")
