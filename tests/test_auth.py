@@ -669,9 +669,9 @@ def test_quota_endpoints(world):
     q = api.get("/v1/projects/alpha/quota", headers=bearer(world.tokens["viewer"])).json()
     assert q == {"project": "alpha", "node_groups": {
         "cpu": {"max_gpus": None, "max_cpus": 3.0, "max_concurrent_jobs": None, "used_gpus": 0, "used_cpus": 0,
-                "active_jobs": 0},
+                "active_jobs": 0, "fair_share_usage": 0.0},
         "gpu": {"max_gpus": 1.0, "max_cpus": None, "max_concurrent_jobs": 2, "used_gpus": 0, "used_cpus": 0,
-                "active_jobs": 0}}}
+                "active_jobs": 0, "fair_share_usage": 0.0}}}
     r = api.put("/v1/projects/alpha/quota", json={"node_groups": {"gpux": {"max_gpus": 1}}})
     assert r.status_code == 422 and "no node group gpux" in r.text
     assert api.put("/v1/projects/nope/quota", json={"node_groups": {}}).status_code == 404

@@ -323,6 +323,12 @@ def test_a_project_that_ran_alone_the_hour_before_starts_behind(cp, ray, clock, 
             break
     got = first_attempts(cp)
     assert (max(g["held"][1] for g in got.values()) - min(g["held"][0] for g in got.values())) / 1e6 >= 3600
+    held = sum((g["held"][1] - g["held"][0]) / 1e6 for g in got.values())  # GPU-seconds: 1 GPU each
+    quota = cp.access.quota("alpha", profile=ray.profile).node_groups
+    if settings.fair_share_half_life_s:  # what the quota API shows: the hour, barely decayed
+        assert 0.97 * held < quota["gpu"].fair_share_usage < held
+    else:
+        assert quota == {}  # no limit, nothing active, no fair share to show
     a = [cp.submit(gpu_job(f"a{i}", 60), project="alpha", actor="t")[0].id for i in range(2)]
     b = [cp.submit(gpu_job(f"b{i}", 60), project="beta", actor="t")[0].id for i in range(2)]
     run.step()
