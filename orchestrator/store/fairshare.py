@@ -4,10 +4,12 @@ node group, from the held spans ``attempt_usage`` keeps (``store.usage_rows``).
 One statement, summed in the database: the decay of a span [a, b] is
 H/ln2 * (2^((b-now)/H) - 2^((a-now)/H)), a difference of two exponentials of
 the row's own columns, so the database returns a row per (project, group)
-instead of every attempt of the lookback. It reads every row still holding or
-that stopped within the lookback (a scan of ``attempt_usage``: the dispatcher
-keeps the result ``FAIR_SHARE_KEPT_S``). SQLite needs its math functions for
-``exp`` (``store.db`` adds one where the library was built without them).
+instead of every attempt of the lookback. It reads the rows still holding or
+that stopped within the lookback, from ``ix_attempt_usage_fair_share`` alone
+(covering), not the table's whole history; still a read of every attempt of
+the last ten half-lives, so the dispatcher keeps the result
+``FAIR_SHARE_KEPT_S``. SQLite needs its math functions for ``exp``
+(``store.db`` adds one where the library was built without them).
 """
 
 from __future__ import annotations
