@@ -96,6 +96,17 @@ def test_less_usage_goes_first_and_level_projects_alternate():
     assert ids(order(big, standing({}))) == ["a1", "b1", "b2", "a2", "b3"]
 
 
+def test_jobs_admitted_since_the_read_count_a_mean_run_each_until_the_next():
+    s = standing({("A", "gpu"): 1.5 * NOMINAL_RUN_S})
+    head = [q("a1", "A"), q("b1", "B"), q("b2", "B")]
+    assert ids(order(head, s)) == ["b1", "b2", "a1"]
+    s.admit("B", "gpu", {"GPU": 2.0, "CPU": 1.0})  # a pass admitted a 2-GPU job of B's: 2 mean runs ahead
+    assert s.usage("B", "gpu") == 2 * NOMINAL_RUN_S
+    assert ids(order(head, s)) == ["a1", "b1", "b2"]
+    s.admit("A", "cpu", {"CPU": 4.0})  # in a CPU group: CPUs
+    assert s.usage("A", "cpu") == 4 * NOMINAL_RUN_S
+
+
 def test_priorities_groups_and_a_projects_own_order_stay():
     head = [q("a-hi", "A", priority=90), q("a1", "A"), q("c1", "A", group="cpu"), q("a2", "A"), q("b1", "B"),
             q("c2", "B", group="cpu"), q("b-lo", "B", priority=10)]

@@ -73,13 +73,19 @@ class Used:
     ended: int = 0  # how many ended
 
 
-@dataclass(frozen=True)
+@dataclass
 class Standing:
-    """Every project's decayed usage per group, in each group's unit, as ``order`` reads it."""
+    """Every project's decayed usage per group, in each group's unit, as ``order`` reads it.
+
+    ``admitted``: what jobs admitted since ``used`` was read will add, each its
+    resource times its group's mean run (``admit``), so that the passes between
+    two reads do not each put the same project first; the next read counts what
+    they really held instead."""
 
     used: Mapping[tuple[str, str], Used]
     gpu_groups: frozenset[str]  # groups whose unit is GPU-seconds
-    _runs: dict[str, float] = field(default_factory=dict, repr=False)
+    mean_runs: Mapping[str, float] = field(default_factory=dict)  # group -> its mean run (seconds), where known
+    admitted: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, used: Mapping[tuple[str, str], Used], profile_gpu_groups: set[str] | frozenset[str],
@@ -105,10 +111,15 @@ class Standing:
             return sum(self._in_unit(u, group == UNROUTED_GPU) for (p, g), u in self.used.items()
                        if p == project and self.is_gpu(g) == (group == UNROUTED_GPU))
         u = self.used.get((project, group))
-        return 0.0 if u is None else self._in_unit(u, self.is_gpu(group))
+        return (0.0 if u is None else self._in_unit(u, self.is_gpu(group))) + self.admitted.get((project, group), 0.0)
+
+    def admit(self, project: str, group: str, total: Mapping[str, float]) -> None:
+        """A job of ``project`` holding ``total`` (its placement's) was admitted to ``group``."""
+        held = float(total.get("GPU" if self.is_gpu(group) else "CPU", 0.0))
+        self.admitted[(project, group)] = self.admitted.get((project, group), 0.0) + held * self.mean_run(group)
 
     def mean_run(self, group: str) -> float:
-        return self._runs.get(group, NOMINAL_RUN_S)
+        return self.mean_runs.get(group, NOMINAL_RUN_S)
 
     @staticmethod
     def _in_unit(u: Used, gpu: bool) -> float:

@@ -183,12 +183,15 @@ class Dispatcher(LoopService):
                     admitted.append(queue.Admission(d.job, pl, d.passed_over, d.scale_up, d.queued))
             claimed += queue.admit_many(s, admitted, owner=self.owner, now=now, lease_until=lease_until)
             queue.set_waiting(s, waits, now=now)
+        for a in admitted if standing is not None else ():  # (committed: the next passes order by them too)
+            standing.admit(a.job.project, a.placement.node_group, a.placement.total)
         return claimed
 
     def fair_share(self, now: datetime) -> fairshare.Standing | None:
         """Every project's decayed usage per node group (``domain.fairshare``), read
         at most every ``FAIR_SHARE_KEPT_S`` (the store's clock, so a clock that moves
-        back reads again); None while fair share is off (RAYLANE_FAIR_SHARE_HALF_LIFE_S 0)."""
+        back reads again), plus what the jobs admitted since will add (``claim`` counts
+        them in); None while fair share is off (RAYLANE_FAIR_SHARE_HALF_LIFE_S 0)."""
         half_life = self.settings.fair_share_half_life_s
         if half_life <= 0:
             return None
