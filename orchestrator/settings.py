@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     preempt_cycle_window_s: float = Field(
         600.0, ge=0, le=86400, description="A job preempted for another may not preempt that one back within "
         "this long (no cycles).")
+    fair_share_half_life_s: float = Field(
+        86400.0, ge=0, description="Fair share: among queued jobs of equal priority in a node group, the project "
+        "with less decayed usage there goes first; usage is GPU-seconds (CPU-seconds in a group without GPUs), each "
+        "weighted by 2^(-age / this half-life), as Slurm's PriorityDecayHalfLife. 0: off (oldest first within a "
+        "priority).")
     autoscale_ahead_jobs: int = Field(
         0, ge=0, le=1000, description="Per node group, most jobs submitted to Ray ahead of a scale-up (beyond live "
         "capacity, up to what the profile's max_nodes lets Ray's autoscaler or KubeRay add), so that the autoscaler "

@@ -671,9 +671,9 @@ def test_quota_endpoints(world):
              "borrowed_gpus": 0, "borrowed_cpus": 0}  # sharing (docs/sharing.md), not set here
     assert q == {"project": "alpha", "node_groups": {
         "cpu": {"max_gpus": None, "max_cpus": 3.0, "max_concurrent_jobs": None, "used_gpus": 0, "used_cpus": 0,
-                "active_jobs": 0, **unset},
+                "active_jobs": 0, "fair_share_usage": 0.0, **unset},
         "gpu": {"max_gpus": 1.0, "max_cpus": None, "max_concurrent_jobs": 2, "used_gpus": 0, "used_cpus": 0,
-                "active_jobs": 0, **unset}}}
+                "active_jobs": 0, "fair_share_usage": 0.0, **unset}}}
     r = api.put("/v1/projects/alpha/quota", json={"node_groups": {"gpux": {"max_gpus": 1}}})
     assert r.status_code == 422 and "no node group gpux" in r.text
     assert api.put("/v1/projects/nope/quota", json={"node_groups": {}}).status_code == 404

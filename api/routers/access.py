@@ -71,9 +71,10 @@ def list_projects(cp: CP, caller: ReaderDep,
 
 @router.get("/projects/{project}/quota", response_model=ProjectQuota)
 def get_quota(project: ProjectName, cp: CP, caller: ReaderDep) -> ProjectQuota:
-    """The project's limits per node group and what its active jobs hold there now."""
+    """The project's limits per node group, what its active jobs hold there now, and
+    its decayed usage there as fair share counts it."""
     check_project_visible(caller, project)
-    return cp.access.quota(project)
+    return cp.access.quota(project, profile=cp.profile)
 
 
 @router.put("/projects/{project}/quota", response_model=ProjectQuota,
@@ -81,7 +82,7 @@ def get_quota(project: ProjectName, cp: CP, caller: ReaderDep) -> ProjectQuota:
 def set_quota(project: ProjectName, body: QuotaUpdate, cp: CP, caller: AdminDep) -> ProjectQuota:
     """Replace the project's quota (groups not named have no limit)."""
     known = {g.name for g in cp.profile.groups} if cp.profile is not None else None
-    return cp.access.set_quota(project, body.node_groups, actor=caller.name, known_groups=known)
+    return cp.access.set_quota(project, body.node_groups, actor=caller.name, known_groups=known, profile=cp.profile)
 
 
 # Audit ---------------------------------------------------------------------------

@@ -326,6 +326,10 @@ class GroupQuota(BaseModel):
     used_gpus: float = Field(0, description="GPUs held by the project's active jobs in the group")
     used_cpus: float = Field(0, description="CPUs held by the project's active jobs in the group")
     active_jobs: int = Field(0, description="The project's active (dispatching, running, cancelling) jobs in the group")
+    fair_share_usage: float | None = Field(
+        None, description="The project's decayed usage of the group as fair share orders the queue by it: GPU-seconds "
+        "(CPU-seconds in a group without GPUs), each weighted by 2^(-age / RAYLANE_FAIR_SHARE_HALF_LIFE_S); "
+        "null: fair share is off")
 
 
 class ProjectQuota(BaseModel):

@@ -18,14 +18,14 @@ import logging
 import os
 import socket
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from raylane.orchestrator import logcontext
 from raylane.orchestrator.backends.base import AlreadySubmitted, RayBackend, RayUnavailable
 from raylane.orchestrator.backends.reachability import unreachable_reason
-from raylane.orchestrator.domain import protocol
+from raylane.orchestrator.domain import fairshare, protocol
 from raylane.orchestrator.domain.errors import StoreFailed
 from raylane.orchestrator.domain.ids import submission_id
 from raylane.orchestrator.domain.kinds import traits
@@ -41,12 +41,18 @@ from raylane.orchestrator.domain.specs import ARRAY_INDEX_LABEL, ARRAY_LABEL, Jo
 from raylane.orchestrator.domain.states import JobStatus
 from raylane.orchestrator.domain.policy import state_excludes
 from raylane.orchestrator.store import db, dependencies as store_dependencies, lifecycle, packages as store_packages, queue
-from raylane.orchestrator.store import quotas as store_quotas, sharing as store_sharing, stats
+from raylane.orchestrator.store import fairshare as store_fairshare, quotas as store_quotas, sharing as store_sharing
+from raylane.orchestrator.store import stats
 from raylane.orchestrator.store.fleet import Scope
 from raylane.orchestrator.store.queue import Claimed
 from raylane.orchestrator.store.transitions import utcnow
 
 log = logging.getLogger(__name__)
+
+# How long a dispatcher keeps the fair-share usage it read (``store.fairshare``, a scan of
+# the attempts of the last ten half-lives), by the store's clock: usage decays over hours,
+# so a reading half a minute old orders the queue as a fresh one would.
+FAIR_SHARE_KEPT_S = 30.0
 
 
 def job_storage(storage_root: str | Path, project: str, job_id: str) -> str:
@@ -137,6 +143,7 @@ class Dispatcher(LoopService):
         self.after_submit_hook = None
         self.on_submitted = None
         self._inputs_on_command_line = False  # warned that no GCS takes the inputs
+        self._fair: tuple[datetime, fairshare.Standing] | None = None  # (read at, usage): ``fair_share``
 
     # Admission + claim -----------------------------------------------------
 
@@ -176,14 +183,15 @@ class Dispatcher(LoopService):
         with db.read(self.sessions) as s:
             now = utcnow()
             head = queue.queued(s, now=now, scope=self.scope)
-            order = [j for j in head if j.spec.priority >= spec.priority] + [probe] + \
-                [j for j in head if j.spec.priority < spec.priority]
+            order = fairshare.order([j for j in head if j.spec.priority >= spec.priority] + [probe] +
+                                    [j for j in head if j.spec.priority < spec.priority], self.fair_share(now))
             _, decisions = self._decide(s, view, self.rules(), now, order)
         return next((d for d in decisions if d.job is probe), None)
 
     def claim(self, view: ClusterView) -> list[Claimed]:
         """One pass, one transaction: take over stale leases, then admit what fits."""
         rules = self.rules()
+        standing = self.fair_share(utcnow())  # before the pass's transaction: it may scan
         with db.transaction(self.sessions) as s:
             # The pass's time once its transaction has begun (SQLite: BEGIN IMMEDIATE, after
             # every write it waited for): taken before, a member an ending member released
@@ -195,7 +203,8 @@ class Dispatcher(LoopService):
             claimed = queue.take_stale_leases(s, owner=self.owner, now=now, lease_until=lease_until, scope=scope)
             waits: list[tuple[queue.Queued, str]] = []
             admitted: list[queue.Admission] = []
-            stopping, decisions = self._decide(s, view, rules, now, queue.queued(s, now=now, scope=scope))
+            queued = fairshare.order(queue.queued(s, now=now, scope=scope), standing)
+            stopping, decisions = self._decide(s, view, rules, now, queued)
             for d in decisions:
                 if isinstance(d, admission.Fail):
                     queue.fail_unroutable(s, d.job, d.message, now=now)
@@ -214,7 +223,25 @@ class Dispatcher(LoopService):
             claimed += queue.admit_many(s, admitted, owner=self.owner, now=now, lease_until=lease_until)
             store_sharing.withdraw(s, [a.job.id for a in admitted if a.job.id in stopping], now=now)
             queue.set_waiting(s, waits, now=now)
+        for a in admitted if standing is not None else ():  # (committed: the next passes order by them too)
+            standing.admit(a.job.project, a.placement.node_group, a.placement.total)
         return claimed
+
+    def fair_share(self, now: datetime) -> fairshare.Standing | None:
+        """Every project's decayed usage per node group (``domain.fairshare``), read
+        at most every ``FAIR_SHARE_KEPT_S`` (the store's clock, so a clock that moves
+        back reads again), plus what the jobs admitted since will add (``claim`` counts
+        them in); None while fair share is off (RAYLANE_FAIR_SHARE_HALF_LIFE_S 0)."""
+        half_life = self.settings.fair_share_half_life_s
+        if half_life <= 0:
+            return None
+        if self._fair is None or not 0 <= (now - self._fair[0]).total_seconds() < FAIR_SHARE_KEPT_S:
+            with db.read(self.sessions) as s:
+                used = store_fairshare.usage(s, now=now, half_life_s=half_life)
+            groups = self.profile.groups
+            self._fair = (now, fairshare.Standing.of(used, {g.name for g in groups if g.gpus > 0},
+                                                     {g.name for g in groups}))
+        return self._fair[1]
 
     # Submit ------------------------------------------------------------------
 

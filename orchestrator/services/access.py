@@ -31,12 +31,14 @@ from enum import Enum
 from pathlib import Path
 
 from pydantic import SecretStr
+from raylane.orchestrator.domain import fairshare
 from raylane.orchestrator.domain.errors import Invalid, NotFound
+from raylane.orchestrator.domain.profile import Profile
 from raylane.orchestrator.domain.views import (
     AuditEntry, GroupLimits, GroupQuota, NewToken, Project, ProjectQuota, Token, TokenCreate,
 )
 from raylane.orchestrator.settings import Settings, private_dir
-from raylane.orchestrator.store import db, quotas as store_quotas, tokens as store
+from raylane.orchestrator.store import db, fairshare as store_fairshare, quotas as store_quotas, tokens as store
 from raylane.orchestrator.store.transitions import utcnow
 
 log = logging.getLogger(__name__)
@@ -280,13 +282,22 @@ class Access:
 
     # Quotas ----------------------------------------------------------------------
 
-    def quota(self, project: str) -> ProjectQuota:
-        """The project's limits per node group, with what its active jobs hold now."""
+    def quota(self, project: str, *, profile: Profile | None = None) -> ProjectQuota:
+        """The project's limits per node group, with what its active jobs hold now and
+        its decayed usage there as fair share counts it (``domain.fairshare``: the
+        unit of a group of ``profile`` is GPU-seconds where its nodes have GPUs)."""
+        half_life = self.settings.fair_share_half_life_s
         with db.read(self.sessions) as s:
             limits = store_quotas.load_limits(s, project=project)
             used = store_quotas.usage(s, project=project)
+            fair = store_fairshare.usage(s, now=utcnow(), half_life_s=half_life, project=project) \
+                if half_life > 0 else None
+        groups_of = profile.groups if profile is not None else []
+        standing = None if fair is None else fairshare.Standing.of(
+            fair, {g.name for g in groups_of if g.gpus > 0}, {g.name for g in groups_of})
+        recent = {k for k, u in (fair or {}).items() if u.gpu_s > 0 or u.cpu_s > 0}
         groups: dict[str, GroupQuota] = {}
-        for (_, g) in sorted(set(limits) | set(used)):
+        for (_, g) in sorted(set(limits) | set(used) | recent):
             lim = limits.get((project, g)) or store_quotas.Limits()
             u = used.get((project, g)) or store_quotas.Usage()
             groups[g] = GroupQuota(max_gpus=lim.max_gpus, max_cpus=lim.max_cpus,
@@ -296,11 +307,12 @@ class Access:
                                    borrowed_gpus=round(max(0.0, u.gpus - lim.max_gpus), 6)
                                    if lim.max_gpus is not None else 0.0,
                                    borrowed_cpus=round(max(0.0, u.cpus - lim.max_cpus), 6)
-                                   if lim.max_cpus is not None else 0.0)
+                                   if lim.max_cpus is not None else 0.0,
+                                   fair_share_usage=None if standing is None else round(standing.usage(project, g), 3))
         return ProjectQuota(project=project, node_groups=groups)
 
     def set_quota(self, project: str, groups: dict[str, GroupLimits], *, actor: str,
-                  known_groups: set[str] | None = None) -> ProjectQuota:
+                  known_groups: set[str] | None = None, profile: Profile | None = None) -> ProjectQuota:
         if known_groups is not None:
             unknown = sorted(set(groups) - known_groups)
             if unknown:
@@ -310,7 +322,7 @@ class Access:
             store.get_project(s, project)
             store_quotas.set_limits(s, project, {g: store_quotas.Limits(**lim.model_dump()) for g, lim in groups.items()},
                                     actor=actor)
-        return self.quota(project)
+        return self.quota(project, profile=profile)
 
     # Audit -------------------------------------------------------------------------
 

@@ -14,6 +14,8 @@ where work is claimed.
 from __future__ import annotations
 
 import logging
+import math
+import sqlite3
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -78,6 +80,10 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 
             cur.execute(f"PRAGMA synchronous={sqlite_synchronous}")
             cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cur.execute("PRAGMA foreign_keys=ON")
+            try:
+                cur.execute("SELECT exp(0)")
+            except sqlite3.OperationalError:  # a library built without its math functions: fair share's decay
+                dbapi_conn.create_function("exp", 1, math.exp, deterministic=True)
             cur.close()
 
         @event.listens_for(engine, "begin")
