@@ -2,7 +2,8 @@
 reads the queue's head, the cluster view and what is held, and returns what to
 write; ``store.queue`` writes it.
 
-Per pass, in priority order then age:
+Per pass, in the queue's order (priority, then fair share among equal priorities,
+then age: ``domain.fairshare``, applied by the dispatcher):
 - the head-node guard: at most ``max_concurrent_drivers`` jobs hold a driver;
 - a job is admitted when its node group has room: the group's live capacity
   (Ray's node list, draining nodes excluded) minus what Raylane's active jobs
@@ -36,6 +37,13 @@ Words: *used* is what active jobs hold per group (``store.stats.used_by_active``
 updated within the pass as jobs are admitted; *free* is capacity minus used;
 *passed over*: a job that waited in a group where a later job was admitted;
 *room*: what the autoscaler may add to a group, from the profile.
+
+Sharing (``domain.sharing``, docs/sharing.md): a quota's share may be exceeded up
+to its borrowing limit, never into others' idle share they do not lend (``_lent``);
+a job admitted beyond its share is marked ``borrowed``; a job that waits for room
+may preempt (``Preempt``: borrowers for a job within its share, lower priority
+for a higher one), once at a time, and what its victims free is kept for it
+(``reclaiming``).
 """
 
 from __future__ import annotations
