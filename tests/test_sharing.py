@@ -182,6 +182,24 @@ def test_a_job_within_its_share_preempts_a_borrower_which_resumes_uncharged(api,
     run_until(cp, lambda: job(api, second["id"])["status"] == "SUCCEEDED", "a's job done")
 
 
+def test_a_free_gpu_goes_to_the_job_within_its_share_not_to_an_older_borrower(api, cp, ray):
+    # a and b each hold their one GPU; a's second job (would borrow) queued before b's
+    # second. b's first ends: its GPU is b's to use. Before, a's older job took it as a
+    # borrower and b's job then preempted a's first job in the same pass (bench/sharing.py).
+    shares(api, {"gpu": {"max_gpus": 1, "borrow_gpus": 1}}, {"gpu": {"max_gpus": 1, "borrow_gpus": 1}})
+    a1 = running(api, cp, ray, one_gpu("a-1", "a"))
+    b1 = running(api, cp, ray, one_gpu("b-1", "b"))
+    a2 = api.post("/v1/jobs", json=one_gpu("a-2", "a")).json()
+    turn(cp)
+    b2 = api.post("/v1/jobs", json=one_gpu("b-2", "b")).json()
+    turn(cp)
+    ray.finish(submission_id(b1["id"], 1))
+    run_until(cp, lambda: job(api, b2["id"])["status"] in ("DISPATCHING", "RUNNING"), "b's second job admitted")
+    turn(cp, 3)
+    assert ray.stopped == [] and job(api, a1["id"])["status"] == "RUNNING"
+    assert job(api, a2["id"])["status"] == "PENDING" and not job(api, b2["id"])["placement"]["borrowed"]
+
+
 def test_a_service_is_never_a_victim(api, cp, ray):
     shares(api, {"gpu": {"max_gpus": 1, "borrow_gpus": 1}}, {"gpu": {"max_gpus": 1}})
     running(api, cp, ray, one_gpu("svc-1", "a", kind="service"))

@@ -11,6 +11,8 @@ Per pass, in priority order then age:
 - a job whose project would exceed its quota in the group (GPUs, CPUs,
   concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
   it does not count as passed over, so it never reserves a group;
+- in a group where projects have shares (``domain.sharing``), jobs that stay
+  within their project's share go before those that would borrow (``_owed_first``);
 - a job that does not fit keeps its reason ("waiting for 2 GPUs in group gpu: 0
   free"); lower-priority jobs may backfill past it, but once it has been passed
   over ``starvation_skips`` times its group is reserved for it until it fits;
@@ -209,7 +211,9 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
            preempted_by: Mapping[str, frozenset[str]] | None = None,
            reclaiming: Mapping[str, str] | None = None,
            now: datetime | None = None) -> list[Decision]:
-    """One pass over the queue's head, in its order; the decisions in the order to write them.
+    """One pass over the queue's head, in its order (but for jobs that would borrow:
+    after those within their project's share, ``_owed_first``); the decisions in
+    the order to write them.
     ``ahead``: per group, jobs already admitted ahead of a scale-up and not yet running.
     ``waiting``: per group, Ray jobs admitted and not yet running, and (key ``(group, True)``)
     active lane jobs (``stats.waiting_by_group``). With ``rules.preemption``:
@@ -225,11 +229,38 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
                   read_holders=holders, preempting=dict(preempting or {}), preempted_by=dict(preempted_by or {}),
                   now=now, reclaimed=dict(reclaiming or {}))
     out: list[Decision] = []
-    for job in queue:
+    for job in _owed_first(queue, limits, project_used):
         decision = taken.one(job)
         if decision is not None:
             out.append(decision)
     return out
+
+
+def _owed_first(queue: list[Queued], limits: Mapping[tuple[str, str], Limits],
+                project_used: Mapping[tuple[str, str], Usage]) -> list[Queued]:
+    """The queue with the jobs that would borrow after those that stay within
+    their project's share, each part in its order (Kueue orders a cycle's heads
+    the same way). Whether a job would borrow: with what its project holds as
+    the pass begins plus its jobs ahead of it in the queue (``sharing.borrowing``).
+    Else a borrower ahead in the queue takes the room that a later job within its
+    share needs, and that job then preempts one of the borrower's project's
+    running jobs for it: a GPU given and another taken back in the same pass
+    (bench/sharing.py). A job not routed yet keeps its place."""
+    if not limits:
+        return queue
+    usage = {k: {"GPU": u.gpus, "CPU": u.cpus} for k, u in project_used.items()}
+    owed, borrowers = [], []
+    for job in queue:
+        pl = job.placement
+        borrows = False
+        if pl is not None and not pl.lane:
+            key = (job.project, pl.node_group)
+            borrows = sharing.borrowing(limits, usage, job.project, pl.node_group, extra=pl.total)
+            u = usage.setdefault(key, {"GPU": 0.0, "CPU": 0.0})
+            for r in ("GPU", "CPU"):
+                u[r] = u.get(r, 0.0) + pl.total.get(r, 0.0)
+        (borrowers if borrows else owed).append(job)
+    return owed + borrowers if borrowers and owed else queue
 
 
 @dataclass
