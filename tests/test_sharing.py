@@ -13,6 +13,7 @@ import pytest
 
 from raylane.orchestrator.domain import protocol, sharing
 from raylane.orchestrator.domain.ids import submission_id
+from raylane.orchestrator.loops import reconciler
 from raylane.orchestrator.services import assembly
 from raylane.orchestrator.store.quotas import Limits
 from raylane.orchestrator.testing import FakeRay
@@ -210,7 +211,10 @@ def test_a_service_is_never_a_victim(api, cp, ray):
     assert ray.stopped == []
 
 
-def test_a_job_that_checkpoints_within_its_grace_is_stopped_then(api, cp, ray):
+def test_a_job_that_checkpoints_within_its_grace_is_stopped_then(api, cp, ray, monkeypatch):
+    # The "saved" key is read at most once a wall second (DRAIN_CHECK_S): 200 quick
+    # passes may all fall within the second after the first read.
+    monkeypatch.setattr(reconciler, "DRAIN_CHECK_S", 0.0)
     cp.settings = cp.settings.model_copy(update={"preempt_grace_s": 3600.0})
     cp.reconciler.settings = cp.dispatcher.settings = cp.settings
     low = running(api, cp, ray, one_gpu("low", "a", priority=10, resources={"gpus_per_worker": 2,
