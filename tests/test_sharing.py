@@ -238,6 +238,35 @@ def test_a_job_that_checkpoints_within_its_grace_is_stopped_then(api, cp, ray, m
     assert att["cause"] == "PREEMPTED_BY_PRIORITY" and "checkpoint was saved" in att["message"]
 
 
+def test_a_waiting_job_starts_where_another_ended_and_its_victim_runs_on(api, cp, ray, monkeypatch):
+    monkeypatch.setattr(reconciler, "DRAIN_CHECK_S", 0.0)
+    cp.settings = cp.settings.model_copy(update={"preempt_grace_s": 3600.0})
+    cp.reconciler.settings = cp.dispatcher.settings = cp.settings
+    low = running(api, cp, ray, one_gpu("low", "a", priority=10))
+    mid = running(api, cp, ray, one_gpu("mid", "a", priority=50))
+    high = api.post("/v1/jobs", json=one_gpu("high", "b", priority=90)).json()
+    turn(cp, 2)
+    sid = submission_id(low["id"], 1)
+    assert ray.gcs.checkpoint_request(sid) is not None
+    # mid ends: high starts on mid's GPU at once (it used to wait for low's checkpoint
+    # or grace, then low was stopped all the same), and low, no longer needed, runs on.
+    ray.finish(submission_id(mid["id"], 1))
+    turn(cp)  # (the reconciler sees mid's end)
+    ray.gcs.kv[protocol.checkpointed_key(sid)] = b"saved"  # low answers as high is admitted
+    turn(cp)
+    assert job(api, high["id"])["status"] in ("DISPATCHING", "RUNNING")
+    turn(cp, 2)
+    assert sid not in ray.stopped and job(api, low["id"])["status"] == "RUNNING"
+    assert any(f"no longer preempted: job {high['id']} started without it" in r for r in events(api, low["id"]))
+    # The request and its answer are withdrawn in Ray too: a later preemption asks
+    # again and waits for a checkpoint of its own, not stopped at once by the old answer.
+    assert ray.gcs.checkpoint_request(sid) is None and protocol.checkpointed_key(sid) not in ray.gcs.kv
+    again = api.post("/v1/jobs", json=one_gpu("again", "c", priority=90)).json()
+    turn(cp, 3)
+    assert ray.gcs.checkpoint_request(sid)["reason"] == f"preempted for job {again['id']}"
+    assert sid not in ray.stopped
+
+
 def test_a_lending_limit_holds_back_an_idle_share(api, cp, ray):
     # b lends none of its 1 GPU: a (1 + 1 borrowed) gets only the GPU not guaranteed to b.
     shares(api, {"gpu": {"max_gpus": 1, "borrow_gpus": 1}}, {"gpu": {"max_gpus": 1, "lend_gpus": 0}})

@@ -300,17 +300,21 @@ class _Pass:
         scale_up = queued = None
         group = placement.node_group
         stopping = self.preempting.get(job.id)
-        if stopping and quota is None:
-            # Its victims are stopping: nothing else is preempted for it (one preemption
-            # at a time), and what they free is kept for it.
-            self.reclaimed.setdefault(group, job.id)
-            deadline = max((h.preempt_deadline for h in stopping if h.preempt_deadline), default=None)
-            return self._wait(job, group, sharing.reason(stopping, deadline=deadline), own_quota=True)
+        driver_ahead = dict(self.driver_ahead)
         reason = self._held_back(placement, quota, job.id)
         if reason is None:
             reason, scale_up, queued, placement = self._room_for(job, placement)
         if reason is None and scale_up is None and queued is None:
             reason = self._lent(job, placement)
+        if stopping and quota is None and (reason is not None or scale_up is not None or queued is not None):
+            # Its victims are stopping and it does not fit yet: nothing else is preempted
+            # for it (one preemption at a time), and what they free is kept for it. (Once
+            # it fits, as when another job ended, it starts: the claim withdraws its
+            # victims not yet stopped.)
+            self.driver_ahead = driver_ahead
+            self.reclaimed.setdefault(group, job.id)
+            deadline = max((h.preempt_deadline for h in stopping if h.preempt_deadline), default=None)
+            return self._wait(job, group, sharing.reason(stopping, deadline=deadline), own_quota=True)
         if reason is not None and reason.startswith(NEVER):
             return Fail(job, reason[len(NEVER):])
         if reason is not None:
