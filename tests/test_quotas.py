@@ -125,9 +125,11 @@ def test_quota_on_cpus_and_capacity_still_applies(plane):
     plane.access.set_quota("alpha", {"cpu": GroupLimits(max_cpus=100)}, actor="t")
     assert plane.dispatcher.claim(view(cpus=2.0)) == []
     assert plane.get(ids[2], project=None).status_reason == "waiting for 1 CPUs in group cpu: 0 free"
-    # Projects without a quota are not limited by others' quotas (beta's job first:
-    # alpha's two admitted jobs count for it in fair share, docs/scheduling.md).
+    # Projects without a quota are not limited by others' quotas. (Fair share alone would
+    # put beta's job first, alpha's two admitted jobs counting against it (docs/scheduling.md);
+    # but alpha's stays within its guaranteed share and beta's borrows, so alpha's goes
+    # first (docs/sharing.md).)
     other = plane.submit(spec, project="beta", actor="t")[0].id
-    assert [c.job_id for c in plane.dispatcher.claim(view(cpus=8.0))] == [other, ids[2]]
+    assert [c.job_id for c in plane.dispatcher.claim(view(cpus=8.0))] == [ids[2], other]
     assert plane.access.quota("alpha").node_groups["cpu"].active_jobs == 3
     assert plane.access.quota("beta").node_groups["cpu"].max_cpus is None

@@ -182,6 +182,24 @@ def test_a_job_within_its_share_preempts_a_borrower_which_resumes_uncharged(api,
     run_until(cp, lambda: job(api, second["id"])["status"] == "SUCCEEDED", "a's job done")
 
 
+def test_a_free_gpu_goes_to_the_job_within_its_share_not_to_an_older_borrower(api, cp, ray):
+    # a and b each hold their one GPU; a's second job (would borrow) queued before b's
+    # second. b's first ends: its GPU is b's to use. Before, a's older job took it as a
+    # borrower and b's job then preempted a's first job in the same pass (bench/sharing.py).
+    shares(api, {"gpu": {"max_gpus": 1, "borrow_gpus": 1}}, {"gpu": {"max_gpus": 1, "borrow_gpus": 1}})
+    a1 = running(api, cp, ray, one_gpu("a-1", "a"))
+    b1 = running(api, cp, ray, one_gpu("b-1", "b"))
+    a2 = api.post("/v1/jobs", json=one_gpu("a-2", "a")).json()
+    turn(cp)
+    b2 = api.post("/v1/jobs", json=one_gpu("b-2", "b")).json()
+    turn(cp)
+    ray.finish(submission_id(b1["id"], 1))
+    run_until(cp, lambda: job(api, b2["id"])["status"] in ("DISPATCHING", "RUNNING"), "b's second job admitted")
+    turn(cp, 3)
+    assert ray.stopped == [] and job(api, a1["id"])["status"] == "RUNNING"
+    assert job(api, a2["id"])["status"] == "PENDING" and not job(api, b2["id"])["placement"]["borrowed"]
+
+
 def test_a_service_is_never_a_victim(api, cp, ray):
     shares(api, {"gpu": {"max_gpus": 1, "borrow_gpus": 1}}, {"gpu": {"max_gpus": 1}})
     running(api, cp, ray, one_gpu("svc-1", "a", kind="service"))
@@ -192,7 +210,7 @@ def test_a_service_is_never_a_victim(api, cp, ray):
     assert ray.stopped == []
 
 
-def test_a_job_that_checkpoints_within_its_grace_is_stopped_then(api, cp, ray):
+def test_a_job_that_checkpoints_within_its_grace_is_stopped_then(api, cp, ray, monkeypatch):
     cp.settings = cp.settings.model_copy(update={"preempt_grace_s": 3600.0})
     cp.reconciler.settings = cp.dispatcher.settings = cp.settings
     low = running(api, cp, ray, one_gpu("low", "a", priority=10, resources={"gpus_per_worker": 2,
@@ -214,6 +232,34 @@ def test_a_job_that_checkpoints_within_its_grace_is_stopped_then(api, cp, ray):
     run_until(cp, lambda: job(api, high["id"])["status"] in ("DISPATCHING", "RUNNING"), "high admitted")
     att = api.get(f"/v1/jobs/{low['id']}/attempts").json()[0]
     assert att["cause"] == "PREEMPTED_BY_PRIORITY" and "checkpoint was saved" in att["message"]
+
+
+def test_a_waiting_job_starts_where_another_ended_and_its_victim_runs_on(api, cp, ray, monkeypatch):
+    cp.settings = cp.settings.model_copy(update={"preempt_grace_s": 3600.0})
+    cp.reconciler.settings = cp.dispatcher.settings = cp.settings
+    low = running(api, cp, ray, one_gpu("low", "a", priority=10))
+    mid = running(api, cp, ray, one_gpu("mid", "a", priority=50))
+    high = api.post("/v1/jobs", json=one_gpu("high", "b", priority=90)).json()
+    turn(cp, 2)
+    sid = submission_id(low["id"], 1)
+    assert ray.gcs.checkpoint_request(sid) is not None
+    # mid ends: high starts on mid's GPU at once (it used to wait for low's checkpoint
+    # or grace, then low was stopped all the same), and low, no longer needed, runs on.
+    ray.finish(submission_id(mid["id"], 1))
+    turn(cp)  # (the reconciler sees mid's end)
+    ray.gcs.kv[protocol.checkpointed_key(sid)] = b"saved"  # low answers as high is admitted
+    turn(cp)
+    assert job(api, high["id"])["status"] in ("DISPATCHING", "RUNNING")
+    turn(cp, 2)
+    assert sid not in ray.stopped and job(api, low["id"])["status"] == "RUNNING"
+    assert any(f"no longer preempted: job {high['id']} started without it" in r for r in events(api, low["id"]))
+    # The request and its answer are withdrawn in Ray too: a later preemption asks
+    # again and waits for a checkpoint of its own, not stopped at once by the old answer.
+    assert ray.gcs.checkpoint_request(sid) is None and protocol.checkpointed_key(sid) not in ray.gcs.kv
+    again = api.post("/v1/jobs", json=one_gpu("again", "c", priority=90)).json()
+    turn(cp, 3)
+    assert ray.gcs.checkpoint_request(sid)["reason"] == f"preempted for job {again['id']}"
+    assert sid not in ray.stopped
 
 
 def test_a_lending_limit_holds_back_an_idle_share(api, cp, ray):

@@ -12,6 +12,8 @@ then age: ``domain.fairshare``, applied by the dispatcher):
 - a job whose project would exceed its quota in the group (GPUs, CPUs,
   concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
   it does not count as passed over, so it never reserves a group;
+- in a group where projects have shares (``domain.sharing``), jobs that stay
+  within their project's share go before those that would borrow (``_owed_first``);
 - a job that does not fit keeps its reason ("waiting for 2 GPUs in group gpu: 0
   free"); lower-priority jobs may backfill past it, but once it has been passed
   over ``starvation_skips`` times its group is reserved for it until it fits;
@@ -217,7 +219,9 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
            preempted_by: Mapping[str, frozenset[str]] | None = None,
            reclaiming: Mapping[str, str] | None = None,
            now: datetime | None = None) -> list[Decision]:
-    """One pass over the queue's head, in its order; the decisions in the order to write them.
+    """One pass over the queue's head, in its order (but for jobs that would borrow:
+    after those within their project's share, ``_owed_first``); the decisions in
+    the order to write them.
     ``ahead``: per group, jobs already admitted ahead of a scale-up and not yet running.
     ``waiting``: per group, Ray jobs admitted and not yet running, and (key ``(group, True)``)
     active lane jobs (``stats.waiting_by_group``). With ``rules.preemption``:
@@ -233,11 +237,38 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
                   read_holders=holders, preempting=dict(preempting or {}), preempted_by=dict(preempted_by or {}),
                   now=now, reclaimed=dict(reclaiming or {}))
     out: list[Decision] = []
-    for job in queue:
+    for job in _owed_first(queue, limits, project_used):
         decision = taken.one(job)
         if decision is not None:
             out.append(decision)
     return out
+
+
+def _owed_first(queue: list[Queued], limits: Mapping[tuple[str, str], Limits],
+                project_used: Mapping[tuple[str, str], Usage]) -> list[Queued]:
+    """The queue with the jobs that would borrow after those that stay within
+    their project's share, each part in its order (Kueue orders a cycle's heads
+    the same way). Whether a job would borrow: with what its project holds as
+    the pass begins plus its jobs ahead of it in the queue (``sharing.borrowing``).
+    Else a borrower ahead in the queue takes the room that a later job within its
+    share needs, and that job then preempts one of the borrower's project's
+    running jobs for it: a GPU given and another taken back in the same pass
+    (bench/sharing.py). A job not routed yet keeps its place."""
+    if not limits:
+        return queue
+    usage = {k: {"GPU": u.gpus, "CPU": u.cpus} for k, u in project_used.items()}
+    owed, borrowers = [], []
+    for job in queue:
+        pl = job.placement
+        borrows = False
+        if pl is not None and not pl.lane:
+            key = (job.project, pl.node_group)
+            borrows = sharing.borrowing(limits, usage, job.project, pl.node_group, extra=pl.total)
+            u = usage.setdefault(key, {"GPU": 0.0, "CPU": 0.0})
+            for r in ("GPU", "CPU"):
+                u[r] = u.get(r, 0.0) + pl.total.get(r, 0.0)
+        (borrowers if borrows else owed).append(job)
+    return owed + borrowers if borrowers and owed else queue
 
 
 @dataclass
@@ -277,17 +308,21 @@ class _Pass:
         scale_up = queued = None
         group = placement.node_group
         stopping = self.preempting.get(job.id)
-        if stopping and quota is None:
-            # Its victims are stopping: nothing else is preempted for it (one preemption
-            # at a time), and what they free is kept for it.
-            self.reclaimed.setdefault(group, job.id)
-            deadline = max((h.preempt_deadline for h in stopping if h.preempt_deadline), default=None)
-            return self._wait(job, group, sharing.reason(stopping, deadline=deadline), own_quota=True)
+        driver_ahead = dict(self.driver_ahead)
         reason = self._held_back(placement, quota, job.id)
         if reason is None:
             reason, scale_up, queued, placement = self._room_for(job, placement)
         if reason is None and scale_up is None and queued is None:
             reason = self._lent(job, placement)
+        if stopping and quota is None and (reason is not None or scale_up is not None or queued is not None):
+            # Its victims are stopping and it does not fit yet: nothing else is preempted
+            # for it (one preemption at a time), and what they free is kept for it. (Once
+            # it fits, as when another job ended, it starts: the claim withdraws its
+            # victims not yet stopped.)
+            self.driver_ahead = driver_ahead
+            self.reclaimed.setdefault(group, job.id)
+            deadline = max((h.preempt_deadline for h in stopping if h.preempt_deadline), default=None)
+            return self._wait(job, group, sharing.reason(stopping, deadline=deadline), own_quota=True)
         if reason is not None and reason.startswith(NEVER):
             return Fail(job, reason[len(NEVER):])
         if reason is not None:

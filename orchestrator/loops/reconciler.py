@@ -282,6 +282,8 @@ class Reconciler(LoopService):
                         lifecycle.timeout_requested(s, r["job_id"], r["number"])
                     self._via(r).stop(r["submission_id"])
                     continue
+                if not r["preempt_for"] and r["submission_id"] in self._preempt_asked:
+                    self._withdrawn(r["submission_id"])
                 if r["preempt_for"] and rj is not None and rj.status in (AttemptStatus.PENDING, AttemptStatus.RUNNING) \
                         and self._preempting(r, now):
                     continue
@@ -360,6 +362,22 @@ class Reconciler(LoopService):
                  "checkpoint saved" if saved else "grace period over")
         self._via(r).stop(sid)
         return True
+
+    def _withdrawn(self, sid: str) -> None:
+        """An attempt asked to checkpoint for a preemption that was withdrawn (its
+        waiting job started without it): the request and any "saved" answer go, so
+        that a later preemption asks again and waits for a checkpoint of its own."""
+        self._preempt_asked.discard(sid)
+        gcs = self.backend.gcs
+        if gcs is None:
+            return
+        try:
+            if any(s == sid for s, _ in self._asked):
+                gcs.kv_del(protocol.checkpointed_key(sid))  # a draining node's request stays
+            else:
+                gcs.forget_checkpoint_request(sid)
+        except GcsUnavailable as e:  # a stale answer stops it at its next preemption at once: said
+            log.warning("could not delete the checkpoint request of %s, no longer preempted: %s", sid, e)
 
     def _via(self, r):
         """The backend that runs attempt ``r``: its job's warm lane, else Ray's Jobs API."""
