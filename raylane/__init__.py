@@ -14,6 +14,55 @@ docs/sdk.md has the whole tour.
 # reports it, and the SDK sends it in its User-Agent.
 __version__ = "0.1.0"
 
+# The subpackages are the repo's top-level folders (pyproject.toml's package-dir,
+# the same names): a wheel holds them as real folders under raylane/, an editable
+# install maps them. A checkout that is only on sys.path (PYTHONPATH=<checkout>:
+# a benchmark's `tree`, Alembic's prepend_sys_path, a script run from the repo
+# root) finds them through this finder, which answers for this package alone, so
+# another checkout's editable install never lends it its code. No links (issue 44).
+_SUBPACKAGES = ("api", "client", "jobs", "migrations", "orchestrator")
+
+
+class _CheckoutFinder:
+    """``raylane.<subpackage>`` is ``<checkout>/<subpackage>/`` (a meta path finder)."""
+
+    def __init__(self, top: str, package_path: list[str]):
+        self.top, self.package_path = top, package_path
+
+    def find_spec(self, fullname, path=None, target=None):
+        parent, _, name = fullname.rpartition(".")
+        # `path` is the parent package's __path__: this very object only for this package.
+        if parent != __name__ or name not in _SUBPACKAGES or path is not self.package_path:
+            return None
+        import os
+        from importlib.util import spec_from_file_location
+
+        folder = os.path.join(self.top, name)
+        init = os.path.join(folder, "__init__.py")
+        if not os.path.isfile(init):
+            return None
+        return spec_from_file_location(fullname, init, submodule_search_locations=[folder])
+
+
+def _use_the_checkout() -> None:
+    import os
+    import sys
+    from importlib.machinery import PathFinder
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    top = os.path.dirname(here)
+    if os.path.isdir(os.path.join(here, "orchestrator")) or not os.path.isfile(
+            os.path.join(top, "orchestrator", "__init__.py")):
+        return  # installed from a wheel: the subpackages are folders here
+    # One finder at a time: a package imported again (its modules dropped) replaces its own.
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_CheckoutFinder"]
+    at = next((i for i, f in enumerate(sys.meta_path) if f is PathFinder), len(sys.meta_path))
+    sys.meta_path.insert(at, _CheckoutFinder(top, __path__))
+
+
+_use_the_checkout()
+del _use_the_checkout
+
 # Names are imported on first use (PEP 562), not with the package: the server and
 # every Ray driver import ``raylane.*`` and should not pay for the client SDK.
 _EXPORTS = {

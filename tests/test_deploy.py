@@ -735,11 +735,12 @@ def test_dockerfile_copies_exist_and_cover_every_package():
                if line.strip() and not line.startswith("#")]
     for src in copied:
         assert src.rstrip("/") not in ignored, f"{src} is copied but .dockerignore drops it"
-    # [tool.setuptools.packages.find] include = ["raylane*", ...] (no tomllib on Python 3.10)
-    include = re.search(r"\[tool\.setuptools\.packages\.find\]\s*include\s*=\s*\[([^\]]*)\]",
-                        (ROOT / "pyproject.toml").read_text())
-    packages = [p.rstrip("*") for p in re.findall(r'"([^"]+)"', include.group(1))]
-    assert packages
+    # The folders of [tool.setuptools.package-dir] ("raylane.orchestrator" = "orchestrator", ...;
+    # no tomllib on Python 3.10)
+    table = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?=^\[|\Z)",
+                      (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    packages = re.findall(r'^"[^"]+"\s*=\s*"([^"]+)"', table.group(1), re.M)
+    assert "raylane" in packages and "orchestrator" in packages, packages
     names = {s.rstrip("/") for s in copied}
     assert {"pyproject.toml", "constraints.txt"} <= names
     assert set(packages) <= names, f"packages not copied into the image: {set(packages) - names}"

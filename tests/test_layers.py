@@ -28,12 +28,18 @@ Rules (one direction of calls):
   The client may import ``orchestrator/domain/`` (it imports no server dependency).
 
 And the installed distribution puts only the ``raylane`` namespace into
-site-packages (a wheel built from the tree is read, not installed).
+site-packages (a wheel built from the tree is read, not installed). The
+namespace is mapped onto the top-level folders by pyproject.toml's package-dir,
+not linked under ``raylane/`` (issue 44): every folder is listed there, and a
+checkout that is only on ``sys.path`` imports all of it from itself.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -347,6 +353,68 @@ def test_the_distribution_installs_only_the_raylane_namespace(tmp_path):
     for needed in ("raylane/orchestrator/domain/states.py", "raylane/jobs/run.py", "raylane/api/ui/app.js",
                    "raylane/orchestrator/domain/profiles/local.yaml", "raylane/migrations/versions/0001_initial.py"):
         assert needed in names, needed
+    # Every file of the mapped folders, under its folder's name in the namespace.
+    missing = [f for f in _tree_files() if f"raylane/{f}" not in names]
+    assert not missing, missing
+
+
+def _tree_files() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*")
+                  if p.is_file() and not _skipped(p))
+
+
+def _skipped(p: Path) -> bool:
+    return any(part == "__pycache__" or part.startswith(".") for part in p.relative_to(ROOT).parts) \
+        or p.suffix == ".pyc"
+
+
+def _setuptools_config() -> tuple[list[str], dict[str, str]]:
+    """pyproject.toml's [tool.setuptools] packages and package-dir (read as text:
+    no tomllib on Python 3.10)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = re.search(r"^\[tool\.setuptools\]\npackages = \[(.*?)\]", text, re.S | re.M)
+    table = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
+    assert listed and table, "pyproject.toml: [tool.setuptools] packages and [tool.setuptools.package-dir]"
+    return (re.findall(r'"([^"]+)"', listed.group(1)),
+            dict(re.findall(r'^"([^"]+)"\s*=\s*"([^"]+)"', table.group(1), re.M)))
+
+
+def test_the_namespace_is_mapped_not_linked():
+    """``raylane.orchestrator`` and its siblings are the top-level folders through
+    pyproject.toml's package-dir, not links under ``raylane/`` (links break on
+    checkouts that do not keep them and give every file two paths). Every folder
+    of theirs is listed as a package, data-only ones too: one left out would be
+    missing from the wheel (and the image) while an editable install still finds it."""
+    import raylane
+
+    assert sorted(p.name for p in (ROOT / "raylane").iterdir() if not _skipped(p)) == ["__init__.py"]
+    packages, dirs = _setuptools_config()
+    assert dirs == {"raylane": "raylane", **{f"raylane.{pkg}": pkg for pkg in PACKAGES}}, dirs
+    assert sorted(raylane._SUBPACKAGES) == sorted(PACKAGES)
+    folders = {"raylane"} | {".".join(("raylane", *d.relative_to(ROOT).parts)) for pkg in PACKAGES
+                             for d in (ROOT / pkg, *(ROOT / pkg).rglob("*")) if d.is_dir() and not _skipped(d)}
+    assert not folders - set(packages), f"add to [tool.setuptools] packages: {sorted(folders - set(packages))}"
+    assert not set(packages) - folders, f"no such folder: {sorted(set(packages) - folders)}"
+
+
+def test_a_checkout_on_sys_path_imports_its_own_code(tmp_path):
+    """A checkout that is only on ``sys.path`` (a benchmark's ``tree``, Alembic's
+    ``prepend_sys_path``, a job that ships a checkout as its working_dir) imports
+    every ``raylane`` module from itself, even in an interpreter that has another
+    checkout installed in editable mode (this one, under make setup)."""
+    other = tmp_path / "other"
+    for pkg in ("raylane", *PACKAGES):
+        shutil.copytree(ROOT / pkg, other / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    code = ("import raylane, raylane.api, raylane.client.sdk, raylane.jobs, raylane.migrations.versions, "
+            "raylane.orchestrator.domain.states as s, raylane.orchestrator.store.migrate as m; "
+            "print(raylane.__file__, raylane.api.__file__, raylane.client.sdk.__file__, raylane.jobs.__file__, "
+            "raylane.migrations.versions.__file__, s.__file__, m.__file__, m.MIGRATIONS_DIR / 'env.py')")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**env, "PYTHONPATH": str(other)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    files = out.stdout.split()
+    assert len(files) == 8 and all(Path(f).is_file() and Path(f).is_relative_to(other) for f in files), files
 
 
 def test_the_server_and_a_driver_do_not_load_the_client_sdk():

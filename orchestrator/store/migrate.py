@@ -11,10 +11,11 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-# raylane/migrations beside raylane/orchestrator, found by path: importing the
-# ``raylane.migrations`` package from the store was a hidden circle (its env.py,
-# which Alembic runs, imports the store). In a checkout raylane/orchestrator and
-# raylane/migrations are links to the top-level folders; installed, real folders.
+# The folder of ``raylane.migrations`` beside that of ``raylane.orchestrator``,
+# found by path: importing the ``raylane.migrations`` package from the store was a
+# hidden circle (its env.py, which Alembic runs, imports the store). In a checkout
+# they are the top-level folders orchestrator/ and migrations/; installed, raylane/
+# orchestrator/ and raylane/migrations/ (pyproject.toml's package-dir).
 MIGRATIONS_DIR = Path(__file__).parent.parent.parent / "migrations"
 log = logging.getLogger(__name__)
 
