@@ -164,7 +164,8 @@ class Dispatcher(LoopService):
         waiting, waiting_need = stats.waiting_by_group(s, scope) if rules.queue_ahead else ({}, {})
         grace = self.settings.preempt_grace_s
         stopping, cycles, reclaiming = {}, {}, {}
-        if rules.preemption:
+        window = max(self.settings.preempt_cycle_window_s, store_sharing.RECLAIM_HOLD_S)
+        if rules.preemption and store_sharing.any_since(s, since=now - timedelta(seconds=window), scope=scope):
             stopping = store_sharing.preempting(s, grace_s=grace, scope=scope)
             cycles = store_sharing.preempted_by(s, since=now - timedelta(seconds=self.settings.preempt_cycle_window_s))
             reclaiming = store_sharing.reclaiming(s, now=now, scope=scope)

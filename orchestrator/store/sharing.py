@@ -57,6 +57,14 @@ def holders(s: Session, *, grace_s: float, scope: Scope | None = None) -> list[s
         _running(scope).where(attempts.c.status == AttemptStatus.RUNNING.value))]
 
 
+def any_since(s: Session, *, since: datetime, scope: Scope | None = None) -> bool:
+    """Whether any attempt is being preempted, or was since ``since``: most passes
+    find none and read nothing more (``ix_attempts_preempt_for``)."""
+    return s.execute(select(attempts.c.job_id).where(
+        attempts.c.preempt_for.is_not(None), attempts_on(scope),
+        or_(attempts.c.status.in_(_LIVE), attempts.c.ended_at >= since)).limit(1)).first() is not None
+
+
 def preempting(s: Session, *, grace_s: float, scope: Scope | None = None) -> dict[str, list[sharing.Holder]]:
     """Waiting job -> its victims still live (asked to checkpoint, or stopping)."""
     out: dict[str, list[sharing.Holder]] = {}

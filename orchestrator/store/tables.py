@@ -164,6 +164,9 @@ Index("ix_attempts_status", attempts.c.status)
 # /v1/costs and /v1/report: attempts that had not ended before the window's start
 # (ended_at >= :start, or NULL: still live), not every attempt ever made.
 Index("ix_attempts_ended_at", attempts.c.ended_at)
+# Preemption's reads each dispatcher pass (store.sharing): the few attempts being
+# (or lately) preempted, never a scan of every attempt ever made.
+Index("ix_attempts_preempt_for", attempts.c.preempt_for)
 
 events = Table(
     "events",
