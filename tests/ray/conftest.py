@@ -11,7 +11,7 @@ import contextlib
 
 import pytest
 
-from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, WORKING_DIR_ROOTS
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, WORKING_DIR_ROOTS, fresh_sqlite_database
 from tests.helpers import wait_for
 
 
@@ -67,12 +67,10 @@ def _restore_shared_cluster(request):
 
 
 @pytest.fixture
-def ray_settings(tmp_path, ray_cluster):
+def ray_settings(tmp_path, ray_cluster, sqlite_template):
     from raylane.orchestrator.settings import Settings
-    from raylane.orchestrator.store import migrate
 
-    url = f"sqlite:///{tmp_path / 'raylane.db'}"
-    migrate.upgrade(url)
+    url = fresh_sqlite_database(sqlite_template, tmp_path)
     return Settings(database_url=url, data_dir=tmp_path, auto_migrate=False,
                     dashboard_url=ray_cluster.state.dashboard_url, ray_auth_token=ray_cluster.state.token,
                     ray_address=ray_cluster.state.gcs_address,

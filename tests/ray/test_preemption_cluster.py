@@ -76,3 +76,29 @@ def test_a_borrower_checkpoints_is_stopped_and_resumes_for_a_job_within_its_shar
     step = int(ckpt[0].name.split("_")[1])
     assert done["result"]["workers"][0]["return"]["resumed_from"] >= step > 0
     api.post(f"/v1/jobs/{first['id']}/cancel")
+
+
+def test_a_job_that_does_not_checkpoint_is_stopped_at_its_grace_end_for_a_higher_priority_one(papi):
+    """Priority, no quotas: a low-priority command holding both GPUs ignores the
+    request (a command has no checkpoint) and is stopped when its own grace
+    (``preemption.grace_s``, 5 s) ends; the high-priority job then runs, and the
+    command queues again."""
+    api, _ = papi
+    low = api.post("/v1/jobs", json={"name": "low-cmd", "kind": "command", "entrypoint": "sleep 600", "priority": 10,
+                                     "resources": {"gpus_per_worker": 2, "cpus_per_worker": 0.5},
+                                     "preemption": {"grace_s": 5}}).json()
+    wait_status(api, low["id"], {"RUNNING"})
+    high = api.post("/v1/jobs", json={"name": "high-cmd", "kind": "command", "priority": 90,
+                                      "entrypoint": "python -c 'print(1)'",
+                                      "resources": {"gpus_per_worker": 1, "cpus_per_worker": 0.5}}).json()
+    att = wait_for(lambda: (a := api.get(f"/v1/jobs/{low['id']}/attempts").json()[0])["ended_at"] and a,
+                   timeout=90, what="the low command stopped")
+    assert att["cause"] == "PREEMPTED_BY_PRIORITY" and "end of its grace period" in att["message"], att
+    from datetime import datetime
+
+    ended, deadline = (datetime.fromisoformat(att[k]) for k in ("ended_at", "preempt_deadline"))
+    assert ended >= deadline, (ended, deadline)  # not before its grace ended
+    assert wait_status(api, high["id"], {"SUCCEEDED", "FAILED"}, timeout=120)["status"] == "SUCCEEDED"
+    again = wait_status(api, low["id"], {"DISPATCHING", "RUNNING"}, timeout=120)
+    assert again["attempts"] == 2
+    api.post(f"/v1/jobs/{low['id']}/cancel")
