@@ -44,7 +44,7 @@ def test_a_borrower_checkpoints_is_stopped_and_resumes_for_a_job_within_its_shar
         assert api.put(f"/v1/projects/{p}/quota", json={"node_groups": groups}).status_code == 200
     first = api.post("/v1/jobs", json=train("a-first", "a", 1200)).json()
     wait_status(api, first["id"], {"RUNNING"})
-    second = api.post("/v1/jobs", json=train("a-second", "a", 600)).json()
+    second = api.post("/v1/jobs", json=train("a-second", "a", 300)).json()
     wait_status(api, second["id"], {"RUNNING"})
     assert api.get(f"/v1/jobs/{second['id']}").json()["placement"]["borrowed"]
     storage = settings.storage_local_root / "a" / second["id"] / "checkpoints"
