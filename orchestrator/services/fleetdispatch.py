@@ -385,15 +385,20 @@ class FleetPlacer(LoopService):
                     store_fleet.wait_unplaced(s, job, reason=f"placing it failed: {type(e).__name__}: {e}",
                                               now=utcnow())
 
-    def _place_one(self, s, job, lost, down, moved, now: FleetNow, spend: dict[str, float], woken: set[str]) -> None:
+    def _placed(self, spec: JobSpec, job, now: FleetNow, spend: dict[str, float], lost, down, moved):
+        """``placement.place`` of ``job`` with the fleet's settings, its renting policy
+        and the clusters it must skip (for a first placement and a re-judging alike)."""
         settings = self.plane.settings
+        return fleet_placement.place(spec, self.fd.fleet, now, rent=self._rent(job, spend),
+                                     owned_soon_s=settings.fleet_owned_soon_s,
+                                     owned_wait_share=settings.fleet_owned_wait_share,
+                                     skip=self._skip(job.id, lost, down, moved), job_id=job.id)
+
+    def _place_one(self, s, job, lost, down, moved, now: FleetNow, spend: dict[str, float], woken: set[str]) -> None:
         at = utcnow()
         spec = JobSpec.from_stored(job.spec)
         try:
-            fp = fleet_placement.place(spec, self.fd.fleet, now, rent=self._rent(job, spend),
-                                       owned_soon_s=settings.fleet_owned_soon_s,
-                                       owned_wait_share=settings.fleet_owned_wait_share,
-                                       skip=self._skip(job.id, lost, down, moved), job_id=job.id)
+            fp = self._placed(spec, job, now, spend, lost, down, moved)
         except NoCandidate as e:
             if all(c in moved.get(job.id, ()) and c not in lost and c not in down for c in e.skipped):
                 store_fleet.fail_unplaced(s, job, reason=f"no cluster of its candidates scaled up in "
@@ -417,16 +422,12 @@ class FleetPlacer(LoopService):
         where it waits is no candidate any more (a cluster gone from the fleet file,
         a project no longer allowed to rent, a spend cap reached); else its
         nomination is kept until the next judgement."""
-        settings = self.plane.settings
         moved = store_fleet.moved_from(s, [j.id for j in jobs])
         kept = []
         for job in jobs:
             spec = JobSpec.from_stored(job.spec)
             try:
-                fp = fleet_placement.place(spec, self.fd.fleet, now, rent=self._rent(job, spend),
-                                           owned_soon_s=settings.fleet_owned_soon_s,
-                                           owned_wait_share=settings.fleet_owned_wait_share,
-                                           skip=self._skip(job.id, lost, down, moved), job_id=job.id)
+                fp = self._placed(spec, job, now, spend, lost, down, moved)
             except (NoCandidate, Unroutable, Forbidden):
                 kept.append(job.id)
                 continue
