@@ -545,10 +545,16 @@ def table(res: dict) -> str:
     for p in [*PRIORITIES, "all"]:
         rows.append((f"wait p50 / p95 min, {p}",
                      lambda f, p=p: f"{f['wait_min'][p]['p50']} / {f['wait_min'][p]['p95']}"))
+    return policy_table(res, rows, POLICIES, col=16)
+
+
+def policy_table(res: dict, rows: list, policies, col: int) -> str:
+    """One row per figure, one column per policy (``rows``: name and how to show
+    it from a policy's figures); bench/sharing.py prints its table with it too."""
     width = max(len(r[0]) for r in rows)
-    lines = [f"{'':{width}}  " + "".join(f"{p:>16}" for p in POLICIES)]
+    lines = [f"{'':{width}}  " + "".join(f"{p:>{col}}" for p in policies)]
     for name, fmt in rows:
-        lines.append(f"{name:{width}}  " + "".join(f"{fmt(res[p]):>16}" for p in POLICIES))
+        lines.append(f"{name:{width}}  " + "".join(f"{fmt(res[p]):>{col}}" for p in policies))
     return "\n".join(lines)
 
 

@@ -85,7 +85,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet_trace import VirtualClock, _patch_clock, _unpatch_clock, percentile  # noqa: E402
+from bench.fleet_trace import (VirtualClock, _patch_clock, _pct, _unpatch_clock, percentile,  # noqa: E402
+                               policy_table)
 
 PROJECTS = ("a", "b")
 GPUS = 2  # the default profile's group gpu: one node of 2 GPUs
@@ -378,15 +379,7 @@ def table(res: dict) -> str:
             ("preemptions", lambda f: f"{f['preemptions']}"),
             ("GPU-s lost (since checkpoint + restarts)", lambda f: f"{f['gpu_s_lost']}"),
             ("jobs retried", lambda f: f"{f['retried']}")]
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{'':{width}}  " + "".join(f"{p:>28}" for p in POLICIES)]
-    for name, fmt in rows:
-        lines.append(f"{name:{width}}  " + "".join(f"{fmt(res[p]):>28}" for p in POLICIES))
-    return "\n".join(lines)
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+    return policy_table(res, rows, POLICIES, col=28)
 
 
 def main(argv: list[str] | None = None) -> dict:
