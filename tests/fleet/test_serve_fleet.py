@@ -182,7 +182,7 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(t
                      what=f"{j['name']} running on onprem")
         r = api.post("/v1/jobs", json={"name": "train-moved", "kind": "training", "entrypoint": "examples.train:main",
                                        "resources": {"num_workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 1},
-                                       "args": {"steps": 600, "step_sleep": 0.05, "checkpoint_every": 40}})
+                                       "args": {"steps": 300, "step_sleep": 0.05, "checkpoint_every": 40}})
         assert r.status_code == 201, r.text
         tid = r.json()["id"]
         job = wait_for(lambda: (j := api.get(f"/v1/jobs/{tid}").json())["status"] == "RUNNING" and j,
