@@ -83,11 +83,13 @@ class Settings(BaseSettings):
     fleet_owned_soon_s: float = Field(600.0, ge=0, le=86400, description="An owned cluster without room now is still "
                                       "placed first when its place in the queue is expected to start within this "
                                       "long; past it, rented capacity comes first.")
-    fleet_owned_wait_share: float = Field(1.0, ge=0, le=10, description="An owned cluster without room now is "
+    fleet_owned_wait_share: float = Field(2.5, ge=0, le=10, description="An owned cluster without room now is "
                                           "also placed first when the job is expected to start there within this "
                                           "share of how long its kind runs there (the median of past runs), when "
                                           "that is longer than RAYLANE_FLEET_OWNED_SOON_S: renting saves the wait "
-                                          "but pays for the whole run. 0: RAYLANE_FLEET_OWNED_SOON_S alone.")
+                                          "but pays for the whole run. The share is for priority 50 and scales "
+                                          "with (100 - priority) / 50: 0.4 of it at priority 80, none at 100, 1.6 "
+                                          "at 20. 0: RAYLANE_FLEET_OWNED_SOON_S alone.")
     fleet_cluster_grace_s: float = Field(60.0, gt=0, le=3600, description="A fleet's cluster unreachable this long "
                                          "(every call failing, a last check included) is lost: its attempts end "
                                          "CLUSTER_LOST and their jobs are placed on another cluster. Shorter outages "

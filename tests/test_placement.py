@@ -226,6 +226,23 @@ def test_the_wait_budget_grows_with_how_long_the_job_s_kind_runs_on_owned():
     assert place(spec(TRAIN), FLEET, n, owned_soon_s=600, owned_wait_share=0.5).nominee.cluster == "cloud"
 
 
+def test_priority_scales_the_wait_budget_urgent_work_rents_patient_work_waits():
+    # 100 min to wait for onprem; a training job runs 2 h there; RAYLANE_FLEET_OWNED_WAIT_SHARE 1:
+    # priority 50 may wait 120 min, 80 only 48 min (0.4 of it), 20 192 min (1.6), 100 the 10 min alone.
+    n = busy_gpu(end_s=6000, runs={"training": 7200})
+    placed = {p: place(spec({**TRAIN, "priority": p}), FLEET, n, owned_soon_s=600, owned_wait_share=1.0)
+              for p in (20, 50, 80, 100)}
+    assert {p: fp.nominee.cluster for p, fp in placed.items()} == \
+        {20: "onprem", 50: "onprem", 80: "cloud", 100: "cloud"}
+    assert any("after rented capacity" in r for r in placed[80].reasons), placed[80].reasons
+    # 150 min: past what priority 50 waits, within what 20 waits
+    n = busy_gpu(end_s=9000, runs={"training": 7200})
+    assert place(spec({**TRAIN, "priority": 50}), FLEET, n, owned_soon_s=600,
+                 owned_wait_share=1.0).nominee.cluster == "cloud"
+    assert place(spec({**TRAIN, "priority": 20}), FLEET, n, owned_soon_s=600,
+                 owned_wait_share=1.0).nominee.cluster == "onprem"
+
+
 def test_a_running_job_s_timeout_bounds_the_wait_and_says_so():
     n = now(gpus_held=2, next_free_s=300)
     n["onprem"]["gpu"].next_free_bound = True

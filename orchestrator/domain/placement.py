@@ -303,12 +303,23 @@ def _routes(spec: JobSpec, cluster: Cluster, now: ClusterNow | None, avoid_spot:
     return out
 
 
+def priority_wait_factor(priority: int) -> float:
+    """How much of ``owned_wait_share`` a job of this priority waits: 1 at the
+    default priority (50), less as priority rises (80: 0.4; 100: none, so
+    ``owned_soon_s`` alone), more as it falls (20: 1.6). Urgent work rents
+    rather than wait for GPUs already paid for; patient work waits for them."""
+    return (100 - priority) / 50
+
+
 def wait_budget(spec: JobSpec, g_now: GroupNow, owned_soon_s: float, owned_wait_share: float) -> float:
     """How long the job may be expected to wait for an owned group before rented
-    capacity comes first: ``owned_soon_s``, or ``owned_wait_share`` of how long
-    its kind runs there when that is longer."""
+    capacity comes first: ``owned_soon_s``, or ``owned_wait_share`` (scaled by
+    the job's priority, ``priority_wait_factor``) of how long its kind runs
+    there when that is longer."""
     run = g_now.runs.get(spec.kind)
-    return max(owned_soon_s, owned_wait_share * run) if run is not None else owned_soon_s
+    if run is None:
+        return owned_soon_s
+    return max(owned_soon_s, owned_wait_share * priority_wait_factor(spec.priority) * run)
 
 
 def _ahead_text(ahead: list[Queued]) -> str:
