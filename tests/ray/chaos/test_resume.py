@@ -40,9 +40,10 @@ def storages(default: str) -> list[str]:
     return ["path", "s3"] if os.environ.get("RAYLANE_TEST_BOTH_STORAGES") else [default]
 
 
-@pytest.fixture(params=["path", "s3"])
+@pytest.fixture
 def ray_settings(request, ray_settings, tmp_path):
-    """The shared control plane's settings, with its job storage on a path or on S3.
+    """The shared control plane's settings, with its job storage on a path or on S3
+    (``request.param``: each test names its storages with ``storages()``).
     On S3, data_dir is a directory of its own, so the test can see that nothing lands there."""
     if request.param == "path":
         return ray_settings
