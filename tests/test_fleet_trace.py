@@ -48,8 +48,10 @@ def test_gpu_demand_exceeds_the_owned_gpus_at_its_peak():
 
 
 def test_quick_prints_its_figures_as_one_json_object_keyed_by_policy():
+    # ~9 s alone; the timeout only guards a hang: in CI this tier runs niced beside the
+    # cluster tests and a run took 60 s for one policy (load 12 on 2 cores)
     out = subprocess.run([sys.executable, "bench/fleet_trace.py", "--quick"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"owned", "rented", "hybrid", "goals"} <= set(res)

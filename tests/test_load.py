@@ -1,6 +1,6 @@
 """Load: 10,000 submissions from 50 concurrent clients against a real server on
-PostgreSQL, each retried on timeout with its Idempotency-Key: exactly 10,000
-jobs are stored, none twice."""
+PostgreSQL, each retried on timeout or a dropped connection with its
+Idempotency-Key (as the SDK does): exactly 10,000 jobs are stored, none twice."""
 
 from __future__ import annotations
 
@@ -44,7 +44,10 @@ def test_ten_thousand_submits_with_retries_store_exactly_ten_thousand(server_fac
                         r = await c.post("/v1/jobs", json=spec, headers={"Idempotency-Key": key}, timeout=timeout)
                         assert r.status_code in (200, 201), r.text
                         break
-                    except httpx.TimeoutException:
+                    except httpx.TransportError:
+                        # a timeout, or a keep-alive connection the server closed while this
+                        # loaded client was slow to reuse it (httpx.ReadError, seen in CI):
+                        # the SDK retries both with the same key, and so does this client
                         retries += 1
                 else:
                     raise AssertionError(f"{key}: no answer after {MAX_TRIES} tries")
