@@ -135,6 +135,13 @@ def route(spec: JobSpec, profile: Profile, cluster: ClusterView | None = None, *
     placement = _placement(spec, profile, chosen, fallbacks, colocate, reasons, cluster)
     if not fast_lane:
         return placement  # every job is a Ray job; nothing to say per job
+    return with_lane(spec, placement)
+
+
+def with_lane(spec: JobSpec, placement: Placement) -> Placement:
+    """``placement`` (changed in place) in its group's warm lane when the job is
+    small enough for one (``lanes.decide``), and why or why not among its reasons.
+    ``route`` with ``fast_lane``; a fleet's placer on the group it nominated."""
     take, why = lanes.decide(spec, enabled=True)
     if take:
         # A lane runs where its host runs: no fallback group, no driver of its own.

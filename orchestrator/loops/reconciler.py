@@ -208,7 +208,7 @@ class Reconciler(LoopService):
             mark = self.lanes.sweep_mark()
             until = utcnow() - timedelta(seconds=self.settings.lane_tombstone_keep_s)
             with db.read(self.sessions) as s:
-                rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH)
+                rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH, scope=self.scope)
             swept = self.lanes.sweep(rows)
             if swept:
                 log.debug("lane sweep: what is left of %d attempts that ended by %s deleted", swept,
@@ -240,10 +240,10 @@ class Reconciler(LoopService):
                 or (now - timedelta(seconds=self.settings.lane_tombstone_keep_s), 0)
             until = now - timedelta(seconds=lanes_domain.RECORD_KEEP_S)
             with db.read(self.sessions) as s:
-                tail = lifecycle.nth_newest_end(s, self.settings.lane_dashboard_keep)
+                tail = lifecycle.nth_newest_end(s, self.settings.lane_dashboard_keep, self.scope)
                 if tail is not None and tail > until:
                     until = min(tail, now - timedelta(seconds=RECORDS_SETTLE_S))
-                rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH)
+                rows = lifecycle.ended_attempts(s, after=mark, until=until, limit=SWEEP_BATCH, scope=self.scope)
             swept = self.lanes.sweep_records(rows)
             if swept:
                 log.debug("lane records sweep: %d attempts that ended by %s are off Ray's dashboard", swept,

@@ -515,19 +515,22 @@ class ControlPlane:
         from raylane.orchestrator.domain.ids import submission_id
 
         sid = submission_id(job_id, number)
-        if placement is not None and placement.lane and self.lanes is not None:
-            live = self.lanes.logs(sid)
+        backend, lanes = self._backends_of(job_id, number)
+        if placement is not None and placement.lane and lanes is not None:
+            live = lanes.logs(sid)
             return self._kept_lane_log(job_id, number) if live is None else live  # None: ended, moved
-        return self._backend_of(job_id, number).logs(sid)
+        return backend.logs(sid)
 
-    def _backend_of(self, job_id: str, number: int):
-        """The backend of the cluster an attempt ran on: on a fleet, the one its
-        attempt records (``services.fleetdispatch``); else the one cluster's."""
+    def _backends_of(self, job_id: str, number: int):
+        """The backend and the warm lanes of the cluster an attempt ran on: on a
+        fleet, the one its attempt records (``services.fleetdispatch``); else the
+        one cluster's."""
         fd = getattr(self, "fleet_dispatch", None)
         if fd is None:
-            return self.backend
+            return self.backend, self.lanes
         cluster = next((a.cluster for a in self.attempts(job_id, project=None) if a.number == number), None)
-        return fd.member_of(cluster).backend
+        m = fd.member_of(cluster)
+        return m.backend, m.lanes
 
     def progress(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, int]]:
         """(status, attempts) of each existing job, unscoped: for the log

@@ -51,7 +51,7 @@ from raylane.orchestrator.domain.errors import Forbidden
 from raylane.orchestrator.domain.fleet import Fleet
 from raylane.orchestrator.domain.placement import FleetNow, GroupNow, Holding, NoCandidate, Queued
 from raylane.orchestrator.domain.profile import Profile
-from raylane.orchestrator.domain.routing import Unroutable, route
+from raylane.orchestrator.domain.routing import Unroutable, with_lane
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.loops.base import LoopService
@@ -81,6 +81,7 @@ class Member:
     scope: Scope
     dispatcher: object
     reconciler: object
+    lanes: object = None  # backends.lanes.LaneBackend: its warm lanes, in its own Ray's store
 
 
 class FleetDispatch:
@@ -122,8 +123,9 @@ class _Wakes:
 def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBackend], attached: str) -> FleetDispatch:
     """Wire the plane to every cluster of ``fleet`` (``backends`` by cluster name):
     the attached cluster as ``assembly.attach_backend`` does (its warm lanes, the
-    dashboard proxy, the node views), the others with a dispatcher and a reconciler
-    each, and the placer; jobs submitted are stored to be placed."""
+    dashboard proxy, the node views), the others with warm lanes, a dispatcher and
+    a reconciler each, and the placer; jobs submitted are stored to be placed."""
+    from raylane.orchestrator.backends.lanes import LaneBackend
     from raylane.orchestrator.loops.dispatcher import Dispatcher
     from raylane.orchestrator.loops.reconciler import Reconciler
     from raylane.orchestrator.services import assembly
@@ -133,19 +135,23 @@ def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBac
                             tier=here.tier, elsewhere=True)
     plane.dispatcher.scale_ahead = scale_ahead(plane.settings.autoscale_ahead_jobs, here.profile)
     members = {attached: Member(attached, here.tier, here.profile, backends[attached], Scope(attached, attached=True),
-                                plane.dispatcher, plane.reconciler)}
+                                plane.dispatcher, plane.reconciler, plane.lanes)}
     wakes = [plane.new_work]
+    settings = plane.settings
     for c in fleet.members:
         if c.name == attached:
             continue
         scope = Scope(c.name)
-        d = Dispatcher(plane.settings, plane.sessions, backends[c.name], c.profile, wake=threading.Event(),
+        # Its own warm lanes, in its own Ray's store, as the attached cluster's (assembly.attach_backend).
+        lanes = LaneBackend(backends[c.name], idle_s=settings.lane_idle_s, slots=settings.lane_slots,
+                            max_envs=settings.lane_max_envs)
+        d = Dispatcher(settings, plane.sessions, backends[c.name], c.profile, wake=threading.Event(),
                        owner=f"{plane.dispatcher.owner}/{c.name}", scope=scope, tier=c.tier,
-                       scale_ahead=scale_ahead(plane.settings.autoscale_ahead_jobs, c.profile))
-        r = Reconciler(plane.settings, plane.sessions, backends[c.name], scope=scope, elsewhere=True)
+                       scale_ahead=scale_ahead(settings.autoscale_ahead_jobs, c.profile), lanes=lanes)
+        r = Reconciler(settings, plane.sessions, backends[c.name], scope=scope, elsewhere=True, lanes=lanes)
         d.on_submitted = r.wake.set
         r.on_ended = plane.new_work.set
-        members[c.name] = Member(c.name, c.tier, c.profile, backends[c.name], scope, d, r)
+        members[c.name] = Member(c.name, c.tier, c.profile, backends[c.name], scope, d, r, lanes)
         wakes.append(d.wake)
     fd = FleetDispatch(fleet, attached, members)
     fd.placer = FleetPlacer(plane, fd)
@@ -196,6 +202,7 @@ class FleetPlacer(LoopService):
         self.lost: dict[str, datetime] = {}  # cluster -> when the outage that lost it began
         self._views: dict[str, tuple[float, object]] = {}
         self._runs: dict[str, tuple[datetime, dict]] = {}  # cluster -> (when, (group, kind) -> past runs)
+        self._lanes_ok: set[str] = set()  # the clusters whose lanes take jobs, this pass (``lanes_usable``)
 
     # Lost clusters --------------------------------------------------------------
 
@@ -295,19 +302,22 @@ class FleetPlacer(LoopService):
                 spend[project] = spend.get(project, 0.0) + node_share(total, g) * g.price_per_hour
         return now, spend
 
+    def lanes_usable(self) -> set[str]:
+        """The clusters whose warm lanes may take jobs now: the fast lane on, and the
+        cluster's Ray store known (finding it may ask its Ray: called outside the
+        store's transaction)."""
+        if not self.plane.settings.fast_lane:
+            return set()
+        return {name for name, m in self.fd.members.items()
+                if name not in self.lost and m.lanes is not None and m.lanes.usable()}
+
     def _lane_placement(self, spec: JobSpec, n) -> Placement:
-        """The nominee's placement; on the attached cluster, its warm lane's when the
-        fast lane takes the job there (only the attached cluster runs lanes)."""
-        p = n.placement
-        plane = self.plane
-        if (n.cluster == self.fd.attached and plane.settings.fast_lane and plane.lanes is not None
-                and plane.lanes.usable()):
-            try:
-                lane = route(spec, self.fd.members[n.cluster].profile, plane.cluster_view(), fast_lane=True)
-            except Unroutable:
-                lane = None
-            if lane is not None and lane.node_group == n.group and lane.lane:
-                p = lane
+        """The nominee's placement, in its group's warm lane when the fast lane takes
+        the job (``routing.with_lane``): every cluster of the fleet runs lanes, each
+        in its own Ray's store."""
+        p = n.placement.model_copy(deep=True)
+        if n.cluster in self._lanes_ok:
+            p = with_lane(spec, p)
         return p.model_copy(update={"cluster": n.cluster, "tier": n.tier})
 
     def run_once(self) -> None:
@@ -321,6 +331,7 @@ class FleetPlacer(LoopService):
                     not store_fleet.nominated_before(s, before=rejudge_before, limit=1):
                 return
         views, down = self.views()  # Ray first, then the store: no network call inside its transaction
+        self._lanes_ok = self.lanes_usable()
         woken: set[str] = set()
         with db.transaction(self.plane.sessions) as s:
             now, spend = self.fleet_now(s, views)

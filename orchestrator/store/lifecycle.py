@@ -88,26 +88,28 @@ def cancelling_jobs(s: Session, scope: Scope | None = None) -> list[tuple[str, i
 
 
 def ended_attempts(s: Session, *, after: tuple[datetime, int] | None, until: datetime,
-                   limit: int) -> list[dict[str, Any]]:
+                   limit: int, scope: Scope | None = None) -> list[dict[str, Any]]:
     """Attempts that ended after ``after`` ((ended_at, row id), exclusive) and by
     ``until``, oldest first, with the group they ran in and their job's spec: the
     lane sweep's next batch (``ix_attempts_ended_at``, whatever the number of
     attempts ever made). Every attempt, not only those of jobs placed in a lane
-    now: a retry may have been routed elsewhere than the attempt it follows."""
+    now: a retry may have been routed elsewhere than the attempt it follows.
+    ``scope``: those on one cluster of a fleet (whose Ray store holds their keys)."""
     q = (select(attempts.c.id, attempts.c.ended_at, attempts.c.submission_id, attempts.c.node_group, jobs.c.spec)
          .join(jobs, jobs.c.id == attempts.c.job_id)
-         .where(attempts.c.ended_at.is_not(None), attempts.c.ended_at <= until)
+         .where(attempts.c.ended_at.is_not(None), attempts.c.ended_at <= until, attempts_on(scope))
          .order_by(attempts.c.ended_at, attempts.c.id).limit(limit))
     if after is not None:
         q = q.where(or_(attempts.c.ended_at > after[0], and_(attempts.c.ended_at == after[0], attempts.c.id > after[1])))
     return [dict(r) for r in s.execute(q).mappings()]
 
 
-def nth_newest_end(s: Session, n: int) -> datetime | None:
+def nth_newest_end(s: Session, n: int, scope: Scope | None = None) -> datetime | None:
     """When the attempt ended that has ``n`` attempts ended after it (or at the
     same time): where the tail of the newest ``n`` ended attempts starts, read
-    backwards through ``ix_attempts_ended_at``. None while fewer have ended."""
-    return s.execute(select(attempts.c.ended_at).where(attempts.c.ended_at.is_not(None))
+    backwards through ``ix_attempts_ended_at``. None while fewer have ended.
+    ``scope``: of those on one cluster of a fleet."""
+    return s.execute(select(attempts.c.ended_at).where(attempts.c.ended_at.is_not(None), attempts_on(scope))
                      .order_by(attempts.c.ended_at.desc()).offset(n).limit(1)).scalar_one_or_none()
 
 
