@@ -575,12 +575,12 @@ def test_jobs_no_cluster_can_take_now_do_not_hold_up_those_behind_them(api, cp, 
 def test_a_job_preempted_on_onprem_resumes_on_rented_capacity(api, fleet):
     """Sharing on a fleet (docs/sharing.md): a high-priority job that must run on
     onprem preempts a low-priority one there; the victim, free to rent, is placed
-    again at once and resumes on cloud rather than wait for onprem's GPUs. (Placed
-    the moment its attempt ended, before its preemptor was admitted, it may first
-    be nominated to onprem's momentarily free GPUs; the next judging of
-    nominations, every RAYLANE_FLEET_RENOMINATE_S, here every pass, moves it.)"""
+    again at once and resumes on cloud rather than wait for onprem's GPUs. Placed
+    the moment its attempt ended, before its preemptor was admitted, it is not
+    nominated to onprem's momentarily free GPUs: they are owed to its preemptor
+    (no re-judging of nominations moves it here: RAYLANE_FLEET_RENOMINATE_S is a
+    minute, the test a few seconds)."""
     fd, rays = fleet
-    fd.placer.plane.settings = fd.placer.plane.settings.model_copy(update={"fleet_renominate_s": 1e-6})
     for m in fd.members.values():  # preempt at once: no minimum run, no grace
         m.dispatcher.settings = m.reconciler.settings = m.dispatcher.settings.model_copy(
             update={"preempt_min_run_s": 0.0, "preempt_grace_s": 0.0})
@@ -597,3 +597,6 @@ def test_a_job_preempted_on_onprem_resumes_on_rented_capacity(api, fleet):
     first, second = attempts(api, low["id"])
     assert (first["cluster"], first["cause"], first["preempt_for"]) == ("onprem", "PREEMPTED_BY_PRIORITY", high["id"])
     assert second["cluster"] == "cloud" and job(api, low["id"])["placement"]["tier"] == "rented"
+    placed = [e["reason"] for e in api.get(f"/v1/jobs/{low['id']}/events").json()
+              if (e["reason"] or "").startswith("placed on")]
+    assert [r.split(" (")[0] for r in placed] == ["placed on onprem gpu", "placed on cloud gpu-spot"], placed

@@ -9,7 +9,8 @@ import pytest
 
 from raylane.orchestrator.domain.errors import Forbidden
 from raylane.orchestrator.domain.fleet import Fleet
-from raylane.orchestrator.domain.placement import GroupNow, Holding, Queued, Rank, RentPolicy, expected_start, place
+from raylane.orchestrator.domain.placement import (RECLAIMING, GroupNow, Holding, Queued, Rank, RentPolicy,
+                                                  expected_start, place)
 from raylane.orchestrator.domain.routing import Unroutable
 from raylane.orchestrator.domain.specs import JobSpec
 
@@ -249,3 +250,23 @@ def test_a_running_job_s_timeout_bounds_the_wait_and_says_so():
     fp = place(spec(TRAIN), FLEET, n)
     assert fp.nominee.cluster == "onprem"
     assert "onprem gpu: 2 of 2 GPUs held, next frees within ~5 min (a running job's timeout)" in fp.reasons
+
+
+def test_what_victims_free_for_a_preempting_job_is_its_not_room_for_another():
+    """A preempted job placed again the moment its attempt ended finds its GPU free
+    on onprem, but its preemptor (queued there, ``RECLAIMING``) is owed it: not
+    room now; its start is after the others' runs, past its wait budget here, so it rents."""
+    free_one = now(gpus_held=1, next_free_s=3600)
+    gpu = free_one["onprem"]["gpu"]
+    gpu.holding = [Holding({"GPU": 1, "CPU": 1}, 3600)]
+    gpu.runs = {"training": 3600}
+    # Without the preemptor, the freed GPU is room now for the 1-GPU victim.
+    victim = spec({**TRAIN, "resources": {"num_workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 1}})
+    assert place(victim, FLEET, free_one, job_id="V").nominee.rank is Rank.OWNED_ROOM
+    gpu.queued = [Queued("W", RECLAIMING, {"GPU": 1, "CPU": 1}, 3600)]
+    fp = place(victim, FLEET, free_one, job_id="V", owned_soon_s=600, owned_wait_share=0.5)
+    assert (fp.nominee.cluster, fp.nominee.group) == ("cloud", "gpu-spot")
+    assert "onprem gpu: what is free is owed to job W, which preempted for it, next frees in ~60 min: after rented capacity" in \
+        " | ".join(fp.reasons), fp.reasons
+    # The preemptor itself has its room.
+    assert place(victim, FLEET, free_one, job_id="W").nominee.rank is Rank.OWNED_ROOM

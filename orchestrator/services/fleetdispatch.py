@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -57,6 +57,7 @@ from raylane.orchestrator.domain.views import Placement
 from raylane.orchestrator.loops.base import LoopService
 from raylane.orchestrator.services import fleetplan
 from raylane.orchestrator.store import db, lifecycle, stats
+from raylane.orchestrator.store import sharing as store_sharing
 from raylane.orchestrator.store import fleet as store_fleet
 from raylane.orchestrator.store.fleet import TO_PLACE, Scope
 from raylane.orchestrator.store.transitions import utcnow
@@ -278,6 +279,11 @@ class FleetPlacer(LoopService):
             if cached is None or (at - cached[0]).total_seconds() > RUNS_KEPT_S:
                 cached = self._runs[name] = (at, {})
             active, queued, read_to = store_fleet.group_queues(s, now=at, scope=m.scope, cache=cached[1])
+            # A job whose victims are being stopped for it is first in its group's queue, and
+            # what they free is its: a victim placed again must not be nominated back to it.
+            for group, waiter in store_sharing.reclaiming(s, now=at, scope=m.scope).items():
+                queued[group] = [replace(q, priority=fleet_placement.RECLAIMING)
+                                 if q.job_id == waiter else q for q in queued.get(group, [])]
             runs: dict[str, dict[str, float]] = {}  # group -> kind -> median run there
             for (group, kind), spans in cached[1].items():
                 if spans:
