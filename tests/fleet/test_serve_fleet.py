@@ -1,7 +1,7 @@
 """``RAYLANE_FLEET=local-hybrid raylane-server serve --local-cluster``: the server
 starts both clusters of the fleet as its own, shows the fleet and plans across
 it with both clusters read live, runs a job on ``onprem`` and one pinned to
-``cloud`` there (after its scale-up from zero), each attempt and Ray job naming
+``cloud`` there (in cloud's warm lane, after its scale-up from zero), each attempt and Ray job naming
 its cluster; with cloud's processes paused (SIGSTOP) past the grace, a job
 running there is placed again on onprem and finishes, and once cloud answers
 its given-up attempt is stopped there; with cloud's head killed mid-run, a training job there finishes
@@ -124,6 +124,9 @@ def test_serve_with_a_fleet_owns_both_clusters_runs_on_each_and_leaves_nothing(t
                        timeout=300, what="the job on cloud to end")
         assert job["status"] == "SUCCEEDED", job
         assert (job["placement"]["cluster"], job["placement"]["tier"]) == ("cloud", "rented")
+        # ... in cloud's own warm lane (a host Ray job on the node cloud's autoscaler added), not onprem's
+        assert job["placement"]["lane"] == job["placement"]["node_group"], job["placement"]
+        assert "7" in api.get(f"/v1/jobs/{cid}/logs").text
         attempts = api.get(f"/v1/jobs/{cid}/attempts").json()
         assert [a["cluster"] for a in attempts] == ["cloud"]
         cloud_token = Path(states[1]["token_path"]).read_text().strip()
