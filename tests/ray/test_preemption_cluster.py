@@ -3,7 +3,8 @@ of group gpu with two training jobs; b submits a 1-GPU job within its guarantee.
 a's youngest job is asked to checkpoint, saves one (examples/train.py does when
 asked, and its report says so), is stopped then (not at the end of a 5-minute
 grace), b's job runs, and a's job resumes from its checkpoint and finishes,
-although its spec allows one attempt (a preemption is not charged)."""
+although its spec allows one attempt (a preemption is not charged). A service
+is never the victim, whatever its priority."""
 
 from __future__ import annotations
 
@@ -79,18 +80,29 @@ def test_a_borrower_checkpoints_is_stopped_and_resumes_for_a_job_within_its_shar
 
 
 def test_a_job_that_does_not_checkpoint_is_stopped_at_its_grace_end_for_a_higher_priority_one(papi):
-    """Priority, no quotas: a low-priority command holding both GPUs ignores the
-    request (a command has no checkpoint) and is stopped when its own grace
-    (``preemption.grace_s``, 5 s) ends; the high-priority job then runs, and the
-    command queues again."""
+    """Priority, no quotas: a service (priority 5) and a low-priority command (10)
+    hold a GPU each. A high-priority job needs one: the command is the victim,
+    never the service, although its priority is the lowest (a service is not
+    preemptible, ``kinds.KINDS``). The command ignores the request (it has no
+    checkpoint) and is stopped when its own grace (``preemption.grace_s``, 5 s)
+    ends; the high-priority job then runs, the command queues again, and the
+    service runs on undisturbed."""
     api, _ = papi
+    svc = api.post("/v1/jobs", json={"name": "gpu-svc", "kind": "service", "entrypoint": "examples.serve_app:Linear",
+                                     "priority": 5, "resources": {"gpus_per_worker": 1, "cpus_per_worker": 0.5},
+                                     "service": {"replicas": 1, "route_prefix": "/preempt-svc"}}).json()
+    assert "id" in svc, svc
+    wait_status(api, svc["id"], {"RUNNING"}, timeout=240)
     low = api.post("/v1/jobs", json={"name": "low-cmd", "kind": "command", "entrypoint": "sleep 600", "priority": 10,
-                                     "resources": {"gpus_per_worker": 2, "cpus_per_worker": 0.5},
+                                     "resources": {"gpus_per_worker": 1, "cpus_per_worker": 0.5},
                                      "preemption": {"grace_s": 5}}).json()
     wait_status(api, low["id"], {"RUNNING"})
     high = api.post("/v1/jobs", json={"name": "high-cmd", "kind": "command", "priority": 90,
                                       "entrypoint": "python -c 'print(1)'",
                                       "resources": {"gpus_per_worker": 1, "cpus_per_worker": 0.5}}).json()
+    reason = wait_for(lambda: (r := api.get(f"/v1/jobs/{high['id']}").json()["status_reason"] or "") and
+                      "preempting" in r and r, timeout=60, what="the high job's reason naming its victim")
+    assert low["id"] in reason and svc["id"] not in reason, reason
     att = wait_for(lambda: (a := api.get(f"/v1/jobs/{low['id']}/attempts").json()[0])["ended_at"] and a,
                    timeout=90, what="the low command stopped")
     assert att["cause"] == "PREEMPTED_BY_PRIORITY" and "end of its grace period" in att["message"], att
@@ -101,4 +113,8 @@ def test_a_job_that_does_not_checkpoint_is_stopped_at_its_grace_end_for_a_higher
     assert wait_status(api, high["id"], {"SUCCEEDED", "FAILED"}, timeout=120)["status"] == "SUCCEEDED"
     again = wait_status(api, low["id"], {"DISPATCHING", "RUNNING"}, timeout=120)
     assert again["attempts"] == 2
-    api.post(f"/v1/jobs/{low['id']}/cancel")
+    service = api.get(f"/v1/jobs/{svc['id']}").json()
+    assert (service["status"], service["attempts"]) == ("RUNNING", 1), service
+    assert all(a["preempt_for"] is None for a in api.get(f"/v1/jobs/{svc['id']}/attempts").json())
+    for j in (low, svc):
+        api.post(f"/v1/jobs/{j['id']}/cancel")
