@@ -244,6 +244,21 @@ def test_priority_scales_the_wait_budget_urgent_work_rents_patient_work_waits():
                  owned_wait_share=1.0).nominee.cluster == "onprem"
 
 
+def test_with_rented_spot_full_patient_work_waits_longer_for_owned_urgent_work_does_not():
+    """Renting costs what the open rented capacity costs: with cloud's one spot GPU
+    node taken, that is on demand ($6.98/h, 3.3x spot's $2.10), and a job of the
+    default priority or below waits that much longer for onprem (the budget x 3.3);
+    a job above it rents on demand as before."""
+    n = busy_gpu(end_s=9000, runs={"training": 7200})  # 150 min to wait; priority 50 may wait 120 with spot open
+    assert place(spec(TRAIN), FLEET, n, owned_soon_s=600, owned_wait_share=1.0).nominee.group == "gpu-spot"
+    n["cloud"] = {"gpu-spot": GroupNow(1, {"GPU": 2, "CPU": 4}, {"GPU": 2, "CPU": 2})}  # max_nodes 1, all held
+    fp = place(spec(TRAIN), FLEET, n, owned_soon_s=600, owned_wait_share=1.0)
+    assert (fp.nominee.cluster, fp.nominee.rank) == ("onprem", Rank.OWNED_SOON), fp.reasons
+    assert "worth a 3.3x longer wait" in fp.nominee.reason, fp.nominee.reason
+    urgent = place(spec({**TRAIN, "priority": 80}), FLEET, n, owned_soon_s=600, owned_wait_share=1.0)
+    assert (urgent.nominee.cluster, urgent.nominee.group) == ("cloud", "gpu"), urgent.reasons
+
+
 def test_a_running_job_s_timeout_bounds_the_wait_and_says_so():
     n = now(gpus_held=2, next_free_s=300)
     n["onprem"]["gpu"].next_free_bound = True

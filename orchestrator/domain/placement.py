@@ -20,7 +20,10 @@ Words used here:
   rather than rent: ``owned_soon_s``, or ``owned_wait_share`` of how long its
   kind runs on that group when that is longer (``wait_budget``). Renting saves
   the wait and costs the whole run, so the longer the run, the longer a wait is
-  worth it.
+  worth it; and the dearer renting is now, the longer too: for work of the
+  default priority or below, the share is multiplied by how much dearer the
+  cheapest rented candidate with room or a scale-up left is than the cheapest
+  of all (``_dearer``: 1 while spot is open; on-demand / spot once spot is full).
 - *soon*: the group has no room now, but the job's expected start there is
   within its wait budget.
 - *nomination*: the first candidate not blocked by policy. A job is placed on
@@ -319,15 +322,39 @@ def priority_wait_factor(priority: int) -> float:
     return (100 - priority) / 50
 
 
-def wait_budget(spec: JobSpec, g_now: GroupNow, owned_soon_s: float, owned_wait_share: float) -> float:
+DEFAULT_PRIORITY = 50  # a spec's, unless it says otherwise (specs.JobSpec.priority)
+
+
+def price_weighs(spec: JobSpec) -> bool:
+    """Whether renting's price lengthens the job's wait for owned (``dearer``): for
+    work of the default priority or below; work above it is urgent, and rents."""
+    return spec.priority <= DEFAULT_PRIORITY
+
+
+def wait_budget(spec: JobSpec, g_now: GroupNow, owned_soon_s: float, owned_wait_share: float,
+                dearer: float = 1.0) -> float:
     """How long the job may be expected to wait for an owned group before rented
     capacity comes first: ``owned_soon_s``, or ``owned_wait_share`` (scaled by
-    the job's priority, ``priority_wait_factor``) of how long its kind runs
-    there when that is longer."""
+    the job's priority, ``priority_wait_factor``, and for patient work by how much
+    dearer the rented capacity open now is than the cheapest, ``_dearer``) of how
+    long its kind runs there when that is longer."""
     run = g_now.runs.get(spec.kind)
     if run is None:
         return owned_soon_s
-    return max(owned_soon_s, owned_wait_share * priority_wait_factor(spec.priority) * run)
+    share = owned_wait_share * (dearer if price_weighs(spec) else 1.0)
+    return max(owned_soon_s, share * priority_wait_factor(spec.priority) * run)
+
+
+def _dearer(rented: list[Candidate]) -> float:
+    """How much dearer the rented capacity the job would get now is than the
+    cheapest that could ever run it: the cheapest candidate that is not full
+    against the cheapest of all (1 with no rented candidate). When cheap spot is
+    taken, what owned saves is on-demand's price, and a longer wait is worth it."""
+    prices = [c.price_per_hour for c in rented if c.price_per_hour > 0]
+    open_ = [c.price_per_hour for c in rented if c.price_per_hour > 0 and c.rank is not Rank.RENTED_FULL]
+    if not prices or not open_:
+        return 1.0
+    return min(open_) / min(prices)
 
 
 def _ahead_text(ahead: list[Queued]) -> str:
@@ -341,7 +368,8 @@ def _ahead_text(ahead: list[Queued]) -> str:
 
 
 def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soon_s: float, *,
-               spec: JobSpec, job_id: str | None = None, owned_wait_share: float = 0.0) -> Candidate:
+               spec: JobSpec, job_id: str | None = None, owned_wait_share: float = 0.0,
+               dearer: float = 1.0) -> Candidate:
     group = cluster.profile.group(p.node_group)
     g_now = now.get(group.name) if now is not None else None
     name = f"{cluster.name} {group.name}"
@@ -365,7 +393,7 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
             ahead = [q for q in ahead if q.priority < RECLAIMING]
         held += _ahead_text(ahead)
         start = expected_start(p.total, g_now, priority=spec.priority, job_id=job_id)
-        budget = wait_budget(spec, g_now, owned_soon_s, owned_wait_share)
+        budget = wait_budget(spec, g_now, owned_soon_s, owned_wait_share, dearer)
         frees = "next frees within" if g_now.next_free_bound else "next frees in"
         by = " (a running job's timeout)" if g_now.next_free_bound else ""
         when = (f"{frees} {_minutes(g_now.next_free_s)}{by}" if g_now.next_free_s is not None
@@ -373,8 +401,10 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
         if start is not None and (ahead or start != g_now.next_free_s):  # its own start, not the first end
             when = f"starts in {_minutes(start)}" + (f" ({when})" if g_now.next_free_s is not None else "")
         if start is not None and start <= budget:
+            worth = (f", worth a {_fmt(round(dearer, 1))}x longer wait: rented capacity that is open now is "
+                     f"dearer than its cheapest" if dearer > 1.0 + 1e-9 and price_weighs(spec) else "")
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_SOON, 0.0, p,
-                             f"{name}: {held}, {when}")
+                             f"{name}: {held}, {when}{worth}")
         if start is None and g_now.next_free_s is not None:
             when += ", its start not foreseen"
         return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
@@ -429,6 +459,7 @@ def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: Ren
                             f"(RAYLANE_FLEET_NO_RENT_PROJECTS), and this job's {field_} sends it to one", field=field_)
 
     candidates: list[Candidate] = []
+    pending: list[tuple[Cluster, Placement, ClusterNow | None]] = []
     excluded: list[str] = []
     skipped: list[str] = []
     never: list[tuple[str, Unroutable]] = []
@@ -448,8 +479,15 @@ def place(spec: JobSpec, fleet: Fleet, now: FleetNow | None = None, *, rent: Ren
             skipped.append(cluster.name)
             continue
         for p in placements:
-            candidates.append(_candidate(cluster, p, c_now, owned_soon_s, spec=spec, job_id=job_id,
-                                         owned_wait_share=owned_wait_share))
+            pending.append((cluster, p, c_now))
+    rented = [_candidate(c, p, c_now, owned_soon_s, spec=spec, job_id=job_id)
+              for c, p, c_now in pending if not c.owned]
+    dearer = _dearer(rented)
+    for c, p, c_now in pending:
+        if c.owned:
+            candidates.append(_candidate(c, p, c_now, owned_soon_s, spec=spec, job_id=job_id,
+                                         owned_wait_share=owned_wait_share, dearer=dearer))
+    candidates += rented
     if not candidates:
         if never and len(never) == len(members):
             fields = {e.field for _, e in never}
