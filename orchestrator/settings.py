@@ -89,7 +89,9 @@ class Settings(BaseSettings):
                                           "that is longer than RAYLANE_FLEET_OWNED_SOON_S: renting saves the wait "
                                           "but pays for the whole run. The share is for priority 50 and scales "
                                           "with (100 - priority) / 50: 0.4 of it at priority 80, none at 100, 1.6 "
-                                          "at 20. 0: RAYLANE_FLEET_OWNED_SOON_S alone.")
+                                          "at 20; at priority 50 or below, it is also multiplied by how much dearer the "
+                                          "rented capacity open now is than the cheapest (on demand over spot once "
+                                          "spot is full). 0: RAYLANE_FLEET_OWNED_SOON_S alone.")
     fleet_cluster_grace_s: float = Field(60.0, gt=0, le=3600, description="A fleet's cluster unreachable this long "
                                          "(every call failing, a last check included) is lost: its attempts end "
                                          "CLUSTER_LOST and their jobs are placed on another cluster. Shorter outages "
