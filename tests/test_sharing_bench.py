@@ -36,8 +36,10 @@ def test_both_projects_send_valid_one_gpu_training_jobs():
 
 def test_quick_prints_its_figures_as_one_json_object_keyed_by_policy():
     assert trace(46, window_s=QUICK_WINDOW_S)
+    # ~5 s alone; the timeout only guards a hang (in CI this tier runs niced beside the cluster
+    # tests, where fleet_trace's --quick once took 7x as long as alone)
     out = subprocess.run([sys.executable, "bench/sharing.py", "--quick"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"strict", "sharing", "ratios", "goals"} <= set(res)
