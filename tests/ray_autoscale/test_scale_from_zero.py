@@ -20,7 +20,7 @@ from tests.ray_autoscale.conftest import SCALE_AHEAD
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-QUEUE_JOBS = 40  # see test_a_queue_for_a_group_capped_at_two_nodes...: the bound, not the length, is the point
+QUEUE_JOBS = 20  # see test_a_queue_for_a_group_capped_at_two_nodes...: the bound (4 at once, 2 ahead), not the length, is the point
 
 
 def alive_nodes(cluster, group: str) -> int:
