@@ -9,8 +9,7 @@ import pytest
 
 from raylane.orchestrator.domain.errors import Forbidden
 from raylane.orchestrator.domain.fleet import Fleet
-from raylane.orchestrator.domain.placement import (RECLAIMING, GroupNow, Holding, Queued, Rank, RentPolicy,
-                                                  expected_start, place)
+from raylane.orchestrator.domain.placement import GroupNow, Holding, Queued, Rank, RentPolicy, expected_start, place
 from raylane.orchestrator.domain.routing import Unroutable
 from raylane.orchestrator.domain.specs import JobSpec
 
@@ -269,7 +268,7 @@ def test_a_running_job_s_timeout_bounds_the_wait_and_says_so():
 
 def test_what_victims_free_for_a_preempting_job_is_its_not_room_for_another():
     """A preempted job placed again the moment its attempt ended finds its GPU free
-    on onprem, but its preemptor (queued there, ``RECLAIMING``) is owed it: not
+    on onprem, but its preemptor (queued there, ``Queued.reclaiming``) is owed it: not
     room now; its start is after the others' runs, past its wait budget here, so it rents."""
     free_one = now(gpus_held=1, next_free_s=3600)
     gpu = free_one["onprem"]["gpu"]
@@ -278,7 +277,7 @@ def test_what_victims_free_for_a_preempting_job_is_its_not_room_for_another():
     # Without the preemptor, the freed GPU is room now for the 1-GPU victim.
     victim = spec({**TRAIN, "resources": {"num_workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 1}})
     assert place(victim, FLEET, free_one, job_id="V").nominee.rank is Rank.OWNED_ROOM
-    gpu.queued = [Queued("W", RECLAIMING, {"GPU": 1, "CPU": 1}, 3600)]
+    gpu.queued = [Queued("W", 50, {"GPU": 1, "CPU": 1}, 3600, reclaiming=True)]
     fp = place(victim, FLEET, free_one, job_id="V", owned_soon_s=600, owned_wait_share=0.5)
     assert (fp.nominee.cluster, fp.nominee.group) == ("cloud", "gpu-spot")
     assert "onprem gpu: what is free is owed to job W, which preempted for it, next frees in ~60 min: after rented capacity" in \

@@ -68,9 +68,6 @@ from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
 
 RESOURCES = ("GPU", "CPU")  # what room is judged on, in the order reasons name them
-# A queued job whose victims are being stopped for it (preemption, docs/sharing.md) is
-# queued ahead of every other on its group: what they free is its (``GroupNow.queued``).
-RECLAIMING = 1_000_000
 _LAST_ID = "~"  # after every job id (ULIDs: digits and capitals): a job not stored yet queues last of its priority
 
 
@@ -103,6 +100,9 @@ class Queued:
     priority: int
     total: dict[str, float]
     run_s: float | None
+    # Its victims are being stopped for it (preemption, docs/sharing.md): it is ahead
+    # of every other job of the group, and what they free is its (``_has_room``).
+    reclaiming: bool = False
 
 
 @dataclass
@@ -129,9 +129,9 @@ class GroupNow:
     def ahead_of(self, priority: int, job_id: str | None) -> list[Queued]:
         """The queued jobs admitted before a job of ``priority`` and ``job_id`` (None:
         one not stored yet, after every job of its priority), in admission order."""
-        ahead = [q for q in self.queued if q.job_id != job_id and
-                 (q.priority > priority or (q.priority == priority and (job_id is None or q.job_id < job_id)))]
-        return sorted(ahead, key=lambda q: (-q.priority, q.job_id))
+        ahead = [q for q in self.queued if q.job_id != job_id and (q.reclaiming or q.priority > priority or (
+                 q.priority == priority and (job_id is None or q.job_id < job_id)))]
+        return sorted(ahead, key=lambda q: (not q.reclaiming, -q.priority, q.job_id))
 
 
 def expected_start(need: dict[str, float], now: GroupNow, *, priority: int = 50,
@@ -250,13 +250,12 @@ def _minutes(s: float) -> str:
     return f"~{max(1, round(s / 60))} min"
 
 
-def _has_room(need: dict[str, float], now: GroupNow | None, ahead: list[Queued] = ()) -> bool:
-    """Whether the group's free resources hold ``need`` now, less what a job that
-    preempted for them (``RECLAIMING``, among ``ahead``) is owed."""
+def _has_room(need: dict[str, float], now: GroupNow | None, owed: list[Queued] = ()) -> bool:
+    """Whether the group's free resources hold ``need`` now, less what the jobs that
+    preempted for them (``owed``: ``Queued.reclaiming``) are owed."""
     if now is None or now.alive_nodes == 0:
         return False
-    owed = [q.total for q in ahead if q.priority >= RECLAIMING]
-    return all(now.free(r) - sum(t.get(r, 0.0) for t in owed) >= need.get(r, 0.0) for r in RESOURCES)
+    return all(now.free(r) - sum(q.total.get(r, 0.0) for q in owed) >= need.get(r, 0.0) for r in RESOURCES)
 
 
 def _held_text(need: dict[str, float], now: GroupNow) -> str:
@@ -378,7 +377,8 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_ROOM, 0.0, p,
                              f"{name}: owned, no live view of it now; owned first")
         ahead = g_now.ahead_of(spec.priority, job_id) if g_now is not None else []
-        if _has_room(p.total, g_now, ahead):
+        owed = [q for q in ahead if q.reclaiming]
+        if _has_room(p.total, g_now, owed):
             free = ", ".join(f"{_fmt(g_now.free(r))} of {_fmt(g_now.total.get(r, 0))} {r}s free"
                              for r in RESOURCES if p.total.get(r))
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_ROOM, 0.0, p,
@@ -387,10 +387,9 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
                              f"{name}: no live node now")
         held = _held_text(p.total, g_now)
-        owed = [q for q in ahead if q.priority >= RECLAIMING]
         if held == "no room" and owed:  # free, but the preemptor's
             held = f"what is free is owed to job {owed[0].job_id}, which preempted for it"
-            ahead = [q for q in ahead if q.priority < RECLAIMING]
+            ahead = [q for q in ahead if not q.reclaiming]
         held += _ahead_text(ahead)
         start = expected_start(p.total, g_now, priority=spec.priority, job_id=job_id)
         budget = wait_budget(spec, g_now, owned_soon_s, owned_wait_share, dearer)

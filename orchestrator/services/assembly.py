@@ -34,7 +34,6 @@ def attach_backend(plane: "ControlPlane", backend: RayBackend, profile: "Profile
     """Wire routing, the warm lanes, the dispatcher and the reconciler to one Ray
     cluster's backend (``scope``, ``tier``, ``elsewhere``: the attached cluster of a
     fleet, ``services.fleetdispatch``)."""
-    from raylane.orchestrator.backends.lanes import LaneBackend
     from raylane.orchestrator.domain.routing import route
     from raylane.orchestrator.loops.dispatcher import Dispatcher
     from raylane.orchestrator.loops.reconciler import Reconciler
@@ -43,8 +42,7 @@ def attach_backend(plane: "ControlPlane", backend: RayBackend, profile: "Profile
     plane.profile = profile
     plane.backend = backend
     # Always there, so attempts already in a lane are followed even with the fast lane turned off since.
-    plane.lanes = LaneBackend(backend, idle_s=settings.lane_idle_s, slots=settings.lane_slots,
-                              max_envs=settings.lane_max_envs)
+    plane.lanes = lane_backend(backend, settings)
     fast_lane = settings.fast_lane
     lanes = plane.lanes
     plane.router = lambda spec: route(spec, profile, plane.cluster_view(), fast_lane=fast_lane and lanes.usable())
@@ -57,6 +55,14 @@ def attach_backend(plane: "ControlPlane", backend: RayBackend, profile: "Profile
     # ... and an ended attempt wakes the dispatcher: a queue of short jobs does not wait a poll per batch.
     plane.reconciler.on_ended = plane.new_work.set
     plane._view_cache = None
+
+
+def lane_backend(backend: RayBackend, settings: Settings):
+    """One Ray cluster's warm lanes (``backends.lanes``), as the settings size them."""
+    from raylane.orchestrator.backends.lanes import LaneBackend
+
+    return LaneBackend(backend, idle_s=settings.lane_idle_s, slots=settings.lane_slots,
+                       max_envs=settings.lane_max_envs)
 
 
 def attach_ray(plane: "ControlPlane", dashboard_url: str, token: str | None, profile: "Profile", *,

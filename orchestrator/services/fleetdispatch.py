@@ -126,7 +126,6 @@ def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBac
     the attached cluster as ``assembly.attach_backend`` does (its warm lanes, the
     dashboard proxy, the node views), the others with warm lanes, a dispatcher and
     a reconciler each, and the placer; jobs submitted are stored to be placed."""
-    from raylane.orchestrator.backends.lanes import LaneBackend
     from raylane.orchestrator.loops.dispatcher import Dispatcher
     from raylane.orchestrator.loops.reconciler import Reconciler
     from raylane.orchestrator.services import assembly
@@ -143,9 +142,7 @@ def attach_fleet(plane: "ControlPlane", fleet: Fleet, backends: dict[str, RayBac
         if c.name == attached:
             continue
         scope = Scope(c.name)
-        # Its own warm lanes, in its own Ray's store, as the attached cluster's (assembly.attach_backend).
-        lanes = LaneBackend(backends[c.name], idle_s=settings.lane_idle_s, slots=settings.lane_slots,
-                            max_envs=settings.lane_max_envs)
+        lanes = assembly.lane_backend(backends[c.name], settings)  # its own, in its own Ray's store
         d = Dispatcher(settings, plane.sessions, backends[c.name], c.profile, wake=threading.Event(),
                        owner=f"{plane.dispatcher.owner}/{c.name}", scope=scope, tier=c.tier,
                        scale_ahead=scale_ahead(settings.autoscale_ahead_jobs, c.profile), lanes=lanes)
@@ -282,8 +279,8 @@ class FleetPlacer(LoopService):
             # A job whose victims are being stopped for it is first in its group's queue, and
             # what they free is its: a victim placed again must not be nominated back to it.
             for group, waiter in store_sharing.reclaiming(s, now=at, scope=m.scope).items():
-                queued[group] = [replace(q, priority=fleet_placement.RECLAIMING)
-                                 if q.job_id == waiter else q for q in queued.get(group, [])]
+                queued[group] = [replace(q, reclaiming=True) if q.job_id == waiter else q
+                                 for q in queued.get(group, [])]
             runs: dict[str, dict[str, float]] = {}  # group -> kind -> median run there
             for (group, kind), spans in cached[1].items():
                 if spans:
@@ -321,10 +318,8 @@ class FleetPlacer(LoopService):
         """The nominee's placement, in its group's warm lane when the fast lane takes
         the job (``routing.with_lane``): every cluster of the fleet runs lanes, each
         in its own Ray's store."""
-        p = n.placement.model_copy(deep=True)
-        if n.cluster in self._lanes_ok:
-            p = with_lane(spec, p)
-        return p.model_copy(update={"cluster": n.cluster, "tier": n.tier})
+        p = n.placement.model_copy(deep=True, update={"cluster": n.cluster, "tier": n.tier})
+        return with_lane(spec, p) if n.cluster in self._lanes_ok else p
 
     def run_once(self) -> None:
         lost = self.check_lost()
