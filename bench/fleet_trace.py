@@ -26,13 +26,24 @@ attached with ``services.fleetdispatch.attach_fleet`` even for a one-cluster
 policy (one code path for the three). The clusters are in memory
 (``orchestrator.testing.FakeRay``), each driven by a ``SimCluster``: a
 submitted attempt starts when a node of its group has room for its placement's
-``total`` (Ray's own queue), runs its trace duration, and succeeds; a scaling
+``total`` (Ray's own queue), runs until the job's progress reaches its trace
+duration, and succeeds; a scaling
 group with attempts that do not fit boots nodes (``SCALE_UP_S`` later they are
 alive, up to ``max_nodes``), and removes a node idle for ``IDLE_S``; spot nodes
 are reclaimed at a seeded rate (``SPOT_RECLAIM_PER_H``): their attempts fail
 as Ray reports a dead node, and Raylane classifies and retries them. A job
 runs on one node (every job of the trace fits one node of its group); the
 attempt's driver is not counted apart from its ``total``.
+
+Checkpoints, as Raylane's runners keep them (``kinds.KINDS``' ``checkpoints``:
+training and sweeps, into the job's storage, which every cluster of the fleet
+reaches): such a job checkpoints every ``CKPT_S`` of progress, saves one
+``SAVE_S`` after Raylane asks (a preemption, a draining node) and says so, as
+``raylane.jobs.base.checkpoint_saved`` does; an attempt that ends before the
+job is done (a spot reclaim, a preemption, a lost cluster) loses the progress
+since the last checkpoint, and the next one, on any cluster, resumes from it
+after ``RESTART_S``. Batch inference and commands start over. Both losses are
+reported as GPU-hours lost.
 
 Why a driver loop on a virtual clock, not the loops' threads on wall time: a
 compressed day makes one wall second many virtual minutes, so every deadline
@@ -100,6 +111,9 @@ DRAIN_S = 12 * 3600  # after the day, at most this long for the queue to empty (
 SCALE_UP_S = 150  # a cloud node asked for is alive this long after (a GPU VM's boot and Ray's join: 2-3 min)
 IDLE_S = 600  # a cloud node with nothing on it for this long is removed (Ray's autoscaler's idle_timeout_minutes)
 SPOT_RECLAIM_PER_H = 0.05  # a spot node's chance of being reclaimed in an hour (about one in 20 node-hours)
+CKPT_S = 600  # a checkpointing job (training, sweep) saves a checkpoint every 10 min of progress
+SAVE_S = 10  # ... and one this long after Raylane asks for it
+RESTART_S = 60  # a resumed attempt loads its checkpoint this long before it progresses again
 START = datetime(2026, 1, 5, tzinfo=timezone.utc)  # a Monday, 00:00 UTC: the day's clock starts here
 
 # Jobs a day by class (before --quick's share), and how each is drawn.
@@ -194,6 +208,27 @@ def trace(seed: int, *, share: float = 1.0, day_s: int = DAY_S) -> list[TraceJob
 
 
 @dataclass
+class _Progress:
+    """How far a job got, across its attempts and clusters."""
+
+    duration_s: int
+    checkpoints: bool  # its kind checkpoints (and resumes from its last one)
+    done: float = 0.0
+    ckpt: float = 0.0
+
+
+@dataclass
+class _Run:
+    """An attempt running on a node."""
+
+    node: str
+    job_id: str
+    restart_left: float
+    asked_at: int | None = None  # when Raylane's checkpoint request was first seen
+    saved: bool = False
+
+
+@dataclass
 class _Node:
     group: str
     price: float
@@ -209,20 +244,21 @@ class SimCluster:
     autoscaler would do with the attempts Raylane submits (docstring above)."""
 
     def __init__(self, cluster, ray, *, rng: random.Random, demand: dict[str, dict[str, float]],
-                 durations: dict[str, int], starts: dict[str, int]):
+                 progress: dict[str, _Progress], starts: dict[str, int]):
         self.cluster = cluster
         self.ray = ray
         self.rng = rng
         self.demand = demand  # job id -> what it holds on its node (its placement's total)
-        self.durations = durations  # job id -> seconds it runs
+        self.progress = progress  # job id -> how far it got (shared by the clusters: its checkpoints are in storage)
         self.starts = starts  # job id -> the virtual second its first attempt started (shared by the clusters)
         self.scales = {g.name for g in cluster.profile.workers if g.max_nodes > g.min_nodes}
         self.groups = {g.name: g for g in cluster.profile.workers}
         self.nodes: dict[str, _Node] = {}
         self.booting: list[_Node] = []
-        self.running: dict[str, tuple[str, int]] = {}  # submission id -> (node id, its end)
+        self.running: dict[str, _Run] = {}  # submission id -> where it runs, its restart, checkpoint request
         self.billed_s: dict[str, float] = {}  # group -> node-seconds asked for or alive
         self.reclaimed = 0
+        self.lost_gpu_s = 0.0  # progress lost since a checkpoint, and restarts, x the job's GPUs
         for g in cluster.profile.workers:
             for nid in ray.node_ids(g.name):
                 if g.name in self.scales:  # a rented group scales from zero: no node until a job asks
@@ -242,19 +278,18 @@ class SimCluster:
                    for n in self.nodes.values() if n.alive)
 
     def advance(self, now: int, dt: int) -> None:
-        """``dt`` seconds went by: bill the nodes, end what ran its course, reclaim spot
+        """``dt`` seconds went by: bill the nodes, move the running attempts on (their
+        restart, progress, checkpoints), end what is done or was stopped, reclaim spot
         nodes, let booted nodes join."""
         ray = self.ray
         for node in [*self.booting, *(n for n in self.nodes.values() if n.alive)]:
             self.billed_s[node.group] = self.billed_s.get(node.group, 0.0) + dt
-        # Ended attempts (their duration ran out, or Raylane stopped them) leave their node.
-        for sid, (nid, end) in list(self.running.items()):
+        for sid, run in list(self.running.items()):
             status = ray.jobs[sid].job.status
-            if status == "RUNNING" and now >= end:
-                ray.finish(sid, result={"loss": 0.1})
-                status = "SUCCEEDED"
-            if status != "RUNNING":
-                self._release(sid, nid, now)
+            if status == "RUNNING":
+                status = self._run(sid, run, now, dt)
+            if status != "RUNNING":  # done, or Raylane stopped it: it leaves its node
+                self._release(sid, run.node, now)
         # Spot reclaims: the node dies, and with it its attempts (Ray says so on the next read).
         for nid, node in list(self.nodes.items()):
             if node.alive and self.groups[node.group].market == "SPOT" and node.group in self.scales \
@@ -269,6 +304,30 @@ class SimCluster:
             self.booting.remove(node)
             node.alive, node.idle_since_s = True, now
             self.nodes[ray.add_node(node.group)] = node
+
+    def _run(self, sid: str, run: _Run, now: int, dt: int) -> str:
+        """One running attempt's ``dt`` seconds: its restart, then progress, periodic
+        checkpoints and one saved when Raylane asks; finished when the job is done."""
+        from raylane.orchestrator.domain import protocol
+
+        j, gpus = self.progress[run.job_id], self.demand[run.job_id].get("GPU", 0.0)
+        step = min(dt, run.restart_left + j.duration_s - j.done)
+        restart = min(run.restart_left, step)
+        run.restart_left -= restart
+        self.lost_gpu_s += restart * gpus
+        j.done += step - restart
+        if j.checkpoints:
+            j.ckpt = max(j.ckpt, CKPT_S * math.floor(j.done / CKPT_S))
+            gcs = self.ray.gcs
+            if run.asked_at is None and gcs.checkpoint_request(sid):
+                run.asked_at = now - dt  # asked at the last pass
+            if run.asked_at is not None and not run.saved and now >= run.asked_at + SAVE_S:
+                run.saved, j.ckpt = True, j.done
+                gcs.kv[protocol.checkpointed_key(sid)] = b"saved"
+        if j.done >= j.duration_s - 1e-9:
+            self.ray.finish(sid, result={"loss": 0.1})
+            return "SUCCEEDED"
+        return "RUNNING"
 
     def schedule(self, now: int) -> None:
         """Ray's queue and its autoscaler, now: start what fits, ask for nodes for
@@ -292,7 +351,7 @@ class SimCluster:
                 node.free[k] = node.free.get(k, 0.0) - v
             node.jobs.add(sid)
             ray.start(sid, node=nid)
-            self.running[sid] = (nid, now + self.durations[job_id])
+            self.running[sid] = _Run(nid, job_id, RESTART_S if self.progress[job_id].ckpt > 0 else 0.0)
             self.starts.setdefault(job_id, now)
         # The autoscaler: a node more for what waits beyond what is already booting, up to max_nodes.
         for group, needs in waiting.items():
@@ -313,7 +372,14 @@ class SimCluster:
                 ray.kill_node(nid, reason="AUTOSCALER_SCALE_DOWN", message="idle")
 
     def _release(self, sid: str, nid: str, now: int) -> None:
-        self.running.pop(sid, None)
+        """Attempt ``sid`` left node ``nid``; unless the job is done, its progress since
+        its last checkpoint is lost (all of it for a kind that does not checkpoint)."""
+        run = self.running.pop(sid, None)
+        if run is not None:
+            j = self.progress[run.job_id]
+            if j.done < j.duration_s - 1e-9:
+                self.lost_gpu_s += (j.done - j.ckpt) * self.demand[run.job_id].get("GPU", 0.0)
+                j.done = j.ckpt
         node = self.nodes[nid]
         if sid in node.jobs:
             node.jobs.discard(sid)
@@ -377,6 +443,7 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 def run_policy(policy: str, jobs: list[TraceJob], *, seed: int, tick_s: int, tmp: Path) -> dict:
     from raylane.orchestrator.domain.fleet import Fleet
+    from raylane.orchestrator.domain.kinds import traits
     from raylane.orchestrator.domain.specs import JobSpec
     from raylane.orchestrator.services import fleetdispatch
     from raylane.orchestrator.services.controlplane import ControlPlane
@@ -401,10 +468,10 @@ def run_policy(policy: str, jobs: list[TraceJob], *, seed: int, tick_s: int, tmp
         rays = {c.name: FakeRay(c.profile, name=c.name) for c in fleet.members}
         fd = fleetdispatch.attach_fleet(plane, fleet, rays, POLICIES[policy][0])
         demand: dict[str, dict[str, float]] = {}
-        durations: dict[str, int] = {}
+        progress: dict[str, _Progress] = {}
         starts: dict[str, int] = {}
         sims = {c.name: SimCluster(c, rays[c.name], rng=random.Random(f"{seed}/{policy}/{c.name}"), demand=demand,
-                                   durations=durations, starts=starts) for c in fleet.members}
+                                   progress=progress, starts=starts) for c in fleet.members}
         by_id: dict[str, TraceJob] = {}
         _patch_clock(clock)
         end_s = DAY_S + DRAIN_S
@@ -421,7 +488,7 @@ def run_policy(policy: str, jobs: list[TraceJob], *, seed: int, tick_s: int, tmp
                 clock.now = START + timedelta(seconds=max(tj.at_s, t))
                 job, _ = plane.submit(JobSpec.model_validate(tj.spec), project="default", actor="bench")
                 by_id[job.id] = tj
-                durations[job.id] = tj.duration_s
+                progress[job.id] = _Progress(tj.duration_s, traits(tj.spec["kind"]).checkpoints)
                 demand[job.id] = dict(job.placement.total)  # the same on every group it may go to: same shapes
             t = t_next
             clock.now = START + timedelta(seconds=t)
@@ -497,6 +564,7 @@ def _figures(policy, plane, fleet, sims, by_id, starts, *, owned_gpus, gpu_ticks
         "statuses": statuses,
         "retried": sum(1 for r in rows.values() if (r.attempts or 0) > 1),
         "spot_reclaims": sum(s.reclaimed for s in sims.values()),
+        "gpu_hours_lost": round(sum(s.lost_gpu_s for s in sims.values()) / 3600, 2),
         "owned_gpu_util": round(owned_gpu_held / (gpu_ticks * owned_gpus), 3) if owned_gpus and gpu_ticks else None,
         "owned_gpu_util_while_waiting": (round(owned_gpu_held_waiting / (wait_ticks * owned_gpus), 3)
                                          if owned_gpus and wait_ticks else None),
@@ -535,6 +603,7 @@ def goals(res: dict) -> dict:
 def table(res: dict) -> str:
     rows = [("jobs finished / all (never started)", lambda f: f"{f['finished']} / {f['jobs']} ({f['never_started']})"),
             ("jobs retried (spot reclaims)", lambda f: f"{f['retried']} ({f['spot_reclaims']})"),
+            ("GPU-hours lost (since a checkpoint, restarts)", lambda f: f"{f['gpu_hours_lost']}"),
             ("owned GPU util, day", lambda f: _pct(f["owned_gpu_util"])),
             ("owned GPU util, while GPU work waits", lambda f: _pct(f["owned_gpu_util_while_waiting"])),
             ("share of the day a GPU job waited", lambda f: _pct(f["gpu_wait_share_of_day"])),

@@ -63,3 +63,73 @@ def test_quick_prints_its_figures_as_one_json_object_keyed_by_policy():
     assert res["owned"]["rented_cost"] == 0 and res["rented"]["owned_fixed_cost"] == 0
     assert set(res["goals"]) == {"hybrid_cost_vs_rented", "hybrid_p95_wait_vs_owned",
                                  "hybrid_owned_gpu_util_while_waiting"}
+
+
+def _sim_on_onprem():
+    """The bench's onprem cluster (a static node of 2 GPUs) around a FakeRay, no control plane."""
+    import random
+
+    from bench.fleet_trace import FLEET_FILE, SimCluster
+    from raylane.orchestrator.domain.fleet import Fleet
+    from raylane.orchestrator.testing import FakeRay
+
+    onprem = next(c for c in Fleet.load(FLEET_FILE).members if c.name == "onprem")
+    ray = FakeRay(onprem.profile, name="onprem")
+    progress, demand = {}, {}
+    sim = SimCluster(onprem, ray, rng=random.Random(0), demand=demand, progress=progress, starts={})
+    return sim, ray, progress, demand
+
+
+def _attempt(ray, sid: str, job_id: str) -> None:
+    ray.submit(submission_id=sid, entrypoint="python x.py", runtime_env=None,
+               metadata={"raylane_job_id": job_id, "raylane_node_group": "gpu"})
+
+
+def _run_until(sim, t: int, until: int, tick: int = 60) -> int:
+    while t < until:
+        t += tick
+        sim.advance(t, tick)
+        sim.schedule(t)
+    return t
+
+
+def test_an_interrupted_training_resumes_from_its_last_checkpoint_and_a_command_starts_over():
+    from bench.fleet_trace import CKPT_S, RESTART_S, _Progress
+
+    sim, ray, progress, demand = _sim_on_onprem()
+    for jid, checkpoints in (("train", True), ("cmd", False)):
+        progress[jid], demand[jid] = _Progress(3600, checkpoints), {"GPU": 1.0, "CPU": 1.0}
+        _attempt(ray, f"{jid}-1", jid)
+    sim.schedule(0)
+    t = _run_until(sim, 0, 25 * 60)  # 25 minutes of progress: the training's last checkpoint is at 20
+    assert progress["train"].done == progress["cmd"].done == 25 * 60
+    assert progress["train"].ckpt == 2 * CKPT_S and progress["cmd"].ckpt == 0
+    ray.stop("train-1"), ray.stop("cmd-1")  # preempted, say: Raylane stops both
+    t = _run_until(sim, t, t + 60)
+    assert progress["train"].done == 2 * CKPT_S  # 5 minutes lost
+    assert progress["cmd"].done == 0  # all of it lost
+    assert sim.lost_gpu_s == 5 * 60 + 25 * 60
+    _attempt(ray, "train-2", "train")
+    sim.schedule(t)
+    start = t
+    while ray.jobs["train-2"].job.status == "RUNNING":
+        t = _run_until(sim, t, t + 60)
+    assert ray.jobs["train-2"].job.status == "SUCCEEDED"
+    assert t - start == 3600 - 2 * CKPT_S + RESTART_S  # the rest of its hour, after loading its checkpoint
+
+
+def test_a_checkpoint_raylane_asks_for_is_saved_and_said_so():
+    from bench.fleet_trace import SAVE_S, _Progress
+    from raylane.orchestrator.domain import protocol
+
+    sim, ray, progress, demand = _sim_on_onprem()
+    progress["train"], demand["train"] = _Progress(3600, True), {"GPU": 2.0, "CPU": 1.0}
+    _attempt(ray, "train-1", "train")
+    sim.schedule(0)
+    t = _run_until(sim, 0, 7 * 60)
+    assert progress["train"].ckpt == 0
+    ray.gcs.request_checkpoint("train-1", nodes=[], reason="preempted for a job of higher priority")
+    assert SAVE_S < 60
+    _run_until(sim, t, t + 60)  # the next tick: it saves SAVE_S after the request, and says so
+    assert progress["train"].ckpt == progress["train"].done == 8 * 60  # where it was, not at the next 10 min
+    assert protocol.checkpointed_key("train-1") in ray.gcs.kv
