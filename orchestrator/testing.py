@@ -263,6 +263,15 @@ class FakeRay:
             self._sync_node_table()
         return nid
 
+    def set_free(self, node: str, resources: dict[str, float] | None) -> None:
+        """What Ray has free on ``node`` now, as its GCS would say (``RayNode.resources_available``).
+        None, the default: unknown (this fake places no workers on nodes), and admission
+        judges a group by its sum alone."""
+        with self._lock:
+            self._nodes[node] = replace(self._nodes[node],
+                                        resources_available=None if resources is None else dict(resources))
+            self._sync_node_table()
+
     def node_ids(self, group: str) -> list[str]:
         with self._lock:
             return [n.node_id for n in self._nodes.values() if n.group == group and n.state == "ALIVE"]
@@ -292,7 +301,10 @@ class FakeRay:
         self.gcs.node_table = [{"nodeId": n.node_id, "state": n.state, "labels": dict(n.labels),
                                 "resourcesTotal": dict(n.resources_total), "isHeadNode": n.is_head,
                                 "deathInfo": ({"reason": n.death_reason, "reasonMessage": n.death_message}
-                                              if n.state == "DEAD" else {})} for n in self._nodes.values()]
+                                              if n.state == "DEAD" else {}),
+                                **({"resourcesAvailable": dict(n.resources_available)}
+                                   if n.resources_available is not None and n.state == "ALIVE" else {})}
+                               for n in self._nodes.values()]
 
     # Attempts, as a test moves them ------------------------------------------------
 

@@ -264,3 +264,62 @@ def test_only_commands_queue_ahead_never_past_a_waiting_job_nor_beside_lane_jobs
     lane = run_full([Queued(id="l", project="default", status=JobStatus.PENDING, status_reason=None, spec=lane_job,
                             placement=None, attempts=0, skips=0, preemptions=0)], rules=lane_rules)
     assert [type(d) for d in lane] == [Wait]  # a lane's host counts slots, not CPUs: never ahead
+
+
+# A co-located gang (multi-GPU training: STRICT_PACK, one node) needs one node with
+# room for all its workers. The group's sum is not enough: two nodes with one GPU
+# free each hold no 2-GPU gang, and Ray would keep it pending, for good on a group
+# at its max_nodes (bench/fleet_trace.py found it: docs/benchmarks/history.md).
+
+def training(job_id: str, workers: int = 2) -> Queued:
+    spec = JobSpec(name=job_id, kind="training", entrypoint="examples.train:main",
+                   resources={"num_workers": workers, "gpus_per_worker": 1})
+    return Queued(id=job_id, project="default", status=JobStatus.PENDING, status_reason=None, spec=spec,
+                  placement=route(spec, PROFILE), attempts=0, skips=0, preemptions=0)
+
+
+def gpu_nodes(*gpus_free: float, known: bool = True) -> dict:
+    """Group gpu with one 2-GPU node per entry, each with ``gpus_free`` free as Ray says."""
+    n = len(gpus_free)
+    return {"gpu": GroupState(alive_nodes=n, total={"CPU": 4.0 * n, "GPU": 2.0 * n, "memory": 4.0 * n * 1024**3},
+                              node_free=[{"CPU": 4.0, "GPU": g, "memory": 4 * 1024**3} for g in gpus_free]
+                              if known else None)}
+
+
+def test_a_colocated_gang_waits_for_one_node_with_room_for_it_not_the_groups_sum():
+    assert training("t").placement.colocate
+    used = {"gpu": {"GPU": 2.0, "CPU": 2.0}}  # two 1-GPU jobs, one on each node
+    out = decide([training("t")], gpu_nodes(1, 1), PROFILE, RULES, used=used, drivers=0, limits={}, project_used={})
+    assert summary(out) == [("Wait", "t", "waiting for 2 GPUs on one node of group gpu (its 2 workers are "
+                                          "co-located): at most 1 free on one")]
+    # Where Ray did not say what each node has free (the dashboard's list), the sum decides, as before.
+    unknown = decide([training("t")], gpu_nodes(1, 1, known=False), PROFILE, RULES, used=used, drivers=0,
+                     limits={}, project_used={})
+    assert [type(d) for d in unknown] == [Admit]
+    # A node with both GPUs free: admitted.
+    whole = decide([training("t")], gpu_nodes(0, 2), PROFILE, RULES, used=used, drivers=0, limits={},
+                   project_used={})
+    assert [type(d) for d in whole] == [Admit]
+
+
+def test_gangs_admitted_in_one_pass_take_their_node_and_a_small_job_still_fits_beside():
+    used = {"gpu": {"GPU": 2.0, "CPU": 2.0}}  # nodes with 2, 1 and 1 GPUs free: 4 in all
+    out = decide([training("t1"), training("t2"), queued("small", 1)], gpu_nodes(2, 1, 1), PROFILE, RULES,
+                 used=used, drivers=0, limits={}, project_used={})
+    assert summary(out) == [
+        ("Admit", "t1", []),
+        ("Wait", "t2", "waiting for 2 GPUs on one node of group gpu (its 2 workers are co-located): "
+                       "at most 1 free on one"),
+        ("Admit", "small", ["t2"])]
+
+
+def test_a_gang_with_no_node_for_it_is_admitted_ahead_of_a_scale_up_where_the_group_may_grow():
+    used = {"gpu": {"GPU": 2.0, "CPU": 2.0}}
+    out = decide([training("t")], gpu_nodes(1, 1), profile_with(gpu=3), AHEAD, used=used, drivers=0, limits={},
+                 project_used={})
+    assert [type(d) for d in out] == [Admit]
+    assert out[0].scale_up == "waiting for the autoscaler: 2 of 3 gpu nodes up"
+    full = decide([training("t")], gpu_nodes(1, 1), profile_with(gpu=2), AHEAD, used=used, drivers=0, limits={},
+                  project_used={})
+    assert summary(full) == [("Wait", "t", "waiting for 2 GPUs on one node of group gpu (its 2 workers are "
+                                           "co-located): at most 1 free on one; the group is at its max_nodes (2)")]

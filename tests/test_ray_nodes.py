@@ -239,13 +239,39 @@ def test_the_gcs_node_table_reads_as_the_dashboard_list():
         gcs_pb2.GcsNodeInfo(node_id=bytes.fromhex("dd" * 28), state=dead,
                             death_info=common_pb2.NodeDeathInfo(reason=99)),
     ])
+    # What the GCS's resource manager says each alive node has free: a resource none of
+    # which is free is left out (node bb's GPUs); the dead nodes are not in it.
+    free = gcs_service_pb2.GetAllAvailableResourcesReply(resources_list=[
+        gcs_pb2.AvailableResources(node_id=bytes.fromhex("aa" * 28), resources_available={"CPU": 0.0}),
+        gcs_pb2.AvailableResources(node_id=bytes.fromhex("bb" * 28), resources_available={"CPU": 3.0}),
+    ])
     gcs = RayGcs.__new__(RayGcs)
-    gcs._call = lambda fn, request: reply
+    gcs._call = lambda fn, request: free if isinstance(request, gcs_service_pb2.GetAllAvailableResourcesRequest) \
+        else reply
     gcs._nodes = type("Stub", (), {"GetAllNodeInfo": None})()
+    gcs._resources = type("Stub", (), {"GetAllAvailableResources": None})()
     nodes, draining = gcs.all_nodes()
     assert draining == {"bb" * 28}
+    assert [n.get("resourcesAvailable") for n in nodes] == [{"CPU": 0.0}, {"CPU": 3.0}, None, None]
     assert [(n["nodeId"][:2], n["state"], n["isHeadNode"], n["deathInfo"].get("reason")) for n in nodes] == [
         ("aa", "ALIVE", True, None), ("bb", "ALIVE", False, None),
         ("cc", "DEAD", False, "AUTOSCALER_DRAIN_PREEMPTED"), ("dd", "DEAD", False, "99")]
     assert nodes[0]["labels"] == {"ray.io/node-group": "head"} and nodes[1]["resourcesTotal"] == {"CPU": 4.0}
     assert nodes[2]["deathInfo"]["reasonMessage"] == "preempted"
+
+
+def test_a_groups_view_has_each_nodes_free_resources_only_when_ray_said_them_for_every_node():
+    from raylane.orchestrator.domain.profile import default_profile
+    from raylane.orchestrator.testing import FakeRay
+
+    ray = FakeRay(default_profile())
+    first = ray.node_ids("gpu")[0]
+    second = ray.add_node("gpu")
+    assert ray.cluster_view()["gpu"].node_free is None  # the fake's default: unknown
+    ray.set_free(first, {"CPU": 3.0, "GPU": 1.0, "memory": 1.0})
+    assert ray.cluster_view()["gpu"].node_free is None  # one node unknown: the group's is
+    ray.set_free(second, {"CPU": 4.0})  # no GPU left out by Ray: none free
+    assert ray.cluster_view()["gpu"].node_free == [{"CPU": 3.0, "GPU": 1.0, "memory": 1.0},
+                                                   {"CPU": 4.0, "GPU": 0.0, "memory": 0.0}]
+    ray.drain(second)  # a draining node adds no room
+    assert ray.cluster_view()["gpu"].node_free == [{"CPU": 3.0, "GPU": 1.0, "memory": 1.0}]

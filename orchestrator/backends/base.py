@@ -86,6 +86,8 @@ class RayNode:
     death_message: str | None
     draining: bool
     drained: bool = False  # seen draining while alive: its death is the preemption it was warned of
+    # What Ray has free on it now (its GCS's available resources); None: not known.
+    resources_available: dict[str, float] | None = None
 
     @property
     def group(self) -> str | None:
@@ -104,6 +106,7 @@ def view_of(nodes: list[RayNode]) -> tuple[ClusterView, dict[str, list[tuple[str
     view: ClusterView = {}
     live: dict[str, list[tuple[str, float]]] = {}
     draining: dict[str, list[str]] = {}
+    free_known: dict[str, bool] = {}
     for n in nodes:
         if n.group is None or n.state != "ALIVE":
             continue
@@ -118,6 +121,15 @@ def view_of(nodes: list[RayNode]) -> tuple[ClusterView, dict[str, list[tuple[str
         for k, v in n.resources_total.items():
             if k in ("CPU", "GPU", "memory"):
                 st.total[k] = st.total.get(k, 0) + v
+        if n.resources_available is None or not free_known.get(n.group, True):
+            free_known[n.group], st.node_free = False, None  # one node unknown: the group's is
+        else:
+            free_known[n.group] = True
+            if st.node_free is None:
+                st.node_free = []
+            # Ray leaves out a resource none of which is free: 0, not unknown.
+            st.node_free.append({k: float(n.resources_available.get(k, 0.0))
+                                 for k in ("CPU", "GPU", "memory") if k in n.resources_total})
     return view, {g: sorted(ns) for g, ns in live.items()}, draining
 
 

@@ -70,6 +70,7 @@ class RayGcs:
         self._channel = grpc.insecure_channel(address)
         self._nodes = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(self._channel)
         self._kv = gcs_service_pb2_grpc.InternalKVGcsServiceStub(self._channel)
+        self._resources = gcs_service_pb2_grpc.NodeResourceInfoGcsServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     def close(self) -> None:
@@ -102,8 +103,18 @@ class RayGcs:
         (``nodeId``, ``state``, ``labels``, ``resourcesTotal``, ``isHeadNode``,
         ``deathInfo``), and the ids of those draining: one call, where the
         dashboard's list is an HTTP request to a Python process on the head that
-        the jobs' own submits keep busy, and knows no drain."""
+        the jobs' own submits keep busy, and knows no drain. An alive node also
+        has ``resourcesAvailable`` (what Ray has free on it now: a second call, to
+        the GCS's resource manager) unless that call failed: a co-located gang
+        must fit one node, and only Ray knows how its nodes are filled."""
         reply = self._call(self._nodes.GetAllNodeInfo, gcs_service_pb2.GetAllNodeInfoRequest())
+        try:
+            avail = {r.node_id.hex(): dict(r.resources_available) for r in self._call(
+                self._resources.GetAllAvailableResources, gcs_service_pb2.GetAllAvailableResourcesRequest()
+            ).resources_list}
+        except GcsUnavailable as e:  # the nodes are known; what each has free is not, this once
+            log.debug("Ray's available resources by node: %s", e)
+            avail = {}
         alive = gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE
         out, draining = [], set()
         for n in reply.node_info_list:
@@ -120,6 +131,8 @@ class RayGcs:
             out.append({"nodeId": nid, "state": "ALIVE" if n.state == alive else "DEAD", "labels": dict(n.labels),
                         "resourcesTotal": dict(n.resources_total), "isHeadNode": n.is_head_node,
                         "deathInfo": death})
+            if n.state == alive and nid in avail:
+                out[-1]["resourcesAvailable"] = avail[nid]
             if n.state == alive and n.state_snapshot.state == gcs_pb2.NodeSnapshot.State.DRAINING:
                 draining.add(nid)
         return out, draining

@@ -508,6 +508,7 @@ class RayJobsBackend:
                 resources_total=rl.get("resourcesTotal") or {}, is_head=bool(rl.get("isHeadNode")),
                 death_reason=death.get("reason"), death_message=death.get("reasonMessage"),
                 draining=nid in draining, drained=nid in self._drained,
+                resources_available=rl.get("resourcesAvailable"),  # the GCS's list only
             ))
         return out
 

@@ -43,6 +43,10 @@ class GroupState:
     alive_nodes: int = 0
     draining_nodes: int = 0
     total: dict[str, float] = field(default_factory=dict)  # over alive, non-draining nodes
+    # What each of those nodes has free now as Ray counts it (CPU, GPU, memory), when
+    # Ray said so for every one of them (its GCS does; the dashboard's list does not);
+    # None: unknown. A co-located gang must fit one node (``admission._one_node``).
+    node_free: list[dict[str, float]] | None = None
 
 
 ClusterView = dict[str, GroupState]

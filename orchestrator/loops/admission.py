@@ -9,6 +9,9 @@ then age: ``domain.fairshare``, applied by the dispatcher):
   (Ray's node list, draining nodes excluded) minus what Raylane's active jobs
   hold there (dispatched or running), for the whole gang (training, commands,
   services) or for one worker (sweeps and batch jobs, which scale into what is free);
+  a co-located gang (STRICT_PACK: one node) also needs one node with room for all
+  of its workers, where Ray says what each node has free (``GroupState.node_free``):
+  two nodes with one GPU free each hold no 2-GPU gang (``_one_node``);
 - a job whose project would exceed its quota in the group (GPUs, CPUs,
   concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
   it does not count as passed over, so it never reserves a group;
@@ -295,6 +298,12 @@ class _Pass:
     now: datetime | None = None
     reclaimed: dict[str, str] = field(default_factory=dict)  # group -> the job its victims stop for, this pass
     _holders: list[sharing.Holder] | None = None
+    # Per group, what each node has free as Ray said, less the gangs this pass put there.
+    node_free: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.node_free = {g: [dict(n) for n in st.node_free] for g, st in self.view.items()
+                          if st.node_free is not None}
 
     def one(self, job: Queued) -> Decision | None:
         """The decision for ``job``, the pass's tallies updated; None when it keeps waiting for the same reason."""
@@ -393,7 +402,8 @@ class _Pass:
     def _room_for(self, job: Queued, placement: Placement) -> tuple[str | None, str | None, str | None, Placement]:
         """(why the job waits, or None; the scale-up reason when admitted ahead of one;
         where it is queued ahead in Ray; the placement it is admitted with)."""
-        reason, scale_up, placement = _fits(job, placement, self.view, self.profile, self.used, self.ahead, self.rules)
+        reason, scale_up, placement = _fits(job, placement, self.view, self.profile, self.used, self.ahead, self.rules,
+                                            self.node_free)
         group = placement.node_group  # (a fallback group only when it fits: reason is None)
         queued = None
         if reason is not None and not reason.startswith(NEVER) and not self.passed_over.get(group) and \
@@ -444,6 +454,12 @@ class _Pass:
             self.waiting_need[group] = max(self.waiting_need.get(group, 0.0), placement.total.get("CPU", 0))
         for k, v in placement.total.items():
             self.used.setdefault(group, {})[k] = self.used.get(group, {}).get(k, 0) + v
+        nodes = self.node_free.get(group)
+        if placement.colocate and nodes is not None and scale_up is None:
+            i = _one_node(gang(placement), nodes)
+            if i is not None:  # Ray will place it there (or on a node as full): later gangs of the pass see it
+                for k, v in gang(placement).items():
+                    nodes[i][k] = nodes[i].get(k, 0.0) - v
         self.drivers += 0 if placement.lane else 1
         if self.limits:  # (every project's: whether one borrows depends on the others')
             self.project_used.setdefault(key, Usage()).add(placement.total)
@@ -489,14 +505,45 @@ def _queue_ahead(job: Queued, placement: Placement, view: ClusterView, profile: 
     return shortfall(needed(job.spec, placement), live, group) is None  # it fits the group once jobs end
 
 
+def gang(placement: Placement) -> dict[str, float]:
+    """What a co-located gang's workers hold together, on one node."""
+    return {k: v * placement.num_workers for k, v in placement.worker_resources.items()
+            if k in ("CPU", "GPU", "memory")}
+
+
+def _one_node(need: dict[str, float], nodes: list[dict[str, float]]) -> int | None:
+    """The node that holds all of ``need`` with the least room left over (best fit,
+    so that a later, larger gang still finds a node), or None when none does."""
+    fits = [i for i, n in enumerate(nodes) if all(n.get(k, 0.0) >= v - EPS for k, v in need.items())]
+    return min(fits, key=lambda i: (nodes[i].get("GPU", 0.0), nodes[i].get("CPU", 0.0)), default=None)
+
+
+def _one_node_short(placement: Placement, nodes: list[dict[str, float]] | None, group: str) -> str | None:
+    """Why a co-located gang does not fit one node of ``group`` now, though the
+    group's sum would hold it; None when it fits one, or is no such gang, or Ray
+    did not say what its nodes have free."""
+    if not placement.colocate or nodes is None:
+        return None
+    need = gang(placement)
+    if _one_node(need, nodes) is not None:
+        return None
+    res, label = ("GPU", "GPUs") if need.get("GPU", 0.0) > EPS else ("CPU", "CPUs")
+    most = max((n.get(res, 0.0) for n in nodes), default=0.0)
+    return (f"{WAITING_FOR}{fmt_amount(need.get(res, 0.0))} {label} on one node of group {group} "
+            f"(its {placement.num_workers} workers are co-located): at most {fmt_amount(max(most, 0.0))} free on one")
+
+
 def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile, used: Held,
-          ahead: Mapping[str, int], rules: Rules) -> tuple[str | None, str | None, Placement]:
+          ahead: Mapping[str, int], rules: Rules,
+          node_free: Mapping[str, list[dict[str, float]]] | None = None) -> tuple[str | None, str | None, Placement]:
     """(why the job waits, or None; the scale-up reason when it is admitted ahead
-    of one; the placement it is admitted with)."""
+    of one; the placement it is admitted with). ``node_free``: per group, what each
+    node has free, where Ray said (``_Pass.node_free``)."""
+    node_free = node_free or {}
     group = placement.node_group
     need = needed(job.spec, placement)
     free_now = free(view, used, group)
-    short = shortfall(need, free_now, group)
+    short = shortfall(need, free_now, group) or _one_node_short(placement, node_free.get(group), group)
     if short is None:
         return None, None, placement
     for fb in placement.fallback_node_groups:
@@ -507,7 +554,8 @@ def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile
         g = profile.group(fb)
         if g is None or (g.is_spot and placement.market != "SPOT"):
             continue
-        if shortfall(need, free(view, used, fb), fb) is None:
+        if shortfall(need, free(view, used, fb), fb) is None and \
+                _one_node_short(placement, node_free.get(fb), fb) is None:
             return None, None, on_fallback(placement, profile, fb)
     up, most, add = room(view, profile, group)
     if up == 0 and most == 0:

@@ -177,6 +177,12 @@ def test_the_gcs_lists_the_nodes_the_dashboard_does_drains_and_deaths_included(r
     assert gcs_calls
     assert {"head", "gpu", "cpu", "spot-cpu"} <= {v[1] for v in before.values()}
     assert any(v[5].get("GPU") for v in before.values())
+    # Through the GCS each alive node also says what Ray has free on it: a co-located
+    # gang must fit one node (admission._one_node). The dashboard's list does not.
+    gpu = via_gcs.cluster_view()["gpu"]
+    assert gpu.node_free is not None and len(gpu.node_free) == gpu.alive_nodes
+    assert all(0 <= n["GPU"] <= gpu.total["GPU"] and n["CPU"] >= 0 for n in gpu.node_free)
+    assert via_dashboard.cluster_view()["gpu"].node_free is None
 
     drained = next(n for n in st.nodes if n.group == "spot-cpu")
     killed = next(n for n in st.nodes if n.group == "spot-cpu" and n.name != drained.name)
