@@ -33,7 +33,9 @@ alive, up to ``max_nodes``), and removes a node idle for ``IDLE_S``; spot nodes
 are reclaimed at a seeded rate (``SPOT_RECLAIM_PER_H``): their attempts fail
 as Ray reports a dead node, and Raylane classifies and retries them. A job
 runs on one node (every job of the trace fits one node of its group); the
-attempt's driver is not counted apart from its ``total``.
+attempt's driver is not counted apart from its ``total``. Each node's free
+CPUs and GPUs are what the cluster tells Raylane it has free, as Ray's GCS does
+(memory is not modelled: all of it free).
 
 Checkpoints, as Raylane's runners keep them (``kinds.KINDS``' ``checkpoints``:
 training and sweeps, into the job's storage, which every cluster of the fleet
@@ -370,6 +372,10 @@ class SimCluster:
             if node.alive and node.group in self.scales and not node.jobs and now - node.idle_since_s >= IDLE_S:
                 node.alive = False
                 ray.kill_node(nid, reason="AUTOSCALER_SCALE_DOWN", message="idle")
+        # What each node has free, as Ray's GCS tells Raylane (a co-located gang needs one node).
+        for nid, node in self.nodes.items():
+            if node.alive:
+                ray.set_free(nid, {**node.free, "memory": self.groups[node.group].memory_gb * 2 ** 30})
 
     def _release(self, sid: str, nid: str, now: int) -> None:
         """Attempt ``sid`` left node ``nid``; unless the job is done, its progress since
