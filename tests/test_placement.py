@@ -284,3 +284,23 @@ def test_what_victims_free_for_a_preempting_job_is_its_not_room_for_another():
         " | ".join(fp.reasons), fp.reasons
     # The preemptor itself has its room.
     assert place(victim, FLEET, free_one, job_id="W").nominee.rank is Rank.OWNED_ROOM
+
+
+def test_owned_gpus_free_by_the_sum_but_on_two_nodes_are_no_room_for_a_colocated_gang():
+    def onprem(*gpus_free, known=True):
+        return {"onprem": {"gpu": GroupNow(2, {"GPU": 4, "CPU": 8}, {"GPU": 4 - sum(gpus_free), "CPU": 2},
+                                           next_free_s=3600,
+                                           node_free=[{"GPU": g, "CPU": 3} for g in gpus_free] if known else None),
+                           "cpu": GroupNow(1, {"CPU": 4})},
+                "cloud": {}}
+
+    fp = place(spec(TRAIN), FLEET, onprem(1, 1), owned_soon_s=600)
+    assert fp.nominee.cluster == "cloud"
+    assert ("onprem gpu: free by the sum, but no one node with room for its 2 co-located workers, "
+            "next frees in ~60 min: after rented capacity") in fp.reasons
+    # One node with both GPUs free, or Ray not saying per node: room now, as before.
+    assert place(spec(TRAIN), FLEET, onprem(0, 2)).candidates[0].rank is Rank.OWNED_ROOM
+    assert place(spec(TRAIN), FLEET, onprem(1, 1, known=False)).candidates[0].rank is Rank.OWNED_ROOM
+    # A single-GPU job is no gang: the free GPU on either node is room now.
+    one = spec({**TRAIN, "resources": {"num_workers": 1, "gpus_per_worker": 1, "cpus_per_worker": 1}})
+    assert place(one, FLEET, onprem(1, 1)).candidates[0].rank is Rank.OWNED_ROOM

@@ -8,7 +8,9 @@ Words used here:
 - *candidate*: one (cluster, node group) that can ever run the job (its largest
   node fits it, as ``routing.why_never_fits`` judges).
 - *room now*: the group's live nodes have, beyond what Raylane's running
-  attempts hold, the job's whole ``total`` (each of CPU and GPU).
+  attempts hold, the job's whole ``total`` (each of CPU and GPU); for a
+  co-located gang, also one node that holds all its workers, where Ray said
+  what each node has free (``GroupNow.node_free``).
 - *expected start*: when a job queued on a group now would start there
   (``expected_start``): its active jobs free what they hold as they are
   expected to end, the jobs already nominated there and admitted before it
@@ -63,7 +65,7 @@ from raylane.orchestrator.domain.errors import Conflict, Forbidden
 from raylane.orchestrator.domain.fleet import Cluster, Fleet
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.profile import NodeGroup
-from raylane.orchestrator.domain.routing import ClusterView, GroupState, Unroutable, route
+from raylane.orchestrator.domain.routing import ClusterView, GroupState, Unroutable, gang, one_node, route
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
 
@@ -115,6 +117,7 @@ class GroupNow:
     held: dict[str, float] = field(default_factory=dict)  # by Raylane's running attempts
     next_free_s: float | None = None  # when held resources are expected to start freeing; None: unknown
     next_free_bound: bool = False  # next_free_s is an upper bound (a running job's timeout), not an estimate
+    node_free: list[dict[str, float]] | None = None  # what each live node has free, as Ray said (None: unknown)
     # Each active job's end (None: only next_free_s is known, and all of ``held``
     # is taken to free then), the queue nominated here, and how long each kind is
     # expected to run here (kind -> seconds): what ``expected_start`` reads.
@@ -250,12 +253,15 @@ def _minutes(s: float) -> str:
     return f"~{max(1, round(s / 60))} min"
 
 
-def _has_room(need: dict[str, float], now: GroupNow | None, owed: list[Queued] = ()) -> bool:
-    """Whether the group's free resources hold ``need`` now, less what the jobs that
-    preempted for them (``owed``: ``Queued.reclaiming``) are owed."""
+def _has_room(p: Placement, now: GroupNow | None, owed: list[Queued] = ()) -> bool:
+    """Whether the group's free resources hold the job's ``total`` now, less what the
+    jobs that preempted for them (``owed``: ``Queued.reclaiming``) are owed; a
+    co-located gang needs one node that holds it too, where Ray said."""
     if now is None or now.alive_nodes == 0:
         return False
-    return all(now.free(r) - sum(q.total.get(r, 0.0) for q in owed) >= need.get(r, 0.0) for r in RESOURCES)
+    if not all(now.free(r) - sum(q.total.get(r, 0.0) for q in owed) >= p.total.get(r, 0.0) for r in RESOURCES):
+        return False
+    return not p.colocate or now.node_free is None or one_node(gang(p), now.node_free) is not None
 
 
 def _held_text(need: dict[str, float], now: GroupNow) -> str:
@@ -378,7 +384,7 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
                              f"{name}: owned, no live view of it now; owned first")
         ahead = g_now.ahead_of(spec.priority, job_id) if g_now is not None else []
         owed = [q for q in ahead if q.reclaiming]
-        if _has_room(p.total, g_now, owed):
+        if _has_room(p, g_now, owed):
             free = ", ".join(f"{_fmt(g_now.free(r))} of {_fmt(g_now.total.get(r, 0))} {r}s free"
                              for r in RESOURCES if p.total.get(r))
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_ROOM, 0.0, p,
@@ -387,11 +393,16 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
                              f"{name}: no live node now")
         held = _held_text(p.total, g_now)
+        scattered = held == "no room" and not owed and p.colocate  # free by the sum, on no one node
+        if scattered:
+            held = f"free by the sum, but no one node with room for its {p.num_workers} co-located workers"
         if held == "no room" and owed:  # free, but the preemptor's
             held = f"what is free is owed to job {owed[0].job_id}, which preempted for it"
             ahead = [q for q in ahead if not q.reclaiming]
         held += _ahead_text(ahead)
         start = expected_start(p.total, g_now, priority=spec.priority, job_id=job_id)
+        if scattered:  # the sum's estimate is too early: no sooner than a running job ends and may empty a node
+            start = max(start, g_now.next_free_s) if start is not None and g_now.next_free_s is not None else None
         budget = wait_budget(spec, g_now, owned_soon_s, owned_wait_share, dearer)
         frees = "next frees within" if g_now.next_free_bound else "next frees in"
         by = " (a running job's timeout)" if g_now.next_free_bound else ""
@@ -412,7 +423,7 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
     rank = Rank.RENTED_SPOT if group.is_spot else Rank.RENTED_ON_DEMAND
     if now is None:
         state = "no live view of it now"
-    elif _has_room(p.total, g_now):
+    elif _has_room(p, g_now):
         state = f"room now on {g_now.alive_nodes} node{'s' if g_now.alive_nodes != 1 else ''}"
     else:
         alive = g_now.alive_nodes if g_now else 0

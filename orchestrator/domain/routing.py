@@ -52,6 +52,20 @@ class GroupState:
 ClusterView = dict[str, GroupState]
 
 
+def gang(placement: Placement) -> dict[str, float]:
+    """What a co-located gang's workers hold together, on one node."""
+    return {k: v * placement.num_workers for k, v in placement.worker_resources.items()
+            if k in ("CPU", "GPU", "memory")}
+
+
+def one_node(need: dict[str, float], nodes: list[dict[str, float]]) -> int | None:
+    """The node (an index of ``nodes``, what each has free) that holds all of
+    ``need`` with the least room left over (best fit, so that a later, larger gang
+    still finds a node), or None when none does."""
+    fits = [i for i, n in enumerate(nodes) if all(n.get(k, 0.0) >= v - 1e-9 for k, v in need.items())]
+    return min(fits, key=lambda i: (nodes[i].get("GPU", 0.0), nodes[i].get("CPU", 0.0)), default=None)
+
+
 class Unroutable(Invalid):
     """A job that can never fit the profile: refused at submit, with the reason."""
 

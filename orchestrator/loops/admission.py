@@ -11,7 +11,7 @@ then age: ``domain.fairshare``, applied by the dispatcher):
   services) or for one worker (sweeps and batch jobs, which scale into what is free);
   a co-located gang (STRICT_PACK: one node) also needs one node with room for all
   of its workers, where Ray says what each node has free (``GroupState.node_free``):
-  two nodes with one GPU free each hold no 2-GPU gang (``_one_node``);
+  two nodes with one GPU free each hold no 2-GPU gang (``routing.one_node``);
 - a job whose project would exceed its quota in the group (GPUs, CPUs,
   concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
   it does not count as passed over, so it never reserves a group;
@@ -59,7 +59,7 @@ from typing import Callable, Mapping
 
 from raylane.orchestrator.domain import sharing
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, Profile
-from raylane.orchestrator.domain.routing import GiB, ClusterView, Unroutable, route
+from raylane.orchestrator.domain.routing import GiB, ClusterView, Unroutable, gang, one_node, route
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.values import fmt_amount
@@ -456,7 +456,7 @@ class _Pass:
             self.used.setdefault(group, {})[k] = self.used.get(group, {}).get(k, 0) + v
         nodes = self.node_free.get(group)
         if placement.colocate and nodes is not None and scale_up is None:
-            i = _one_node(gang(placement), nodes)
+            i = one_node(gang(placement), nodes)
             if i is not None:  # Ray will place it there (or on a node as full): later gangs of the pass see it
                 for k, v in gang(placement).items():
                     nodes[i][k] = nodes[i].get(k, 0.0) - v
@@ -505,19 +505,6 @@ def _queue_ahead(job: Queued, placement: Placement, view: ClusterView, profile: 
     return shortfall(needed(job.spec, placement), live, group) is None  # it fits the group once jobs end
 
 
-def gang(placement: Placement) -> dict[str, float]:
-    """What a co-located gang's workers hold together, on one node."""
-    return {k: v * placement.num_workers for k, v in placement.worker_resources.items()
-            if k in ("CPU", "GPU", "memory")}
-
-
-def _one_node(need: dict[str, float], nodes: list[dict[str, float]]) -> int | None:
-    """The node that holds all of ``need`` with the least room left over (best fit,
-    so that a later, larger gang still finds a node), or None when none does."""
-    fits = [i for i, n in enumerate(nodes) if all(n.get(k, 0.0) >= v - EPS for k, v in need.items())]
-    return min(fits, key=lambda i: (nodes[i].get("GPU", 0.0), nodes[i].get("CPU", 0.0)), default=None)
-
-
 def _one_node_short(placement: Placement, nodes: list[dict[str, float]] | None, group: str) -> str | None:
     """Why a co-located gang does not fit one node of ``group`` now, though the
     group's sum would hold it; None when it fits one, or is no such gang, or Ray
@@ -525,7 +512,7 @@ def _one_node_short(placement: Placement, nodes: list[dict[str, float]] | None, 
     if not placement.colocate or nodes is None:
         return None
     need = gang(placement)
-    if _one_node(need, nodes) is not None:
+    if one_node(need, nodes) is not None:
         return None
     res, label = ("GPU", "GPUs") if need.get("GPU", 0.0) > EPS else ("CPU", "CPUs")
     most = max((n.get(res, 0.0) for n in nodes), default=0.0)

@@ -293,7 +293,7 @@ class FleetPlacer(LoopService):
                 holding = active.get(g.name, [])
                 first = min((h for h in holding if h.end_s is not None), key=lambda h: h.end_s, default=None)
                 now[name][g.name] = GroupNow(
-                    alive_nodes=st.alive_nodes, total=dict(st.total), held=used.get(g.name, {}),
+                    alive_nodes=st.alive_nodes, total=dict(st.total), held=used.get(g.name, {}), node_free=st.node_free,
                     next_free_s=first.end_s if first else None, next_free_bound=bool(first and first.bound),
                     holding=holding, queued=queued.get(g.name, []), queue_read_to=read_to,
                     runs=runs.get(g.name, {}))

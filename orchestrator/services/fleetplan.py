@@ -116,7 +116,7 @@ def _now(cp: "ControlPlane", f: Fleet) -> tuple[fleet_placement.FleetNow | None,
         used, _ = stats.used_by_active(s)
         ends = store_fleet.timeout_ends(s, now=utcnow())
     groups = {g.name: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total), held=used.get(g.name, {}),
-                               next_free_s=ends.get(g.name), next_free_bound=g.name in ends)
+                               next_free_s=ends.get(g.name), next_free_bound=g.name in ends, node_free=st.node_free)
               for g in cluster.profile.workers if (st := view.get(g.name)) is not None}
     now: fleet_placement.FleetNow = {name: groups}
     if _backends(cp) is not None:
@@ -125,8 +125,8 @@ def _now(cp: "ControlPlane", f: Fleet) -> tuple[fleet_placement.FleetNow | None,
                 continue
             v = _other_view(cp, other.name)
             if v is not None:
-                now[other.name] = {g: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total))
-                                   for g, st in v.items()}
+                now[other.name] = {g: GroupNow(alive_nodes=st.alive_nodes, total=dict(st.total),
+                                               node_free=st.node_free) for g, st in v.items()}
     spend = 0.0
     if not cluster.owned:
         for g in cluster.profile.workers:
