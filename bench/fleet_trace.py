@@ -217,6 +217,7 @@ class _Progress:
     checkpoints: bool  # its kind checkpoints (and resumes from its last one)
     done: float = 0.0
     ckpt: float = 0.0
+    attempt: str | None = None  # the submission id of its attempt that runs (or last ran)
 
 
 @dataclass
@@ -324,7 +325,8 @@ class SimCluster:
             if run.asked_at is None and gcs.checkpoint_request(sid):
                 run.asked_at = now - dt  # asked at the last pass
             if run.asked_at is not None and not run.saved and now >= run.asked_at + SAVE_S:
-                run.saved, j.ckpt = True, j.done
+                # Saved SAVE_S after the request: what it did since then is not in it.
+                run.saved, j.ckpt = True, max(j.ckpt, j.done - (now - run.asked_at - SAVE_S))
                 gcs.kv[protocol.checkpointed_key(sid)] = b"saved"
         if j.done >= j.duration_s - 1e-9:
             self.ray.finish(sid, result={"loss": 0.1})
@@ -354,6 +356,7 @@ class SimCluster:
             node.jobs.add(sid)
             ray.start(sid, node=nid)
             self.running[sid] = _Run(nid, job_id, RESTART_S if self.progress[job_id].ckpt > 0 else 0.0)
+            self.progress[job_id].attempt = sid
             self.starts.setdefault(job_id, now)
         # The autoscaler: a node more for what waits beyond what is already booting, up to max_nodes.
         for group, needs in waiting.items():
@@ -383,7 +386,8 @@ class SimCluster:
         run = self.running.pop(sid, None)
         if run is not None:
             j = self.progress[run.job_id]
-            if j.done < j.duration_s - 1e-9:
+            # An attempt given up on (its cluster lost) may end after the next one started elsewhere.
+            if j.attempt == sid and j.done < j.duration_s - 1e-9:
                 self.lost_gpu_s += (j.done - j.ckpt) * self.demand[run.job_id].get("GPU", 0.0)
                 j.done = j.ckpt
         node = self.nodes[nid]

@@ -291,7 +291,7 @@ def test_a_colocated_gang_waits_for_one_node_with_room_for_it_not_the_groups_sum
     used = {"gpu": {"GPU": 2.0, "CPU": 2.0}}  # two 1-GPU jobs, one on each node
     out = decide([training("t")], gpu_nodes(1, 1), PROFILE, RULES, used=used, drivers=0, limits={}, project_used={})
     assert summary(out) == [("Wait", "t", "waiting for 2 GPUs on one node of group gpu (its 2 workers are "
-                                          "co-located): at most 1 free on one")]
+                                          "co-located): at most 1 free on any one node")]
     # Where Ray did not say what each node has free (the dashboard's list), the sum decides, as before.
     unknown = decide([training("t")], gpu_nodes(1, 1, known=False), PROFILE, RULES, used=used, drivers=0,
                      limits={}, project_used={})
@@ -309,7 +309,7 @@ def test_gangs_admitted_in_one_pass_take_their_node_and_a_small_job_still_fits_b
     assert summary(out) == [
         ("Admit", "t1", []),
         ("Wait", "t2", "waiting for 2 GPUs on one node of group gpu (its 2 workers are co-located): "
-                       "at most 1 free on one"),
+                       "at most 1 free on any one node"),
         ("Admit", "small", ["t2"])]
 
 
@@ -322,4 +322,45 @@ def test_a_gang_with_no_node_for_it_is_admitted_ahead_of_a_scale_up_where_the_gr
     full = decide([training("t")], gpu_nodes(1, 1), profile_with(gpu=2), AHEAD, used=used, drivers=0, limits={},
                   project_used={})
     assert summary(full) == [("Wait", "t", "waiting for 2 GPUs on one node of group gpu (its 2 workers are "
-                                           "co-located): at most 1 free on one; the group is at its max_nodes (2)")]
+                                           "co-located): at most 1 free on any one node; the group is at its max_nodes (2)")]
+
+
+def test_a_gang_admitted_last_pass_and_not_yet_placed_by_ray_still_holds_its_node():
+    # Ray shows nodes with 2, 1 and 1 GPUs free (2 of 6 taken), but Raylane counts 4
+    # held: the gang it admitted last pass has not asked Ray for its placement group yet.
+    used = {"gpu": {"GPU": 4.0, "CPU": 4.0}}
+    out = decide([training("y")], gpu_nodes(2, 1, 1), PROFILE, RULES, used=used, drivers=0, limits={},
+                 project_used={})
+    assert summary(out) == [("Wait", "y", "waiting for 2 GPUs on one node of group gpu (its 2 workers are "
+                                          "co-located): at most 1 free on any one node")]
+
+
+def test_a_one_gpu_job_admitted_ahead_in_the_pass_may_take_the_node_a_gang_needs():
+    used = {"gpu": {"GPU": 1.0, "CPU": 1.0}}  # nodes with 2 and 1 GPUs free
+    out = decide([queued("small", 1), training("t")], gpu_nodes(2, 1), PROFILE, RULES, used=used, drivers=0,
+                 limits={}, project_used={})
+    assert [type(d) for d in out] == [Admit, Wait]
+    assert "on one node of group gpu" in out[1].reason
+
+
+def test_one_worker_with_two_gpus_needs_one_node_that_holds_it_and_a_node_short_of_cpus_says_cpus():
+    one = training("w", workers=1)
+    one = Queued(**{**one.__dict__, "spec": one.spec.model_copy(update={"resources": one.spec.resources.model_copy(
+        update={"gpus_per_worker": 2})})})
+    one = Queued(**{**one.__dict__, "placement": route(one.spec, PROFILE)})
+    assert not one.placement.colocate
+    used = {"gpu": {"GPU": 2.0, "CPU": 2.0}}
+    out = decide([one], gpu_nodes(1, 1), PROFILE, RULES, used=used, drivers=0, limits={}, project_used={})
+    assert summary(out) == [("Wait", "w", "waiting for 2 GPUs on one node of group gpu (one worker, which no "
+                                          "node splits): at most 1 free on any one node")]
+    # The GPUs are on one node, the CPUs on the other: the reason says both are needed at once.
+    view = gpu_nodes(2, 0)
+    view["gpu"].node_free[0]["CPU"] = 1.0
+    apart = decide([training("t")], view, PROFILE, RULES, used=used, drivers=0, limits={}, project_used={})
+    assert summary(apart) == [("Wait", "t", "waiting for one node of group gpu with 2 GPUs and 2 CPUs free at once "
+                                            "(its 2 workers are co-located)")]
+    # No node has the CPUs: the reason names them.
+    view["gpu"].node_free[1]["CPU"] = 1.0
+    short = decide([training("t")], view, PROFILE, RULES, used=used, drivers=0, limits={}, project_used={})
+    assert summary(short) == [("Wait", "t", "waiting for 2 CPUs on one node of group gpu (its 2 workers are "
+                                            "co-located): at most 1 free on any one node")]

@@ -165,6 +165,12 @@ def test_nodes_come_from_the_gcs_while_ray_is_reachable_and_from_the_dashboard_o
     assert http_calls == [] and gcs.calls["all_nodes"] == 1 and gcs.calls["draining_nodes"] == 1
     assert backend.draining() == {"g"} and gcs.calls["draining_nodes"] == 1
     assert backend.cluster_view()["spot-cpu"].draining_nodes == 1 and http_calls == []
+    # What each alive node has free, when the GCS said it, reaches the node and its group's view.
+    gcs.node_table[1] = {**gcs.node_table[1], "labels": {"ray.io/node-group": "gpu"},
+                         "resourcesTotal": {"CPU": 4.0, "GPU": 2.0}, "resourcesAvailable": {"CPU": 3.0}}
+    assert backend.nodes()[1].resources_available == {"CPU": 3.0}
+    assert backend.cluster_view()["gpu"].node_free == [{"CPU": 3.0, "GPU": 0.0}]
+    assert backend.nodes()[0].resources_available is None  # (g: not said)
 
     gcs.down = True  # the GCS does not answer: the dashboard does
     assert [n.node_id for n in backend.nodes()] == ["d"] and http_calls == ["/nodes"]
@@ -246,6 +252,7 @@ def test_the_gcs_node_table_reads_as_the_dashboard_list():
         gcs_pb2.AvailableResources(node_id=bytes.fromhex("bb" * 28), resources_available={"CPU": 3.0}),
     ])
     gcs = RayGcs.__new__(RayGcs)
+    gcs._available_after = 0.0
     gcs._call = lambda fn, request: free if isinstance(request, gcs_service_pb2.GetAllAvailableResourcesRequest) \
         else reply
     gcs._nodes = type("Stub", (), {"GetAllNodeInfo": None})()
@@ -275,3 +282,31 @@ def test_a_groups_view_has_each_nodes_free_resources_only_when_ray_said_them_for
                                                    {"CPU": 4.0, "GPU": 0.0, "memory": 0.0}]
     ray.drain(second)  # a draining node adds no room
     assert ray.cluster_view()["gpu"].node_free == [{"CPU": 3.0, "GPU": 1.0, "memory": 1.0}]
+
+
+def test_a_gcs_that_cannot_say_what_nodes_have_free_still_lists_them_and_is_not_asked_again_at_once(caplog):
+    from ray.core.generated import gcs_pb2, gcs_service_pb2
+
+    from raylane.orchestrator.backends.base import GcsUnavailable
+    from raylane.orchestrator.backends.ray_gcs import RayGcs
+
+    reply = gcs_service_pb2.GetAllNodeInfoReply(node_info_list=[gcs_pb2.GcsNodeInfo(
+        node_id=bytes.fromhex("aa" * 28), state=gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE, resources_total={"GPU": 2.0})])
+    asked = []
+
+    def call(fn, request):
+        if isinstance(request, gcs_service_pb2.GetAllAvailableResourcesRequest):
+            asked.append(1)
+            raise GcsUnavailable("Ray GCS at x: DEADLINE_EXCEEDED")
+        return reply
+
+    gcs = RayGcs.__new__(RayGcs)
+    gcs._available_after = 0.0
+    gcs._call = call
+    gcs._nodes = type("Stub", (), {"GetAllNodeInfo": None})()
+    gcs._resources = type("Stub", (), {"GetAllAvailableResources": None})()
+    for _ in range(3):
+        nodes, _ = gcs.all_nodes()
+        assert [n["nodeId"][:2] for n in nodes] == ["aa"] and "resourcesAvailable" not in nodes[0]
+    assert asked == [1]  # backed off: a pass does not wait out the timeout again
+    assert "judged by their group's sum" in caplog.text

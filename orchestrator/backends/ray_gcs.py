@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 
 KV_NAMESPACE = protocol.KV_NAMESPACE.encode()
 RPC_TIMEOUT_S = 5.0
+# After the per-node free resources could not be read, list nodes without them this long
+# (each pass would otherwise wait out the timeout again).
+AVAILABLE_BACKOFF_S = 30.0
 
 
 # Where Ray's job manager keeps each job's record (ray.dashboard.modules.job.common.
@@ -65,6 +69,8 @@ class DrainingNode:
 
 
 class RayGcs:
+    _available_after = 0.0  # (monotonic) when to ask for each node's free resources again
+
     def __init__(self, address: str, token: str | None = None):
         self.address = address
         self._channel = grpc.insecure_channel(address)
@@ -108,13 +114,16 @@ class RayGcs:
         the GCS's resource manager) unless that call failed: a co-located gang
         must fit one node, and only Ray knows how its nodes are filled."""
         reply = self._call(self._nodes.GetAllNodeInfo, gcs_service_pb2.GetAllNodeInfoRequest())
-        try:
-            avail = {r.node_id.hex(): dict(r.resources_available) for r in self._call(
-                self._resources.GetAllAvailableResources, gcs_service_pb2.GetAllAvailableResourcesRequest()
-            ).resources_list}
-        except GcsUnavailable as e:  # the nodes are known; what each has free is not, this once
-            log.debug("Ray's available resources by node: %s", e)
-            avail = {}
+        avail: dict[str, dict[str, float]] = {}
+        if time.monotonic() >= self._available_after:
+            try:
+                avail = {r.node_id.hex(): dict(r.resources_available) for r in self._call(
+                    self._resources.GetAllAvailableResources, gcs_service_pb2.GetAllAvailableResourcesRequest()
+                ).resources_list}
+            except GcsUnavailable as e:  # the nodes are known; what each has free is not, for a while
+                self._available_after = time.monotonic() + AVAILABLE_BACKOFF_S
+                log.warning("could not read what each Ray node has free (co-located gangs are judged by their "
+                            "group's sum for %.0f s): %s", AVAILABLE_BACKOFF_S, e)
         alive = gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE
         out, draining = [], set()
         for n in reply.node_info_list:

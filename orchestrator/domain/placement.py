@@ -9,8 +9,9 @@ Words used here:
   node fits it, as ``routing.why_never_fits`` judges).
 - *room now*: the group's live nodes have, beyond what Raylane's running
   attempts hold, the job's whole ``total`` (each of CPU and GPU); for a
-  co-located gang, also one node that holds all its workers, where Ray said
-  what each node has free (``GroupNow.node_free``).
+  co-located gang, also one node that holds all its workers (for other GPU
+  work, one worker), where Ray said what each node has free
+  (``GroupNow.node_free``, ``routing.node_need``).
 - *expected start*: when a job queued on a group now would start there
   (``expected_start``): its active jobs free what they hold as they are
   expected to end, the jobs already nominated there and admitted before it
@@ -65,7 +66,7 @@ from raylane.orchestrator.domain.errors import Conflict, Forbidden
 from raylane.orchestrator.domain.fleet import Cluster, Fleet
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.profile import NodeGroup
-from raylane.orchestrator.domain.routing import ClusterView, GroupState, Unroutable, gang, one_node, route
+from raylane.orchestrator.domain.routing import ClusterView, GroupState, Unroutable, node_need, one_node, route
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.views import Placement
 
@@ -256,12 +257,14 @@ def _minutes(s: float) -> str:
 def _has_room(p: Placement, now: GroupNow | None, owed: list[Queued] = ()) -> bool:
     """Whether the group's free resources hold the job's ``total`` now, less what the
     jobs that preempted for them (``owed``: ``Queued.reclaiming``) are owed; a
-    co-located gang needs one node that holds it too, where Ray said."""
+    co-located gang needs one node that holds it too (a GPU worker, one node that
+    holds one), where Ray said."""
     if now is None or now.alive_nodes == 0:
         return False
     if not all(now.free(r) - sum(q.total.get(r, 0.0) for q in owed) >= p.total.get(r, 0.0) for r in RESOURCES):
         return False
-    return not p.colocate or now.node_free is None or one_node(gang(p), now.node_free) is not None
+    need = node_need(p)
+    return need is None or now.node_free is None or one_node(need, now.node_free) is not None
 
 
 def _held_text(need: dict[str, float], now: GroupNow) -> str:
@@ -393,9 +396,10 @@ def _candidate(cluster: Cluster, p: Placement, now: ClusterNow | None, owned_soo
             return Candidate(cluster.name, cluster.tier, group.name, group.market, Rank.OWNED_LATER, 0.0, p,
                              f"{name}: no live node now")
         held = _held_text(p.total, g_now)
-        scattered = held == "no room" and not owed and p.colocate  # free by the sum, on no one node
+        scattered = held == "no room" and not owed and node_need(p) is not None  # free by the sum, on no one node
         if scattered:
-            held = f"free by the sum, but no one node with room for its {p.num_workers} co-located workers"
+            held = ("free by the sum, but no one node with room for " +
+                    (f"its {p.num_workers} co-located workers" if p.colocate else "one of its workers"))
         if held == "no room" and owed:  # free, but the preemptor's
             held = f"what is free is owed to job {owed[0].job_id}, which preempted for it"
             ahead = [q for q in ahead if not q.reclaiming]

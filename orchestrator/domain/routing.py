@@ -45,25 +45,31 @@ class GroupState:
     total: dict[str, float] = field(default_factory=dict)  # over alive, non-draining nodes
     # What each of those nodes has free now as Ray counts it (CPU, GPU, memory), when
     # Ray said so for every one of them (its GCS does; the dashboard's list does not);
-    # None: unknown. A co-located gang must fit one node (``admission._one_node``).
+    # None: unknown. A co-located gang must fit one node (``node_need``, ``one_node``).
     node_free: list[dict[str, float]] | None = None
 
 
 ClusterView = dict[str, GroupState]
 
 
-def gang(placement: Placement) -> dict[str, float]:
-    """What a co-located gang's workers hold together, on one node."""
-    return {k: v * placement.num_workers for k, v in placement.worker_resources.items()
-            if k in ("CPU", "GPU", "memory")}
+def node_need(placement: Placement) -> dict[str, float] | None:
+    """What one node must hold for the job to start: a co-located gang's workers
+    together (STRICT_PACK), or one worker that asks for GPUs (no node splits a
+    worker). None: CPU work, which the group's sum judges (Ray's own queue and the
+    warm lanes' hosts hold CPUs that Raylane counts its own way)."""
+    worker = {k: v for k, v in placement.worker_resources.items() if k in ("CPU", "GPU", "memory")}
+    if placement.colocate:
+        return {k: v * placement.num_workers for k, v in worker.items()}
+    return worker if worker.get("GPU", 0.0) > 1e-9 else None
 
 
 def one_node(need: dict[str, float], nodes: list[dict[str, float]]) -> int | None:
-    """The node (an index of ``nodes``, what each has free) that holds all of
-    ``need`` with the least room left over (best fit, so that a later, larger gang
-    still finds a node), or None when none does."""
+    """A node (an index of ``nodes``, what each has free) that holds all of
+    ``need``, or None when none does. Of those that do, the one with the most room:
+    where Ray may put it is not known, and taking room from the largest is what
+    leaves a later gang least (admission subtracts it there)."""
     fits = [i for i, n in enumerate(nodes) if all(n.get(k, 0.0) >= v - 1e-9 for k, v in need.items())]
-    return min(fits, key=lambda i: (nodes[i].get("GPU", 0.0), nodes[i].get("CPU", 0.0)), default=None)
+    return max(fits, key=lambda i: (nodes[i].get("GPU", 0.0), nodes[i].get("CPU", 0.0)), default=None)
 
 
 class Unroutable(Invalid):

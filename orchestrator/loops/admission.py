@@ -10,8 +10,12 @@ then age: ``domain.fairshare``, applied by the dispatcher):
   hold there (dispatched or running), for the whole gang (training, commands,
   services) or for one worker (sweeps and batch jobs, which scale into what is free);
   a co-located gang (STRICT_PACK: one node) also needs one node with room for all
-  of its workers, where Ray says what each node has free (``GroupState.node_free``):
-  two nodes with one GPU free each hold no 2-GPU gang (``routing.one_node``);
+  of its workers (other GPU work: for one worker), where Ray says what each node
+  has free (``GroupState.node_free``): two nodes with one GPU free each hold no
+  2-GPU gang (``routing.node_need``, ``one_node``). What Raylane admitted and Ray
+  has not placed yet (a driver asks for its placement group once it starts), and
+  what this pass admits, is taken from the nodes with the most GPUs free: where
+  Ray puts it is not known, and the largest is what a later gang needs;
 - a job whose project would exceed its quota in the group (GPUs, CPUs,
   concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
   it does not count as passed over, so it never reserves a group;
@@ -59,7 +63,7 @@ from typing import Callable, Mapping
 
 from raylane.orchestrator.domain import sharing
 from raylane.orchestrator.domain.profile import NODE_GROUP_LABEL, Profile
-from raylane.orchestrator.domain.routing import GiB, ClusterView, Unroutable, gang, one_node, route
+from raylane.orchestrator.domain.routing import GiB, ClusterView, Unroutable, node_need, one_node, route
 from raylane.orchestrator.domain.kinds import traits
 from raylane.orchestrator.domain.specs import JobSpec
 from raylane.orchestrator.domain.values import fmt_amount
@@ -298,12 +302,20 @@ class _Pass:
     now: datetime | None = None
     reclaimed: dict[str, str] = field(default_factory=dict)  # group -> the job its victims stop for, this pass
     _holders: list[sharing.Holder] | None = None
-    # Per group, what each node has free as Ray said, less the gangs this pass put there.
+    # Per group, what each node has free as Ray said, less what Ray has not placed yet
+    # and what this pass admits (module docstring).
     node_free: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.node_free = {g: [dict(n) for n in st.node_free] for g, st in self.view.items()
-                          if st.node_free is not None}
+        self.node_free = {}
+        for g, st in self.view.items():
+            if st.node_free is None:
+                continue
+            nodes = [dict(n) for n in st.node_free]
+            # GPUs Raylane counts held beyond those Ray shows taken: admitted, not placed yet.
+            taken = st.total.get("GPU", 0.0) - sum(n.get("GPU", 0.0) for n in nodes)
+            _take_gpus(nodes, self.used.get(g, {}).get("GPU", 0.0) - taken)
+            self.node_free[g] = nodes
 
     def one(self, job: Queued) -> Decision | None:
         """The decision for ``job``, the pass's tallies updated; None when it keeps waiting for the same reason."""
@@ -455,11 +467,14 @@ class _Pass:
         for k, v in placement.total.items():
             self.used.setdefault(group, {})[k] = self.used.get(group, {}).get(k, 0) + v
         nodes = self.node_free.get(group)
-        if placement.colocate and nodes is not None and scale_up is None:
-            i = one_node(gang(placement), nodes)
-            if i is not None:  # Ray will place it there (or on a node as full): later gangs of the pass see it
-                for k, v in gang(placement).items():
+        if nodes is not None and scale_up is None:  # (ahead of a scale-up: for a node not up yet)
+            one = node_need(placement)
+            i = one_node(one, nodes) if one is not None and placement.colocate else None
+            if i is not None:  # the whole gang on one node, the largest that holds it
+                for k, v in one.items():
                     nodes[i][k] = nodes[i].get(k, 0.0) - v
+            else:
+                _take_gpus(nodes, placement.total.get("GPU", 0.0))
         self.drivers += 0 if placement.lane else 1
         if self.limits:  # (every project's: whether one borrows depends on the others')
             self.project_used.setdefault(key, Usage()).add(placement.total)
@@ -505,19 +520,39 @@ def _queue_ahead(job: Queued, placement: Placement, view: ClusterView, profile: 
     return shortfall(needed(job.spec, placement), live, group) is None  # it fits the group once jobs end
 
 
+def _take_gpus(nodes: list[dict[str, float]], gpus: float) -> None:
+    """Take ``gpus`` from the nodes with the most GPUs free (where it lands is Ray's)."""
+    while gpus > EPS and nodes:
+        n = max(nodes, key=lambda x: x.get("GPU", 0.0))
+        t = min(gpus, n.get("GPU", 0.0))
+        if t <= EPS:
+            return
+        n["GPU"] -= t
+        gpus -= t
+
+
+def _amount(res: str, x: float) -> str:
+    return f"{x / GiB:.1f} GB memory" if res == "memory" else f"{fmt_amount(x)} {res}s"
+
+
 def _one_node_short(placement: Placement, nodes: list[dict[str, float]] | None, group: str) -> str | None:
-    """Why a co-located gang does not fit one node of ``group`` now, though the
-    group's sum would hold it; None when it fits one, or is no such gang, or Ray
-    did not say what its nodes have free."""
-    if not placement.colocate or nodes is None:
+    """Why the job does not fit one node of ``group`` now, though the group's sum
+    would hold it (a co-located gang, or one GPU worker: ``routing.node_need``);
+    None when one node holds it, or no node bounds it, or Ray did not say what its
+    nodes have free."""
+    need = node_need(placement)
+    if need is None or nodes is None or one_node(need, nodes) is not None:
         return None
-    need = gang(placement)
-    if one_node(need, nodes) is not None:
-        return None
-    res, label = ("GPU", "GPUs") if need.get("GPU", 0.0) > EPS else ("CPU", "CPUs")
-    most = max((n.get(res, 0.0) for n in nodes), default=0.0)
-    return (f"{WAITING_FOR}{fmt_amount(need.get(res, 0.0))} {label} on one node of group {group} "
-            f"(its {placement.num_workers} workers are co-located): at most {fmt_amount(max(most, 0.0))} free on one")
+    what = (f"its {placement.num_workers} workers are co-located" if placement.colocate
+            else "one worker, which no node splits")
+    for res in ("GPU", "CPU", "memory"):
+        most = max((n.get(res, 0.0) for n in nodes), default=0.0)
+        if need.get(res, 0.0) > most + EPS:
+            return (f"{WAITING_FOR}{_amount(res, need[res])} on one node of group {group} ({what}): "
+                    f"at most {f'{max(most, 0.0) / GiB:.1f} GB' if res == 'memory' else fmt_amount(max(most, 0.0))} "
+                    f"free on any one node")
+    wants = " and ".join(_amount(r, need[r]) for r in ("GPU", "CPU", "memory") if need.get(r, 0.0) > EPS)
+    return f"{WAITING_FOR}one node of group {group} with {wants} free at once ({what})"
 
 
 def _fits(job: Queued, placement: Placement, view: ClusterView, profile: Profile, used: Held,
