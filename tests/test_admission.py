@@ -330,9 +330,15 @@ def test_a_gang_admitted_last_pass_and_not_yet_placed_by_ray_still_holds_its_nod
     # held: the gang it admitted last pass has not asked Ray for its placement group yet.
     used = {"gpu": {"GPU": 4.0, "CPU": 4.0}}
     out = decide([training("y")], gpu_nodes(2, 1, 1), PROFILE, RULES, used=used, drivers=0, limits={},
-                 project_used={})
+                 project_used={}, unplaced={"gpu": 2.0})
     assert summary(out) == [("Wait", "y", "waiting for 2 GPUs on one node of group gpu (its 2 workers are "
                                           "co-located): at most 1 free on any one node")]
+    # What Raylane counts beyond what Ray shows is not all unplaced work: a sweep running
+    # fewer trials than counted, a job on a draining node. Only what may still be placed
+    # (``stats.unplaced_gpus``) is taken, else a node that fits sits idle.
+    placed = decide([training("y")], gpu_nodes(2, 1, 1), PROFILE, RULES, used=used, drivers=0, limits={},
+                    project_used={}, unplaced={})
+    assert [type(d) for d in placed] == [Admit]
 
 
 def test_a_one_gpu_job_admitted_ahead_in_the_pass_may_take_the_node_a_gang_needs():

@@ -113,6 +113,39 @@ def test_waits_with_reason_then_priority_order_when_capacity_frees(api, cp, ray)
     assert submission_id(high["id"], 1) in ray.stopped
 
 
+def test_a_gang_takes_one_node_and_one_not_yet_placed_by_ray_keeps_its_node_for_a_pass(api, cp, ray):
+    """Per-node free resources (as Ray's GCS gives them) in the real loops: a 2-GPU
+    training admitted, not yet placed by Ray (the fake does not place), holds the
+    node it needs against the next gang; once running a while, Ray's figures alone
+    count (``stats.unplaced_gpus``)."""
+    from datetime import timedelta
+
+    from raylane.orchestrator.store import db, stats
+    from raylane.orchestrator.store.transitions import utcnow
+
+    first, second = ray.node_ids("gpu")[0], ray.add_node("gpu")
+    for n in (first, second):
+        ray.set_free(n, {"CPU": 4.0, "GPU": 2.0, "memory": 4 * 2**30})
+    ray.set_free(second, {"CPU": 3.0, "GPU": 1.0, "memory": 4 * 2**30})  # a job not of Raylane holds one
+    train = {"kind": "training", "entrypoint": "m:f", "resources": {"num_workers": 2, "gpus_per_worker": 1}}
+    t1 = api.post("/v1/jobs", json={**train, "name": "t1"}).json()
+    turn(cp)
+    assert job(api, t1["id"])["status"] == "DISPATCHING"
+    with db.read(cp.sessions) as s:
+        assert stats.unplaced_gpus(s, utcnow()) == {"gpu": 2.0}
+    t2 = api.post("/v1/jobs", json={**train, "name": "t2"}).json()
+    turn(cp)  # Ray still shows 2 + 1 free: t1's 2 are taken from the first node, the second holds 1
+    assert job(api, t2["id"])["status_reason"] == ("waiting for 2 GPUs on one node of group gpu (its 2 workers "
+                                                   "are co-located): at most 1 free on any one node")
+    ray.start(submission_id(t1["id"], 1))
+    ray.set_free(first, {"CPU": 2.0, "GPU": 0.0, "memory": 4 * 2**30})  # where Ray put it
+    turn(cp)
+    with db.read(cp.sessions) as s:
+        assert stats.unplaced_gpus(s, utcnow()) == {"gpu": 2.0}  # running, maybe still placing its workers
+        assert stats.unplaced_gpus(s, utcnow() + timedelta(seconds=stats.PLACING_S + 1)) == {}
+    assert job(api, t2["id"])["status"] == "PENDING"
+
+
 def test_node_groups_and_cluster(api, ray):
     groups = {g["name"]: g for g in api.get("/v1/node-groups").json()}
     assert set(groups) == {"head", "gpu", "spot-cpu", "cpu"}

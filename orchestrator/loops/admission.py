@@ -13,9 +13,10 @@ then age: ``domain.fairshare``, applied by the dispatcher):
   of its workers (other GPU work: for one worker), where Ray says what each node
   has free (``GroupState.node_free``): two nodes with one GPU free each hold no
   2-GPU gang (``routing.node_need``, ``one_node``). What Raylane admitted and Ray
-  has not placed yet (a driver asks for its placement group once it starts), and
-  what this pass admits, is taken from the nodes with the most GPUs free: where
-  Ray puts it is not known, and the largest is what a later gang needs;
+  may not have placed yet (not running, or running under ``stats.PLACING_S``: a
+  driver asks for its placement group once it starts), and what this pass
+  admits, is taken from the nodes with the most GPUs free: where Ray puts it is
+  not known, and the largest is what a later gang needs;
 - a job whose project would exceed its quota in the group (GPUs, CPUs,
   concurrent jobs; ``store.quotas``) waits with "project quota reached: ...";
   it does not count as passed over, so it never reserves a group;
@@ -221,6 +222,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
            ahead: Mapping[str, int] | None = None,
            waiting: Mapping[tuple[str, bool], int] | None = None,
            waiting_need: Mapping[str, float] | None = None,
+           unplaced: Mapping[str, float] | None = None,
            holders: Callable[[], list[sharing.Holder]] | None = None,
            preempting: Mapping[str, list[sharing.Holder]] | None = None,
            preempted_by: Mapping[str, frozenset[str]] | None = None,
@@ -231,7 +233,8 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
     the order to write them.
     ``ahead``: per group, jobs already admitted ahead of a scale-up and not yet running.
     ``waiting``: per group, Ray jobs admitted and not yet running, and (key ``(group, True)``)
-    active lane jobs (``stats.waiting_by_group``). With ``rules.preemption``:
+    active lane jobs (``stats.waiting_by_group``). ``unplaced``: per group, GPUs of
+    attempts Ray may not have placed on a node yet (``stats.unplaced_gpus``). With ``rules.preemption``:
     ``holders`` reads the running attempts that may be preempted (called once, when
     a job first needs it); ``preempting``: per waiting job, its victims still
     stopping; ``preempted_by``: per job, those it was preempted for within the
@@ -241,6 +244,7 @@ def decide(queue: list[Queued], view: ClusterView, profile: Profile, rules: Rule
                   used={g: dict(r) for g, r in used.items()}, drivers=drivers,
                   project_used={k: Usage(u.gpus, u.cpus, u.jobs) for k, u in project_used.items()},
                   ahead=dict(ahead or {}), waiting=dict(waiting or {}), waiting_need=dict(waiting_need or {}),
+                  unplaced=dict(unplaced or {}),
                   read_holders=holders, preempting=dict(preempting or {}), preempted_by=dict(preempted_by or {}),
                   now=now, reclaimed=dict(reclaiming or {}))
     out: list[Decision] = []
@@ -293,6 +297,7 @@ class _Pass:
     ahead: dict[str, int]
     waiting: dict[tuple[str, bool], int]
     waiting_need: dict[str, float]
+    unplaced: dict[str, float] = field(default_factory=dict)  # group -> GPUs Ray may not have placed yet
     reserved: set[str] = field(default_factory=set)  # groups held for a starving job this pass
     passed_over: dict[str, list[str]] = field(default_factory=dict)
     driver_ahead: dict[str, int] = field(default_factory=dict)  # per driver group, drivers sent ahead of its scale-up
@@ -312,9 +317,11 @@ class _Pass:
             if st.node_free is None:
                 continue
             nodes = [dict(n) for n in st.node_free]
-            # GPUs Raylane counts held beyond those Ray shows taken: admitted, not placed yet.
+            # GPUs Raylane counts held beyond those Ray shows taken, as far as they are of
+            # attempts Ray may not have placed yet (not all are: a sweep below its
+            # concurrency, a job on a draining node hold less than counted, or none here).
             taken = st.total.get("GPU", 0.0) - sum(n.get("GPU", 0.0) for n in nodes)
-            _take_gpus(nodes, self.used.get(g, {}).get("GPU", 0.0) - taken)
+            _take_gpus(nodes, min(self.used.get(g, {}).get("GPU", 0.0) - taken, self.unplaced.get(g, 0.0)))
             self.node_free[g] = nodes
 
     def one(self, job: Queued) -> Decision | None:

@@ -162,6 +162,7 @@ class Dispatcher(LoopService):
         project_used = store_quotas.usage(s, scope=scope) if limits else {}
         ahead = stats.ahead_by_group(s, scope) if rules.scale_ahead else {}
         waiting, waiting_need = stats.waiting_by_group(s, scope) if rules.queue_ahead else ({}, {})
+        unplaced = stats.unplaced_gpus(s, now, scope) if any(st.node_free is not None for st in view.values()) else {}
         grace = self.settings.preempt_grace_s
         stopping, cycles, reclaiming = {}, {}, {}
         window = max(self.settings.preempt_cycle_window_s, store_sharing.RECLAIM_HOLD_S)
@@ -171,7 +172,7 @@ class Dispatcher(LoopService):
             reclaiming = store_sharing.reclaiming(s, now=now, scope=scope)
         return stopping, admission.decide(
             queued, view, self.profile, rules, used=used, drivers=drivers, limits=limits, project_used=project_used,
-            ahead=ahead, waiting=waiting, waiting_need=waiting_need,
+            ahead=ahead, waiting=waiting, waiting_need=waiting_need, unplaced=unplaced,
             holders=lambda: store_sharing.holders(s, grace_s=grace, scope=scope),
             preempting=stopping, preempted_by=cycles, reclaiming=reclaiming, now=now)
 

@@ -71,6 +71,33 @@ def waiting_by_group(session: Session, scope: Scope | None = None) -> tuple[dict
     return out, need
 
 
+# A running attempt's workers may still be asking Ray for their placement group
+# (the runner imports, builds its gang): GPUs of an attempt running for less than
+# this are counted as not placed yet.
+PLACING_S = 120.0
+
+
+def unplaced_gpus(session: Session, now: datetime, scope: Scope | None = None) -> dict[str, float]:
+    """Per node group, the GPUs of live attempts that Ray may not have placed on a
+    node yet: not running (claimed, submitted, pending in Ray), or running for less
+    than ``PLACING_S``. What admission may take per node on their behalf
+    (``admission._Pass``); bounded so, GPUs that Ray never places on the group's
+    nodes (a job on a draining node, a sweep below its concurrency) are not."""
+    from datetime import timedelta
+
+    placing = [AttemptStatus.CLAIMED.value, AttemptStatus.SUBMITTED.value, AttemptStatus.PENDING.value]
+    since = now - timedelta(seconds=PLACING_S)
+    out: dict[str, float] = {}
+    for group, resources in session.execute(select(_attempt_group, attempts.c.resources).where(
+            (attempts.c.status.in_(placing)) |
+            ((attempts.c.status == AttemptStatus.RUNNING.value) & (attempts.c.started_at > since)),
+            attempts_on(scope))):
+        gpus = float((resources or {}).get("GPU", 0.0))
+        if gpus:
+            out[group] = out.get(group, 0.0) + gpus
+    return out
+
+
 def ahead_by_group(session: Session, scope: Scope | None = None) -> dict[str, int]:
     """Attempts admitted ahead of a scale-up whose driver has not started, per
     group: a live attempt carries a message only then (``queue.admit``)."""
