@@ -106,7 +106,7 @@ def view_of(nodes: list[RayNode]) -> tuple[ClusterView, dict[str, list[tuple[str
     view: ClusterView = {}
     live: dict[str, list[tuple[str, float]]] = {}
     draining: dict[str, list[str]] = {}
-    free_known: dict[str, bool] = {}
+    unknown: set[str] = set()  # groups with a node whose free resources Ray did not say
     for n in nodes:
         if n.group is None or n.state != "ALIVE":
             continue
@@ -121,10 +121,10 @@ def view_of(nodes: list[RayNode]) -> tuple[ClusterView, dict[str, list[tuple[str
         for k, v in n.resources_total.items():
             if k in ("CPU", "GPU", "memory"):
                 st.total[k] = st.total.get(k, 0) + v
-        if n.resources_available is None or not free_known.get(n.group, True):
-            free_known[n.group], st.node_free = False, None  # one node unknown: the group's is
+        if n.resources_available is None or n.group in unknown:
+            unknown.add(n.group)
+            st.node_free = None  # one node unknown: the group's is
         else:
-            free_known[n.group] = True
             if st.node_free is None:
                 st.node_free = []
             # Ray leaves out a resource none of which is free: 0, not unknown.

@@ -538,8 +538,12 @@ def _take_gpus(nodes: list[dict[str, float]], gpus: float) -> None:
         gpus -= t
 
 
+def _qty(res: str, x: float) -> str:
+    return f"{x / GiB:.1f} GB" if res == "memory" else fmt_amount(x)
+
+
 def _amount(res: str, x: float) -> str:
-    return f"{x / GiB:.1f} GB memory" if res == "memory" else f"{fmt_amount(x)} {res}s"
+    return f"{_qty(res, x)} {'memory' if res == 'memory' else res + 's'}"
 
 
 def _one_node_short(placement: Placement, nodes: list[dict[str, float]] | None, group: str) -> str | None:
@@ -556,8 +560,7 @@ def _one_node_short(placement: Placement, nodes: list[dict[str, float]] | None, 
         most = max((n.get(res, 0.0) for n in nodes), default=0.0)
         if need.get(res, 0.0) > most + EPS:
             return (f"{WAITING_FOR}{_amount(res, need[res])} on one node of group {group} ({what}): "
-                    f"at most {f'{max(most, 0.0) / GiB:.1f} GB' if res == 'memory' else fmt_amount(max(most, 0.0))} "
-                    f"free on any one node")
+                    f"at most {_qty(res, max(most, 0.0))} free on any one node")
     wants = " and ".join(_amount(r, need[r]) for r in ("GPU", "CPU", "memory") if need.get(r, 0.0) > EPS)
     return f"{WAITING_FOR}one node of group {group} with {wants} free at once ({what})"
 

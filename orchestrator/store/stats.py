@@ -13,7 +13,7 @@ Words: *active* is ``states.ACTIVE`` (dispatching, running, cancelling),
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -83,8 +83,6 @@ def unplaced_gpus(session: Session, now: datetime, scope: Scope | None = None) -
     than ``PLACING_S``. What admission may take per node on their behalf
     (``admission._Pass``); bounded so, GPUs that Ray never places on the group's
     nodes (a job on a draining node, a sweep below its concurrency) are not."""
-    from datetime import timedelta
-
     placing = [AttemptStatus.CLAIMED.value, AttemptStatus.SUBMITTED.value, AttemptStatus.PENDING.value]
     since = now - timedelta(seconds=PLACING_S)
     out: dict[str, float] = {}
